@@ -1,0 +1,58 @@
+# The two commands of the README's quick start are `make run` and `make test`; the rest serve them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Reinstall when the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: help venv binaries run test test-unit test-integration test-e2e lint fmt crds cluster-up cluster-down
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -U pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+venv: $(STAMP) ## create .venv and install the project with test extras
+
+binaries: ## build (once, cached by version) kube-apiserver, etcd, kwok, helm, kubeconform, ...
+	@bash hack/build-binaries.sh >/dev/null
+
+run: venv ## serve examples/disagg.yaml on http://127.0.0.1:8000 (mocker when there is no GPU)
+	$(BIN)/dynamo-run examples/disagg.yaml
+
+test: venv binaries ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-unit: venv ## pure tests only, no servers
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test-integration: venv binaries ## tests against the real local control plane and nats-server
+	$(BIN)/python -m pytest -q tests/integration $(PYTEST_ARGS)
+
+test-e2e: venv ## dynamo-run driven by the official openai client
+	$(BIN)/python -m pytest -q tests/e2e $(PYTEST_ARGS)
+
+lint: venv ## ruff, formatting, import contracts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+fmt: venv ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+crds: venv ## regenerate the CRD YAML from the pydantic models
+	$(BIN)/python -m dynamo_operator.api.crdgen --out crds
+
+cluster-up: venv binaries ## start the local control plane in .cluster/ and print `export KUBECONFIG=...`
+	@$(BIN)/python -m tests.support.cluster up
+
+cluster-down: ## stop the local control plane started by cluster-up
+	@$(BIN)/python -m tests.support.cluster down

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds (once) the real control-plane binaries the integration tier runs against, from Go modules
+# through the module proxy, into a cache keyed by version. A second run finds them and exits at once.
+#
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  k8s.io/kubernetes (staging pinned)
+#   etcd        go.etcd.io/etcd/server/v3, the exact version k8s.io/kubernetes itself depends on
+#   kwok        sigs.k8s.io/kwok
+#   helm        helm.sh/helm/v3
+#   kubeconform github.com/yannh/kubeconform
+#
+# Prints the bin directory on stdout (last line). Logs go to stderr.
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-3.6.8}"
+KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
+HELM_VERSION="${HELM_VERSION:-3.22.0}"
+KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-0.8.0}"
+
+CACHE="${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamo-sglang}"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kubeconform-${KUBECONFORM_VERSION}"
+BIN="$CACHE/bin/$KEY"
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+ALL=("${K8S_BINS[@]}" etcd kwok kwok-stages.yaml helm kubeconform)
+
+missing=()
+for b in "${ALL[@]}"; do [ -e "$BIN/$b" ] || missing+=("$b"); done
+if [ ${#missing[@]} -eq 0 ]; then echo "$BIN"; exit 0; fi
+
+command -v go >/dev/null || { echo "error: Go is required to build ${missing[*]}; install Go >= 1.26" >&2; exit 1; }
+mkdir -p "$BIN"
+export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0
+LDFLAGS="-s -w"
+log() { echo "[build-binaries] $*" >&2; }
+start=$(date +%s)
+
+needs() { for m in "${missing[@]}"; do for w in "$@"; do [ "$m" = "$w" ] && return 0; done; done; return 1; }
+
+if needs "${K8S_BINS[@]}" etcd; then
+  # k8s.io/kubernetes replaces its staging modules with ./staging paths, which only work inside its own
+  # repository; as a dependency they must be pinned to the published v0.<minor>.<patch> of each.
+  mod="$CACHE/src/k8s-$K8S_VERSION"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/.ready" ]; then
+    log "resolving k8s.io/kubernetes v$K8S_VERSION"
+    staging=$(curl -fsSL "${GOPROXY_URL:-https://proxy.golang.org}/k8s.io/kubernetes/@v/v$K8S_VERSION.mod" \
+      | awk '$2 == "=>" && $3 ~ /^\.\/staging/ {print $1}')
+    [ -n "$staging" ] || { log "could not read k8s.io/kubernetes v$K8S_VERSION go.mod from the module proxy"; exit 1; }
+    {
+      echo "module localcluster"; echo; echo "go 1.26.0"; echo
+      echo "require ("
+      echo "	k8s.io/kubernetes v$K8S_VERSION"
+      echo "	go.etcd.io/etcd/server/v3 v$ETCD_VERSION"
+      echo ")"; echo
+      for m in $staging; do echo "replace $m => $m v0.${K8S_VERSION#1.}"; done
+    } > "$mod/go.mod"
+    (cd "$mod" && go mod download k8s.io/kubernetes && \
+      go get "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" \
+             "k8s.io/kubernetes/cmd/kube-scheduler@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@v$K8S_VERSION" \
+             "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >&2)
+    touch "$mod/.ready"
+  fi
+  for b in "${K8S_BINS[@]}"; do
+    needs "$b" || continue
+    log "building $b v$K8S_VERSION"
+    (cd "$mod" && go build -ldflags "$LDFLAGS" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$BIN/$b.tmp" "$BIN/$b")
+  done
+  if needs etcd; then
+    log "building etcd v$ETCD_VERSION"
+    (cd "$mod" && go build -ldflags "$LDFLAGS" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3 && mv "$BIN/etcd.tmp" "$BIN/etcd")
+  fi
+fi
+
+gobin() { # name package version
+  needs "$1" || return 0
+  log "building $1 v$3"
+  local tmp; tmp=$(mktemp -d)
+  GOBIN="$tmp" go install -ldflags "$LDFLAGS" "$2@v$3"
+  mv "$tmp/$1" "$BIN/$1"; rmdir "$tmp"
+}
+gobin kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
+if needs kwok-stages.yaml; then
+  # kwok's own default stages, as shipped in its module: nodes become Ready and keep a heartbeat,
+  # pods scheduled onto them become Running and Ready, deleted pods go away.
+  kdir=$(go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  s="$kdir/kustomize/stage"
+  for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    cat "$s/$f"; echo "---"
+  done > "$BIN/kwok-stages.yaml.tmp"
+  mv "$BIN/kwok-stages.yaml.tmp" "$BIN/kwok-stages.yaml"
+fi
+gobin helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+gobin kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
+
+log "built ${missing[*]} in $(( $(date +%s) - start ))s into $BIN"
+echo "$BIN"

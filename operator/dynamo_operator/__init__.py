@@ -1,0 +1,1 @@
+"""The kopf operator for DynamoGraphDeployment (nvidia.com/v1alpha1)."""

@@ -1,0 +1,1 @@
+"""Pydantic models of the DynamoGraphDeployment CRD and the worker launch contract. Pure."""

@@ -1,0 +1,67 @@
+"""The launch contract between the operator (and dynamo-run) and the processes in the pods.
+
+Every environment variable, port and command-line flag that the operator writes onto a pod and that
+``dynamo_worker`` reads is declared here, once. Both sides import these names, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- environment variables set on every pod of a graph -------------------------------------------
+ENV_NAMESPACE: Final = "DYN_NAMESPACE"  # "<k8s-namespace>-<dgd-name>": scopes discovery and events
+ENV_COMPONENT: Final = "DYN_COMPONENT"  # the service name in spec.services, e.g. "decode"
+ENV_ENDPOINT: Final = "DYN_ENDPOINT"  # the request-plane endpoint a worker serves ("generate")
+ENV_SYSTEM_PORT: Final = "DYN_SYSTEM_PORT"  # /live, /health, /metrics
+ENV_SYSTEM_ENABLED: Final = "DYN_SYSTEM_ENABLED"
+ENV_REQUEST_PORT: Final = "DYN_REQUEST_PORT"  # the worker's request-plane listener (0: any free port)
+ENV_ADVERTISE_HOST: Final = "DYN_ADVERTISE_HOST"  # the host peers use to reach this process
+ENV_LISTEN_HOST: Final = "DYN_LISTEN_HOST"  # interface the worker's servers bind to (default 0.0.0.0)
+ENV_GRACEFUL_SHUTDOWN_S: Final = "DYN_GRACEFUL_SHUTDOWN_S"  # drain time on SIGTERM
+ENV_MAX_INFLIGHT: Final = "DYN_MAX_INFLIGHT"  # requests a worker serves at once before 'overloaded'
+ENV_NATS_SERVER: Final = "NATS_SERVER"  # nats://host:port, discovery + event plane
+ENV_DISCOVERY_TTL: Final = "DYN_DISCOVERY_TTL"  # seconds a registration lives without a heartbeat
+ENV_HTTP_PORT: Final = "DYN_HTTP_PORT"  # the frontend's OpenAI port
+ENV_ROUTER_MODE: Final = "DYN_ROUTER_MODE"  # round-robin | random | kv
+ENV_HTTP_HOST: Final = "DYN_HTTP_HOST"  # the frontend's listen address (0.0.0.0 in pods)
+ENV_KV_OVERLAP_WEIGHT: Final = "DYN_KV_OVERLAP_WEIGHT"  # kv router: weight of uncached prompt blocks
+ENV_HTTP_MAX_INFLIGHT: Final = "DYN_HTTP_MAX_INFLIGHT"  # frontend: requests at once before 503
+ENV_LOG_FORMAT: Final = "DYN_LOG_FORMAT"  # text | json
+ENV_LOG_LEVEL: Final = "DYN_LOG_LEVEL"
+ENV_POD_NAME: Final = "POD_NAME"
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+ENV_POD_IP: Final = "POD_IP"
+ENV_GRAPH_NAME: Final = "DYN_PARENT_DGD_K8S_NAME"
+ENV_GRAPH_NAMESPACE: Final = "DYN_PARENT_DGD_K8S_NAMESPACE"
+# Multinode groups (one engine over N pods): set on every pod of a group.
+ENV_NODE_RANK: Final = "DYN_NODE_RANK"  # 0 on the leader, 1..N-1 on the others (from the pod-index label)
+ENV_NUM_NODES: Final = "DYN_NUM_NODES"  # N, the pods of one group
+ENV_LEADER_HOST: Final = "DYN_LEADER_HOST"  # the stable DNS name of the group's leader pod
+
+# --- ports --------------------------------------------------------------------------------------
+FRONTEND_PORT: Final = 8000
+SYSTEM_PORT: Final = 9090
+REQUEST_PORT: Final = 9100
+NATS_PORT: Final = 4222
+DIST_INIT_PORT: Final = 29500
+DEFAULT_BOOTSTRAP_PORT: Final = 8998
+
+# --- HTTP paths of the system server ------------------------------------------------------------
+LIVE_PATH: Final = "/live"
+HEALTH_PATH: Final = "/health"
+METRICS_PATH: Final = "/metrics"
+
+# --- the request plane ----------------------------------------------------------------------------
+DEFAULT_ENDPOINT: Final = "generate"
+DEFAULT_DISCOVERY_TTL_S: Final = 10.0
+
+# --- worker modules -----------------------------------------------------------------------------
+FRONTEND_MODULE: Final = "dynamo_worker.frontend"
+SGLANG_MODULE: Final = "dynamo_worker.sglang"
+MOCKER_MODULE: Final = "dynamo_worker.mocker"
+# NVIDIA Dynamo's module names, as found in manifests written for Dynamo's operator.
+DYNAMO_SGLANG_MODULE: Final = "dynamo.sglang"
+DYNAMO_FRONTEND_MODULE: Final = "dynamo.frontend"
+# What a service runs when its extraPodSpec.mainContainer sets no command (its args are appended).
+FRONTEND_COMMAND: Final = ("python3", "-m", FRONTEND_MODULE)
+WORKER_COMMAND: Final = ("python3", "-m", SGLANG_MODULE)

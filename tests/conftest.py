@@ -1,0 +1,55 @@
+"""Shared fixtures: a real nats-server, and the real local Kubernetes control plane."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from dynamo_worker.runtime.nats_server import NatsServer
+from tests.support.cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """A real nats-server with JetStream on a free 127.0.0.1 port, for the whole session."""
+    with NatsServer() as server:
+        yield server
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    return nats_server.url
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok (2 fake nodes with 8 GPUs each),
+    on 127.0.0.1, for the whole session. Binaries come from the version-keyed cache."""
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def k8s_api(kube_cluster: LocalCluster):
+    """A kubernetes ApiClient bound to the local control plane (closed after the test)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def k8s_namespace(kube_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting for finalization)."""
+    base = request.node.name.lower().replace("_", "-")
+    name = f"{''.join(c for c in base if c.isalnum() or c == '-')[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
+    kube_cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,1 @@
+"""Everything that runs inside the pods of a graph: frontend, routers, workers, mocker, dynamo-run."""

@@ -1,0 +1,193 @@
+"""Wire models shared by every role: what a frontend sends a worker, and what a worker streams back.
+
+Transport (the request plane): the frontend POSTs one ``GenerateRequest`` as JSON to
+``http://<instance.address>/v1/generate``; the worker answers ``200`` with ``application/x-ndjson``,
+one ``GenerateChunk`` per line. Chunks carry *disjoint* token ids (each id once, in order). The last
+chunk has ``finish_reason`` set and ``usage``; a failure is a last chunk with ``finish_reason="error"``
+and ``error`` set. Closing the connection cancels the request on the worker.
+
+Discovery records (``InstanceRecord``) and event-plane messages (``KvEventBatch``, ``LoadMetrics``)
+are defined here too, so a frontend, a router and every kind of worker agree on one definition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PROTOCOL_VERSION = 1
+MAX_ROOM = 2**63 - 1
+
+Role = Literal["agg", "prefill", "decode"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+ErrorType = Literal[
+    "invalid_request",  # the worker cannot serve this request as asked (the caller's fault)
+    "overloaded",  # the worker refuses new work now; try another or later
+    "bootstrap_timeout",  # a prefill/decode leg waited for its peer longer than its bound
+    "bootstrap_failed",  # the KV transfer between the legs failed
+    "engine_error",  # the engine failed while serving the request
+    "shutting_down",  # the worker is draining and takes no new work
+]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingOptions(_Wire):
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = -1  # -1: disabled
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    seed: int | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _top_k_not_zero(self) -> SamplingOptions:
+        if self.top_k == 0:
+            raise ValueError("top_k must be -1 (disabled) or at least 1")
+        return self
+
+
+class StopConditions(_Wire):
+    max_tokens: Annotated[int, Field(ge=1)]
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stop_token_ids: list[int] = Field(default_factory=list)  # ends generation; the id is not returned
+    ignore_eos: bool = False
+
+
+class BootstrapInfo(_Wire):
+    """Where a decode leg fetches the KV cache a prefill leg computes for the same room."""
+
+    bootstrap_host: str
+    bootstrap_port: Annotated[int, Field(ge=1, le=65535)]
+    bootstrap_room: Annotated[int, Field(ge=0, le=MAX_ROOM)]
+
+
+class GenerateRequest(_Wire):
+    version: Literal[1] = PROTOCOL_VERSION
+    request_id: Annotated[str, Field(min_length=1, max_length=128)]
+    model: str
+    token_ids: Annotated[list[int], Field(min_length=1)]
+    sampling: SamplingOptions = SamplingOptions()
+    stop: StopConditions
+    eos_token_ids: list[int] = Field(default_factory=list)
+    bootstrap_info: BootstrapInfo | None = None
+    data_parallel_rank: Annotated[int, Field(ge=0)] | None = None
+
+
+class Usage(_Wire):
+    prompt_tokens: Annotated[int, Field(ge=0)]
+    completion_tokens: Annotated[int, Field(ge=0)]
+    cached_tokens: Annotated[int, Field(ge=0)] = 0
+
+
+class WorkerError(_Wire):
+    type: ErrorType
+    message: str
+
+
+class GenerateChunk(_Wire):
+    token_ids: list[int] = Field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: WorkerError | None = None
+
+    @model_validator(mode="after")
+    def _error_iff_error_finish(self) -> GenerateChunk:
+        if (self.finish_reason == "error") != (self.error is not None):
+            raise ValueError("error is set exactly when finish_reason is 'error'")
+        return self
+
+
+# --- discovery ----------------------------------------------------------------------------------
+
+
+class InstanceRecord(_Wire):
+    """What a worker registers in discovery, renewed by its heartbeat while it lives."""
+
+    instance_id: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+    namespace: str
+    component: str
+    endpoint: str = "generate"
+    role: Role
+    model: str  # the served model name clients ask for
+    address: str  # host:port of the request plane
+    page_size: Annotated[int, Field(ge=1)]
+    total_kv_blocks: Annotated[int, Field(ge=0)]
+    max_running_requests: Annotated[int, Field(ge=1)] | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    dp_size: Annotated[int, Field(ge=1)] = 1
+    model_card_checksum: str | None = None  # key of the ModelCard in the object store
+    version: Literal[1] = PROTOCOL_VERSION
+
+
+# --- event plane --------------------------------------------------------------------------------
+
+
+class BlockStored(_Wire):
+    type: Literal["stored"] = "stored"
+    parent_hash: int | None  # None: the blocks start at the beginning of a sequence
+    block_hashes: list[int]  # the engine's hashes, in sequence order
+    token_ids: list[int]  # len(block_hashes) * page_size tokens, the content of those blocks
+
+
+class BlockRemoved(_Wire):
+    type: Literal["removed"] = "removed"
+    block_hashes: list[int]
+
+
+class AllBlocksCleared(_Wire):
+    type: Literal["cleared"] = "cleared"
+
+
+KvEvent = Annotated[BlockStored | BlockRemoved | AllBlocksCleared, Field(discriminator="type")]
+
+
+class KvEventBatch(_Wire):
+    """KV cache events of one worker. ``seq`` grows by one per batch; a gap means events were lost."""
+
+    instance_id: str
+    seq: Annotated[int, Field(ge=0)]
+    events: list[KvEvent]
+
+
+class LoadMetrics(_Wire):
+    instance_id: str
+    active_blocks: Annotated[int, Field(ge=0)]
+    total_blocks: Annotated[int, Field(ge=0)]
+    waiting: Annotated[int, Field(ge=0)]
+    running: Annotated[int, Field(ge=0)]
+
+
+def kv_events_subject(namespace: str) -> str:
+    return f"dynamo.{namespace}.kv_events"
+
+
+def load_subject(namespace: str) -> str:
+    return f"dynamo.{namespace}.load"
+
+
+# --- block hashing ------------------------------------------------------------------------------
+
+
+def hash_token_blocks(token_ids: Sequence[int], page_size: int, parent: int | None = None) -> list[int]:
+    """Chained hashes of the full ``page_size`` blocks of ``token_ids`` (a trailing partial block is
+    not hashed). Block i's hash covers its parent's hash and its own tokens, so equal hashes mean equal
+    prefixes. Stable across processes and machines (no Python ``hash``), 63-bit non-negative ints."""
+    hashes: list[int] = []
+    prev = parent if parent is not None else 0
+    for start in range(0, len(token_ids) - page_size + 1, page_size):
+        block = token_ids[start : start + page_size]
+        digest = hashlib.blake2b(
+            struct.pack(f"<q{len(block)}I", prev, *block), digest_size=8
+        ).digest()
+        prev = int.from_bytes(digest, "little") & MAX_ROOM
+        hashes.append(prev)
+    return hashes

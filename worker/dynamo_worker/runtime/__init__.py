@@ -1,0 +1,1 @@
+"""What every role in a pod shares: discovery, the request plane, the event plane, the system server."""

