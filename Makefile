@@ -49,10 +49,14 @@ fmt: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff format .
 
 crds: venv ## regenerate the CRD YAML from the pydantic models
-	$(BIN)/python -m dynamo_operator.api.crdgen --out crds
+	$(BIN)/python -m dynamo_operator.api.crdgen
 
 cluster-up: venv binaries ## start the local control plane in .cluster/ and print `export KUBECONFIG=...`
 	@$(BIN)/python -m tests.support.cluster up
 
 cluster-down: ## stop the local control plane started by cluster-up
 	@$(BIN)/python -m tests.support.cluster down
+
+.PHONY: bench
+bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
+	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json

@@ -1,0 +1,1 @@
+"""Per-backend pod mutations (pure): SGLang command flags, NIXL/RDMA wiring."""

@@ -1,0 +1,59 @@
+"""``OperatorConfig``: everything besides the DynamoGraphDeployment that decides the rendered objects.
+
+A frozen, typed model with help text on every field. It reads no environment itself:
+``dynamo_operator.settings`` builds it from flags and environment variables (one place), and tests
+build it directly. Two equal configs render byte-identical objects from one DGD.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamo_operator.api.contract import DEFAULT_DISCOVERY_TTL_S, NATS_PORT
+
+__all__ = ["DEFAULT_IMAGE", "OperatorConfig"]
+
+# The one image that runs every role of the graph (frontend, workers, mocker): images/runtime, tagged
+# with the project version (the chart's appVersion). Pinned, never :latest.
+DEFAULT_IMAGE = "dynamo-sglang/runtime:0.1.0"
+
+
+class OperatorConfig(BaseModel):
+    """Operator-wide settings that shape the pods of every graph."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nats_url: str = Field(
+        f"nats://nats:{NATS_PORT}",
+        description="NATS server the pods use for discovery and events (NATS_SERVER in every pod).",
+    )
+    frontend_image: str = Field(DEFAULT_IMAGE, description="Image for frontend services that set none.")
+    worker_image: str = Field(DEFAULT_IMAGE, description="Image for worker services that set none.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="imagePullPolicy of the generated main containers."
+    )
+    group_backend: Literal["lws", "statefulset"] = Field(
+        "statefulset",
+        description="Multinode groups: one LeaderWorkerSet per replica (needs the LWS CRD), "
+        "or a leader StatefulSet + a worker StatefulSet + a headless Service per replica.",
+    )
+    rdma_resource_name: str = Field(
+        "rdma/ib", description="Extended resource that gives a pod an RDMA device (RDMA-enabled services)."
+    )
+    rdma_resource_count: Annotated[int, Field(ge=1)] = Field(
+        1, description="How many RDMA devices an RDMA-enabled pod asks for."
+    )
+    ucx_tls: str = Field(
+        "rc,cuda_copy,cuda_ipc",
+        description="UCX_TLS for RDMA-enabled pods (annotation nvidia.com/ucx-tls wins).",
+    )
+    default_shm_size: str = Field("8Gi", description="Size of /dev/shm when sharedMemory.size is unset.")
+    startup_timeout_s: Annotated[int, Field(ge=60)] = Field(
+        3600, description="How long a worker may take to load its model before its startup probe fails."
+    )
+    discovery_ttl_s: Annotated[float, Field(gt=0)] = Field(
+        DEFAULT_DISCOVERY_TTL_S, description="Seconds a worker's registration lives without a heartbeat."
+    )
+    log_format: Literal["json", "text"] = Field("json", description="DYN_LOG_FORMAT in the pods.")

@@ -1,0 +1,89 @@
+"""Classify each entry of ``spec.services``: frontend, SGLang worker (agg/prefill/decode) or generic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dynamo_operator.api import contract
+from dynamo_operator.api.models import DynamoGraphDeployment, ServiceSpec
+from dynamo_operator.backends import sglang
+
+__all__ = [
+    "DEFAULT_FRONTEND_COMMAND",
+    "DEFAULT_WORKER_COMMAND",
+    "WORKER_TYPES",
+    "Component",
+    "components",
+]
+
+Kind = Literal["frontend", "worker", "generic"]
+Role = Literal["agg", "prefill", "decode"]
+WORKER_TYPES = ("worker", "prefill", "decode")
+DEFAULT_FRONTEND_COMMAND = contract.FRONTEND_COMMAND
+DEFAULT_WORKER_COMMAND = contract.WORKER_COMMAND
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str  # the key in spec.services, as written (e.g. "Frontend")
+    spec: ServiceSpec
+    component_type: str  # as written; "" when unset
+    kind: Kind | None  # None: componentType unset
+    role: Role | None  # workers only
+    user_container: dict[str, Any]  # extraPodSpec.mainContainer as given (Kubernetes spelling)
+    command_view: dict[str, Any]  # {command, args} the main container will run, before mutations
+
+    @property
+    def path(self) -> str:
+        return f"spec.services.{self.name}"
+
+    @property
+    def args(self) -> sglang.SglangArgs:
+        return sglang.parse_args(self.command_view)
+
+
+def _kind(component_type: str | None) -> Kind | None:
+    if component_type is None:
+        return None
+    if component_type == "frontend":
+        return "frontend"
+    if component_type in WORKER_TYPES:
+        return "worker"
+    return "generic"
+
+
+def _role(spec: ServiceSpec, view: dict[str, Any]) -> Role:
+    if spec.component_type in ("prefill", "decode"):
+        return spec.component_type  # type: ignore[return-value]
+    if spec.sub_component_type is not None:
+        return spec.sub_component_type
+    mode = sglang.parse_args(view).disaggregation_mode
+    if mode in ("prefill", "decode"):
+        return mode  # type: ignore[return-value]
+    return "agg"
+
+
+def components(dgd: DynamoGraphDeployment) -> list[Component]:
+    """The services of ``dgd`` sorted by name, classified."""
+    out = []
+    for name in sorted(dgd.spec.services):
+        spec = dgd.spec.services[name]
+        kind = _kind(spec.component_type)
+        main = spec.extra_pod_spec.main_container if spec.extra_pod_spec else None
+        user = main.model_dump(by_alias=True, exclude_none=True) if main else {}
+        default = {"frontend": DEFAULT_FRONTEND_COMMAND, "worker": DEFAULT_WORKER_COMMAND}.get(kind or "")
+        command = user.get("command") or (list(default) if default else [])
+        view = {"command": list(command), "args": list(user.get("args") or [])}
+        out.append(
+            Component(
+                name=name,
+                spec=spec,
+                component_type=spec.component_type or "",
+                kind=kind,
+                role=_role(spec, view) if kind == "worker" else None,
+                user_container=user,
+                command_view=view,
+            )
+        )
+    return out

@@ -1,0 +1,327 @@
+"""The main container and pod template of a service: env contract, resources, volumes, probes, merges."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dynamo_operator.api import contract
+from dynamo_operator.api.models import DynamoGraphDeployment, EnvVar, Probe, ResourceItem
+from dynamo_operator.backends import nixl, sglang
+from dynamo_operator.config import OperatorConfig
+from dynamo_operator.render import labels
+from dynamo_operator.render.components import Component
+from dynamo_operator.render.merge import merge
+from dynamo_operator.render.types import Notice
+
+__all__ = [
+    "GPU_RESOURCE",
+    "SHM_VOLUME",
+    "bootstrap_port",
+    "contract_env",
+    "main_container",
+    "object_meta",
+    "pod_spec",
+    "rdma_settings",
+    "template",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+SHM_VOLUME = "shared-memory"
+_PROBE_PERIOD_S = 10
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def contract_env(dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig) -> list[dict[str, Any]]:
+    """The env every pod of the graph gets (names from ``contract.py``)."""
+    env = [
+        _field_env(contract.ENV_POD_NAME, "metadata.name"),
+        _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+        _field_env(contract.ENV_POD_IP, "status.podIP"),
+        {"name": contract.ENV_NAMESPACE, "value": dgd.dynamo_namespace},
+        {"name": contract.ENV_COMPONENT, "value": c.name},
+        {"name": contract.ENV_GRAPH_NAME, "value": dgd.name},
+        {"name": contract.ENV_GRAPH_NAMESPACE, "value": dgd.namespace},
+        {"name": contract.ENV_NATS_SERVER, "value": config.nats_url},
+        {"name": contract.ENV_DISCOVERY_TTL, "value": f"{config.discovery_ttl_s:g}"},
+        {"name": contract.ENV_LOG_FORMAT, "value": config.log_format},
+    ]
+    if c.kind == "frontend":
+        env.append({"name": contract.ENV_HTTP_PORT, "value": str(contract.FRONTEND_PORT)})
+    else:
+        env += [
+            {"name": contract.ENV_SYSTEM_ENABLED, "value": "true"},
+            {"name": contract.ENV_SYSTEM_PORT, "value": str(contract.SYSTEM_PORT)},
+        ]
+    if c.kind == "worker":
+        env += [
+            {"name": contract.ENV_ENDPOINT, "value": contract.DEFAULT_ENDPOINT},
+            {"name": contract.ENV_REQUEST_PORT, "value": str(contract.REQUEST_PORT)},
+            {"name": contract.ENV_ADVERTISE_HOST, "value": f"$({contract.ENV_POD_IP})"},
+        ]
+    return env
+
+
+def _dump_env(envs: list[EnvVar]) -> list[dict[str, Any]]:
+    return [e.model_dump(by_alias=True, exclude_none=True) for e in envs]
+
+
+def _merge_env(*lists: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Later lists win by name; each name keeps the position where it first appeared."""
+    merged: dict[str, dict[str, Any]] = {}
+    for env in lists:
+        for item in env:
+            merged[item["name"]] = item
+    return list(merged.values())
+
+
+def _resource_map(item: ResourceItem | None, gpu_name: str) -> dict[str, str]:
+    if item is None:
+        return {}
+    out: dict[str, str] = {}
+    if item.cpu is not None:
+        out["cpu"] = item.cpu
+    if item.memory is not None:
+        out["memory"] = item.memory
+    if item.gpu is not None:
+        out[item.gpu_type or gpu_name] = item.gpu
+    out.update(item.custom)
+    return out
+
+
+def _resources(c: Component) -> dict[str, Any]:
+    spec = c.spec.resources
+    if spec is None:
+        return {}
+    gpu_name = (spec.limits and spec.limits.gpu_type) or (spec.requests and spec.requests.gpu_type)
+    gpu_name = gpu_name or GPU_RESOURCE
+    limits = _resource_map(spec.limits, gpu_name)
+    requests = _resource_map(spec.requests, gpu_name)
+    if spec.requests is not None and spec.requests.gpu is not None and gpu_name not in limits:
+        limits[gpu_name] = spec.requests.gpu  # extended resources need a limit
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    if spec.claims:
+        out["claims"] = [claim.model_dump(by_alias=True, exclude_none=True) for claim in spec.claims]
+    return out
+
+
+def _http_probe(path: str, port: str, failure: int, timeout: int = 5) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": _PROBE_PERIOD_S,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failure,
+    }
+
+
+def _dump_probe(probe: Probe) -> dict[str, Any]:
+    return probe.model_dump(by_alias=True, exclude_none=True)
+
+
+def _probes(c: Component, config: OperatorConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if c.kind == "frontend":
+        out["livenessProbe"] = _http_probe(contract.LIVE_PATH, "http", 3)
+        out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "http", 3)
+    elif c.kind == "worker":
+        out["livenessProbe"] = _http_probe(contract.LIVE_PATH, "system", 3)
+        out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "system", 3)
+        # Model loading takes minutes: liveness only starts once the worker is healthy.
+        failures = math.ceil(config.startup_timeout_s / _PROBE_PERIOD_S)
+        out["startupProbe"] = _http_probe(contract.HEALTH_PATH, "system", failures)
+    if c.spec.liveness_probe is not None:
+        out["livenessProbe"] = _dump_probe(c.spec.liveness_probe)
+    if c.spec.readiness_probe is not None:
+        out["readinessProbe"] = _dump_probe(c.spec.readiness_probe)
+    return out
+
+
+def bootstrap_port(c: Component) -> int:
+    port = c.args.bootstrap_port
+    return int(port) if port else contract.DEFAULT_BOOTSTRAP_PORT
+
+
+def _ports(c: Component) -> list[dict[str, Any]]:
+    if c.kind == "frontend":
+        return [{"name": "http", "containerPort": contract.FRONTEND_PORT, "protocol": "TCP"}]
+    ports = [{"name": "system", "containerPort": contract.SYSTEM_PORT, "protocol": "TCP"}]
+    if c.kind == "worker":
+        ports.append({"name": "request", "containerPort": contract.REQUEST_PORT, "protocol": "TCP"})
+        if c.role == "prefill":
+            ports.append({"name": "bootstrap", "containerPort": bootstrap_port(c), "protocol": "TCP"})
+    return ports
+
+
+def _mounts(dgd: DynamoGraphDeployment, c: Component) -> list[dict[str, Any]]:
+    mounts = []
+    if not (c.spec.shared_memory and c.spec.shared_memory.disabled):
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    for mount in c.spec.volume_mounts:
+        mounts.append({"name": mount.name, "mountPath": mount.mount_point})
+    if c.spec.pvc is not None and c.spec.pvc.name and c.spec.pvc.mount_point:
+        mounts.append({"name": c.spec.pvc.name, "mountPath": c.spec.pvc.mount_point})
+    return mounts
+
+
+def _volumes(dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = []
+    shm = c.spec.shared_memory
+    if not (shm and shm.disabled):
+        size = (shm.size if shm else None) or config.default_shm_size
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": size}})
+    claimed = [m.name for m in c.spec.volume_mounts]
+    if c.spec.pvc is not None and c.spec.pvc.name and c.spec.pvc.mount_point:
+        claimed.append(c.spec.pvc.name)
+    for name in dict.fromkeys(claimed):
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": name}})
+    return volumes
+
+
+def _annotation(dgd: DynamoGraphDeployment, c: Component, key: str) -> str | None:
+    return c.spec.annotations.get(key, dgd.metadata.annotations.get(key))
+
+
+def main_container(
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig
+) -> tuple[dict[str, Any], list[Notice]]:
+    """The ``main`` container before multinode flags: ours, the user's mainContainer merged over it."""
+    notices: list[Notice] = []
+    image = config.frontend_image if c.kind == "frontend" else config.worker_image
+    ours: dict[str, Any] = {
+        "name": "main",
+        "image": image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": list(c.command_view["command"]),
+        "args": [],
+        "env": _merge_env(contract_env(dgd, c, config), _dump_env(dgd.spec.envs), _dump_env(c.spec.envs)),
+        "ports": _ports(c),
+        "resources": _resources(c),
+        "volumeMounts": _mounts(dgd, c),
+        **_probes(c, config),
+    }
+    if c.spec.env_from_secret:
+        ours["envFrom"] = [{"secretRef": {"name": c.spec.env_from_secret}}]
+    user = {k: v for k, v in c.user_container.items() if k != "name"}
+    container = merge(ours, user)
+    for key in ("command", "args", "resources"):
+        if not container.get(key):
+            container.pop(key, None)
+    module = _annotation(dgd, c, sglang.MODULE_ANNOTATION)
+    if module is not None and c.kind in ("frontend", "worker"):
+        old, new = (
+            (contract.DYNAMO_FRONTEND_MODULE, contract.FRONTEND_MODULE)
+            if c.kind == "frontend"
+            else (contract.DYNAMO_SGLANG_MODULE, module)
+        )
+        container, swapped = sglang.swap_module(container, old, new)
+        if swapped:
+            notices.append(
+                Notice("ModuleSwapped", f"Service {c.name!r} runs -m {new} instead of -m {old}.", c.name)
+            )
+    if c.kind == "worker" and c.role in ("prefill", "decode"):
+        container, previous = sglang.ensure_flag(container, "--host", "0.0.0.0")
+        if previous is not None:
+            notices.append(
+                Notice(
+                    "HostOverridden",
+                    f"Service {c.name!r} listened on --host {previous}; it now uses --host 0.0.0.0 so its "
+                    "disaggregation peers can reach it.",
+                    c.name,
+                    warning=True,
+                )
+            )
+    return container, notices
+
+
+def rdma_settings(
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig
+) -> nixl.RdmaSettings | None:
+    """RDMA settings when this service is RDMA-enabled (annotation on the service or the graph)."""
+    if c.kind != "worker":
+        return None
+    enabled = nixl.parse_bool(_annotation(dgd, c, nixl.RDMA_ANNOTATION))
+    if not enabled:
+        return None
+    return nixl.RdmaSettings.from_annotations(
+        dgd.metadata.annotations,
+        c.spec.annotations,
+        resource_name=config.rdma_resource_name,
+        resource_count=config.rdma_resource_count,
+        default_ucx_tls=config.ucx_tls,
+    )
+
+
+def pod_spec(
+    dgd: DynamoGraphDeployment,
+    c: Component,
+    config: OperatorConfig,
+    container: dict[str, Any],
+    rdma: nixl.RdmaSettings | None,
+) -> dict[str, Any]:
+    """The pod spec around ``container``: volumes, the user's extraPodSpec merged, RDMA wiring."""
+    spec: dict[str, Any] = {"containers": [container]}
+    volumes = _volumes(dgd, c, config)
+    if volumes:
+        spec["volumes"] = volumes
+    extra = c.spec.extra_pod_spec
+    if extra is not None:
+        user = extra.model_dump(by_alias=True, exclude_none=True)
+        user.pop("mainContainer", None)
+        spec = merge(spec, user)
+    if rdma is not None:
+        spec = nixl.apply_rdma(spec, rdma)
+    return spec
+
+
+def template(
+    c: Component, graph: str, spec: dict[str, Any], extra_labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod template: our labels win over the service's and extraPodMetadata's."""
+    pod_labels = dict(c.spec.labels)
+    annotations = dict(c.spec.annotations)
+    if c.spec.extra_pod_metadata is not None:
+        pod_labels.update(c.spec.extra_pod_metadata.labels)
+        annotations.update(c.spec.extra_pod_metadata.annotations)
+    pod_labels.update(labels.child_labels(graph, c.name, c.component_type))
+    pod_labels.update(extra_labels or {})
+    metadata: dict[str, Any] = {"labels": pod_labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": spec}
+
+
+def object_meta(
+    dgd: DynamoGraphDeployment, c: Component | None, name: str, extra_labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Metadata of a child object, owned by the graph (controller) when the graph has a uid."""
+    meta_labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    if c is not None:
+        meta_labels.update(c.spec.labels)
+        annotations.update(c.spec.annotations)
+        meta_labels.update(labels.child_labels(dgd.name, c.name, c.component_type))
+    else:
+        meta_labels.update(labels.graph_selector(dgd.name))
+    meta_labels.update(extra_labels or {})
+    meta: dict[str, Any] = {"name": name, "namespace": dgd.namespace, "labels": meta_labels}
+    if annotations:
+        meta["annotations"] = annotations
+    if dgd.metadata.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": dgd.api_version,
+                "kind": dgd.kind,
+                "name": dgd.name,
+                "uid": dgd.metadata.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta

@@ -1,0 +1,171 @@
+"""Render one service: frontend (Deployment + Service), single-node worker or generic (Deployment),
+multinode worker (groups of pods: LeaderWorkerSet, or StatefulSets + a headless Service)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from dynamo_operator.api import contract
+from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.backends import nixl, sglang
+from dynamo_operator.config import OperatorConfig
+from dynamo_operator.render import labels, workloads
+from dynamo_operator.render.components import Component
+from dynamo_operator.render.names import child_name, group_name, service_dns_name
+from dynamo_operator.render.pods import pod_spec, template
+from dynamo_operator.render.types import GroupPlan, ServicePlan, Workload
+
+__all__ = ["ServiceOutput", "render_service"]
+
+
+@dataclass(frozen=True)
+class ServiceOutput:
+    objects: list[dict[str, Any]]
+    plan: ServicePlan
+
+
+def _transport(rdma: nixl.RdmaSettings | None, c: Component) -> str | None:
+    if c.kind != "worker":
+        return None
+    return "rdma" if rdma is not None else "tcp"
+
+
+def _single(
+    dgd: DynamoGraphDeployment,
+    c: Component,
+    config: OperatorConfig,
+    container: dict[str, Any],
+    rdma: nixl.RdmaSettings | None,
+) -> ServiceOutput:
+    name = child_name(dgd.name, c.name)
+    pod = template(c, dgd.name, pod_spec(dgd, c, config, container, rdma))
+    objects = [workloads.deployment(dgd, c, name, c.spec.replicas, pod)]
+    services: tuple[str, ...] = ()
+    if c.kind == "frontend":
+        objects.insert(0, workloads.service(dgd, c, name))
+        services = (name,)
+    plan = ServicePlan(
+        component_type=c.component_type,
+        role=c.role,
+        kind="Deployment",
+        replicas=c.spec.replicas,
+        nodes_per_replica=1,
+        children=(name,),
+        services=services,
+        transport=_transport(rdma, c),  # type: ignore[arg-type]
+    )
+    return ServiceOutput(objects, plan)
+
+
+def _with_env(container: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+    out = copy.deepcopy(container)
+    names = {item["name"] for item in env}
+    out["env"] = [item for item in out.get("env", []) if item["name"] not in names] + env
+    return out
+
+
+def _member(
+    container: dict[str, Any], *, nnodes: int, leader_host: str, leader: bool, rank_label: str
+) -> dict[str, Any]:
+    rank: dict[str, Any] = (
+        {"name": contract.ENV_NODE_RANK, "value": "0"}
+        if leader
+        else {
+            "name": contract.ENV_NODE_RANK,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{rank_label}']"}},
+        }
+    )
+    env = [
+        rank,
+        {"name": contract.ENV_NUM_NODES, "value": str(nnodes)},
+        {"name": contract.ENV_LEADER_HOST, "value": leader_host},
+    ]
+    return sglang.for_group_member(
+        _with_env(container, env), nnodes=nnodes, leader_host=leader_host, leader=leader
+    )
+
+
+def _groups(
+    dgd: DynamoGraphDeployment,
+    c: Component,
+    config: OperatorConfig,
+    container: dict[str, Any],
+    rdma: nixl.RdmaSettings | None,
+) -> ServiceOutput:
+    nnodes = c.spec.node_count
+    lws = config.group_backend == "lws"
+    objects: list[dict[str, Any]] = []
+    groups: list[GroupPlan] = []
+    for index in range(c.spec.replicas):
+        group = group_name(dgd.name, c.name, index, reserve=0 if lws else 2)
+        leader_host = service_dns_name(f"{group}-0", group, dgd.namespace)
+        rank_label = labels.LWS_WORKER_INDEX if lws else labels.POD_INDEX
+        templates = {}
+        for role, leader in (("leader", True), ("worker", False)):
+            member = _member(
+                container, nnodes=nnodes, leader_host=leader_host, leader=leader, rank_label=rank_label
+            )
+            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role}
+            templates[role] = template(c, dgd.name, pod_spec(dgd, c, config, member, rdma), extra)
+        if lws:
+            objects.append(
+                workloads.leader_worker_set(
+                    dgd,
+                    c,
+                    group,
+                    size=nnodes,
+                    leader_template=templates["leader"],
+                    worker_template=templates["worker"],
+                )
+            )
+            groups.append(GroupPlan(group, leader_host, (Workload("LeaderWorkerSet", group, nnodes),)))
+            continue
+        workers = f"{group}-w"
+        objects.append(workloads.headless_service(dgd, c, group, group))
+        for name, role, pods, first in ((group, "leader", 1, 0), (workers, "worker", nnodes - 1, 1)):
+            objects.append(
+                workloads.stateful_set(
+                    dgd,
+                    c,
+                    name,
+                    group=group,
+                    role=role,
+                    pods=pods,
+                    first_ordinal=first,
+                    template=templates[role],
+                )
+            )
+        groups.append(
+            GroupPlan(
+                group,
+                leader_host,
+                (Workload("StatefulSet", group, 1), Workload("StatefulSet", workers, nnodes - 1)),
+                headless_service=group,
+            )
+        )
+    plan = ServicePlan(
+        component_type=c.component_type,
+        role=c.role,
+        kind="LeaderWorkerSet" if lws else "StatefulSet",
+        replicas=c.spec.replicas,
+        nodes_per_replica=nnodes,
+        children=tuple(w.name for g in groups for w in g.workloads),
+        groups=tuple(groups),
+        services=tuple(g.headless_service for g in groups if g.headless_service),
+        transport=_transport(rdma, c),  # type: ignore[arg-type]
+    )
+    return ServiceOutput(objects, plan)
+
+
+def render_service(
+    dgd: DynamoGraphDeployment,
+    c: Component,
+    config: OperatorConfig,
+    container: dict[str, Any],
+    rdma: nixl.RdmaSettings | None,
+) -> ServiceOutput:
+    if c.kind == "worker" and c.spec.node_count > 1:
+        return _groups(dgd, c, config, container, rdma)
+    return _single(dgd, c, config, container, rdma)

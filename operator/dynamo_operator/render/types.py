@@ -1,0 +1,92 @@
+"""What ``render`` returns: the desired objects, or the problems that stop it, plus notices and plans."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ServicePlan", "Workload"]
+
+WorkloadKind = Literal["Deployment", "StatefulSet", "LeaderWorkerSet"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An invalid spec: nothing is rendered until it is fixed.
+
+    ``field`` is the path of the offending field (``spec.services.decode.resources.limits.gpu``),
+    ``reason`` one CamelCase word, ``message`` says what is wrong and how to fix it.
+    """
+
+    field: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A statement or warning to surface as a condition/Event; rendering goes on."""
+
+    reason: str
+    message: str
+    service: str | None = None
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload object and the pods it should have ready."""
+
+    kind: WorkloadKind
+    name: str
+    pods: int
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One multinode group (one engine over ``len(pods)`` pods): ready when every workload is.
+
+    With LeaderWorkerSet: one LeaderWorkerSet (``pods`` = group size, ready when its
+    ``status.readyReplicas`` is 1). With StatefulSet: a leader StatefulSet (1 pod, ordinal 0) and a
+    worker StatefulSet (N-1 pods, ordinals 1..N-1), ready when each has ``readyReplicas == pods``.
+    """
+
+    name: str
+    leader_host: str
+    workloads: tuple[Workload, ...]
+    headless_service: str | None = None
+
+
+@dataclass(frozen=True)
+class ServicePlan:
+    """What one entry of ``spec.services`` became.
+
+    ``replicas`` is the desired pods for a Deployment and the desired groups for multinode services;
+    ``children`` names every workload object of ``kind`` (for groups: all groups' workloads in order);
+    ``services`` names the Kubernetes Services made for it.
+    """
+
+    component_type: str
+    role: Literal["agg", "prefill", "decode"] | None
+    kind: WorkloadKind
+    replicas: int
+    nodes_per_replica: int
+    children: tuple[str, ...]
+    groups: tuple[GroupPlan, ...] = ()
+    services: tuple[str, ...] = ()
+    transport: Literal["rdma", "tcp"] | None = None
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The desired state of one graph. When ``problems`` is non-empty, ``objects`` is empty."""
+
+    objects: tuple[dict[str, Any], ...] = ()
+    problems: tuple[Problem, ...] = ()
+    notices: tuple[Notice, ...] = ()
+    services: Mapping[str, ServicePlan] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems

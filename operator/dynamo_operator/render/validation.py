@@ -1,0 +1,343 @@
+"""Semantic checks of a graph, beyond what the CRD schema can say. Each failure is a ``Problem``."""
+
+from __future__ import annotations
+
+import re
+
+from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.backends import nixl, sglang
+from dynamo_operator.render.components import Component
+from dynamo_operator.render.names import is_dns_label
+from dynamo_operator.render.types import Problem
+
+__all__ = ["DEFAULT_PAGE_SIZE", "DEFAULT_TRANSFER_BACKEND", "gpu_count", "validate"]
+
+# SGLang's defaults when a flag is unset, used to compare prefill and decode services.
+DEFAULT_PAGE_SIZE = "1"
+DEFAULT_TRANSFER_BACKEND = "mooncake"
+_GRAPH_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def gpu_count(component: Component) -> str | None:
+    """The GPUs per pod as written (limits win over requests); None when unset."""
+    resources = component.spec.resources
+    if resources is None:
+        return None
+    for item in (resources.limits, resources.requests):
+        if item is not None and item.gpu is not None:
+            return item.gpu
+    return None
+
+
+def _check_graph(dgd: DynamoGraphDeployment, comps: list[Component]) -> list[Problem]:
+    problems = []
+    if not _GRAPH_NAME.match(dgd.name):
+        problems.append(
+            Problem(
+                "metadata.name",
+                "InvalidName",
+                f"Graph name {dgd.name!r} must start with a letter and contain only lowercase letters, "
+                "digits and '-' (it names Services and pod hostnames); rename the DynamoGraphDeployment.",
+            )
+        )
+    framework = dgd.spec.backend_framework
+    if framework not in (None, "sglang"):
+        problems.append(
+            Problem(
+                "spec.backendFramework",
+                "UnsupportedBackend",
+                f"backendFramework {framework!r} is not supported by this operator, which renders SGLang "
+                "graphs only; set backendFramework: sglang and use SGLang workers.",
+            )
+        )
+    if not comps:
+        problems.append(
+            Problem("spec.services", "NoServices", "spec.services is empty; add a frontend and a worker.")
+        )
+        return problems
+    if not any(c.kind == "frontend" for c in comps):
+        problems.append(
+            Problem(
+                "spec.services",
+                "NoFrontend",
+                "No service has componentType: frontend, so nothing would serve the OpenAI API; "
+                "add a service with componentType: frontend.",
+            )
+        )
+    seen: dict[str, str] = {}
+    for c in comps:
+        lowered = c.name.lower()
+        if not is_dns_label(lowered):
+            problems.append(
+                Problem(
+                    c.path,
+                    "InvalidName",
+                    f"Service name {c.name!r} must be at most 63 letters, digits and '-', starting and "
+                    "ending with a letter or digit; rename it.",
+                )
+            )
+        elif lowered in seen:
+            problems.append(
+                Problem(
+                    c.path,
+                    "DuplicateName",
+                    f"Services {seen[lowered]!r} and {c.name!r} differ only in case, but Kubernetes names "
+                    "are lowercase; rename one of them.",
+                )
+            )
+        seen.setdefault(lowered, c.name)
+    for key in (nixl.RDMA_ANNOTATION, nixl.HOST_NETWORK_ANNOTATION):
+        problems += _bool_annotation(dgd.metadata.annotations, key, "metadata.annotations")
+    problems += _module_annotation(dgd.metadata.annotations, "metadata.annotations")
+    return problems
+
+
+def _bool_annotation(annotations: dict[str, str], key: str, where: str) -> list[Problem]:
+    try:
+        nixl.parse_bool(annotations.get(key))
+    except ValueError:
+        return [
+            Problem(
+                f"{where}.{key}",
+                "InvalidAnnotation",
+                f'Annotation {key}={annotations[key]!r} must be "true" or "false".',
+            )
+        ]
+    return []
+
+
+def _module_annotation(annotations: dict[str, str], where: str) -> list[Problem]:
+    value = annotations.get(sglang.MODULE_ANNOTATION)
+    if value is None or value in sglang.SWAPPABLE_MODULES:
+        return []
+    return [
+        Problem(
+            f"{where}.{sglang.MODULE_ANNOTATION}",
+            "InvalidAnnotation",
+            f"Annotation {sglang.MODULE_ANNOTATION}={value!r} must name one of "
+            f"{', '.join(sglang.SWAPPABLE_MODULES)}.",
+        )
+    ]
+
+
+def _check_service(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
+    problems: list[Problem] = []
+    spec = c.spec
+    if c.kind is None:
+        return [
+            Problem(
+                f"{c.path}.componentType",
+                "MissingComponentType",
+                f"Service {c.name!r} has no componentType; set frontend, worker, prefill or decode.",
+            )
+        ]
+    for key in (nixl.RDMA_ANNOTATION, nixl.HOST_NETWORK_ANNOTATION):
+        problems += _bool_annotation(spec.annotations, key, f"{c.path}.annotations")
+    problems += _module_annotation(spec.annotations, f"{c.path}.annotations")
+    if spec.multinode is not None and c.kind != "worker":
+        problems.append(
+            Problem(
+                f"{c.path}.multinode",
+                "MultinodeNotSupported",
+                f"Service {c.name!r} ({c.component_type}) cannot span nodes: only worker, prefill and "
+                "decode services take multinode; remove multinode.",
+            )
+        )
+    if c.kind == "generic" and not c.user_container.get("command") and not c.user_container.get("args"):
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.command",
+                "MissingCommand",
+                f"Service {c.name!r} has componentType {c.component_type!r}, which this operator runs "
+                "as given: set extraPodSpec.mainContainer.image and command.",
+            )
+        )
+    if c.kind == "worker":
+        problems += _check_worker(c)
+    problems += _check_volumes(dgd, c)
+    return problems
+
+
+def _check_worker(c: Component) -> list[Problem]:
+    problems = []
+    gpus = gpu_count(c)
+    resources = c.spec.resources
+    if gpus is None:
+        problems.append(
+            Problem(
+                f"{c.path}.resources.limits.gpu",
+                "MissingGpuLimit",
+                f"Worker {c.name!r} has no GPU limit; set resources.limits.gpu to the GPUs per pod "
+                '(e.g. "1").',
+            )
+        )
+    elif not gpus.isdigit() or int(gpus) < 1:
+        problems.append(
+            Problem(
+                f"{c.path}.resources.limits.gpu",
+                "InvalidGpuCount",
+                f"Worker {c.name!r} asks for gpu {gpus!r}; set a whole number of at least 1.",
+            )
+        )
+    elif (
+        resources is not None
+        and resources.limits is not None
+        and resources.requests is not None
+        and resources.limits.gpu is not None
+        and resources.requests.gpu is not None
+        and resources.limits.gpu != resources.requests.gpu
+    ):
+        problems.append(
+            Problem(
+                f"{c.path}.resources.requests.gpu",
+                "GpuRequestMismatch",
+                f"Worker {c.name!r} requests {resources.requests.gpu} GPUs but is limited to "
+                f"{resources.limits.gpu}; GPUs cannot be overcommitted: make them equal or drop "
+                "requests.gpu.",
+            )
+        )
+    args = c.args
+    mode = args.disaggregation_mode
+    declared = c.spec.sub_component_type or (
+        c.component_type if c.component_type in ("prefill", "decode") else None
+    )
+    if declared is not None and mode is not None and mode != declared:
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.args",
+                "RoleMismatch",
+                f"Worker {c.name!r} is declared {declared} but runs --disaggregation-mode {mode}; "
+                "make them agree.",
+            )
+        )
+    if (
+        c.spec.sub_component_type is not None
+        and c.component_type in ("prefill", "decode")
+        and c.spec.sub_component_type != c.component_type
+    ):
+        problems.append(
+            Problem(
+                f"{c.path}.subComponentType",
+                "RoleMismatch",
+                f"Worker {c.name!r} has componentType {c.component_type} but subComponentType "
+                f"{c.spec.sub_component_type}; make them agree.",
+            )
+        )
+    for name, value in (("--tp", args.tp), ("--pp-size", args.pp), ("--dp-size", args.dp)):
+        if value is None or value < 1:
+            problems.append(
+                Problem(
+                    f"{c.path}.extraPodSpec.mainContainer.args",
+                    "InvalidFlag",
+                    f"Worker {c.name!r} has a {name} value that is not a positive whole number; fix it.",
+                )
+            )
+    port = args.bootstrap_port
+    if port not in (None, "") and not (port.isdigit() and 1 <= int(port) <= 65535):
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.args",
+                "InvalidFlag",
+                f"Worker {c.name!r} has --disaggregation-bootstrap-port {port!r}; use a port 1-65535.",
+            )
+        )
+    return problems
+
+
+def _check_volumes(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
+    problems = []
+    names = {p.name for p in dgd.spec.pvcs if p.name}
+    for i, mount in enumerate(c.spec.volume_mounts):
+        if mount.name not in names:
+            problems.append(
+                Problem(
+                    f"{c.path}.volumeMounts[{i}].name",
+                    "UnknownVolume",
+                    f"Service {c.name!r} mounts {mount.name!r}, which is not in spec.pvcs; add it there "
+                    "or fix the name.",
+                )
+            )
+        if not mount.mount_point:
+            problems.append(
+                Problem(
+                    f"{c.path}.volumeMounts[{i}].mountPoint",
+                    "MissingMountPoint",
+                    f"Service {c.name!r} mounts {mount.name!r} without a mountPoint; set one (e.g. /models).",
+                )
+            )
+    return problems
+
+
+def _check_pvcs(dgd: DynamoGraphDeployment) -> list[Problem]:
+    problems = []
+    for i, pvc in enumerate(dgd.spec.pvcs):
+        path = f"spec.pvcs[{i}]"
+        if not pvc.name or not is_dns_label(pvc.name):
+            problems.append(
+                Problem(
+                    f"{path}.name", "InvalidName", f"PVC name {pvc.name!r} must be a lowercase DNS label."
+                )
+            )
+        if pvc.create and not (pvc.size and pvc.storage_class and pvc.volume_access_mode):
+            problems.append(
+                Problem(
+                    path,
+                    "IncompletePvc",
+                    f"PVC {pvc.name!r} has create: true; set size, storageClass and volumeAccessMode too.",
+                )
+            )
+    return problems
+
+
+def _check_disaggregation(comps: list[Component]) -> list[Problem]:
+    prefill = [c for c in comps if c.kind == "worker" and c.role == "prefill"]
+    decode = [c for c in comps if c.kind == "worker" and c.role == "decode"]
+    problems = []
+    if prefill and not decode:
+        problems.append(
+            Problem(
+                prefill[0].path,
+                "MissingDecode",
+                "The graph has prefill workers but no decode worker to continue their requests; add one.",
+            )
+        )
+    if decode and not prefill:
+        problems.append(
+            Problem(
+                decode[0].path,
+                "MissingPrefill",
+                "The graph has decode workers but no prefill worker to feed them; add one.",
+            )
+        )
+    pairs = [(p, d) for p in prefill for d in decode]
+    for label, reason, default, get in (
+        ("--page-size", "PageSizeMismatch", DEFAULT_PAGE_SIZE, lambda a: a.page_size),
+        (
+            "--disaggregation-transfer-backend",
+            "TransferBackendMismatch",
+            DEFAULT_TRANSFER_BACKEND,
+            lambda a: a.transfer_backend,
+        ),
+    ):
+        for p, d in pairs:
+            pv, dv = get(p.args) or default, get(d.args) or default
+            if pv != dv:
+                problems.append(
+                    Problem(
+                        f"{d.path}.extraPodSpec.mainContainer.args",
+                        reason,
+                        f"Prefill {p.name!r} runs {label} {pv} but decode {d.name!r} runs {label} {dv}; "
+                        "the KV cache they hand over must have one layout: set the same value on both.",
+                    )
+                )
+    return problems
+
+
+def validate(dgd: DynamoGraphDeployment, comps: list[Component]) -> list[Problem]:
+    """Every problem of the graph, in a stable order (graph first, then services by name)."""
+    problems = _check_graph(dgd, comps)
+    problems += _check_pvcs(dgd)
+    for c in comps:
+        problems += _check_service(dgd, c)
+    problems += _check_disaggregation(comps)
+    return problems

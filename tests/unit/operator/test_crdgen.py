@@ -1,0 +1,91 @@
+"""The CRD generator: the committed YAML matches the models (staleness check), the schema is
+structural with enums/minimums/defaults, and the CLI writes several folders and --check fails on drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from dynamo_operator.api import crdgen
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _walk(schema, path=""):
+    yield path, schema
+    for key, sub in schema.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{key}")
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}.*")
+
+
+def test_committed_crd_is_fresh():
+    committed = (REPO / "crds" / crdgen.CRD_FILENAME).read_text()
+    assert committed == crdgen.render_crd_yaml(), "crds/ is stale: run `make crds`"
+    chart_copy = REPO / "charts" / "dynamo-operator" / "crds" / crdgen.CRD_FILENAME
+    if chart_copy.parent.is_dir():
+        assert chart_copy.read_text() == committed, "the chart's CRD is stale: run `make crds`"
+
+
+def test_crd_shape():
+    crd = crdgen.build_crd()
+    assert crd["metadata"]["name"] == "dynamographdeployments.nvidia.com"
+    assert crd["spec"]["names"]["shortNames"] == ["dgd"]
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Backend"] == ".spec.backendFramework"
+    assert columns["State"] == ".status.state"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_schema_rules():
+    root = crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    nodes = dict(_walk(root))
+    service = ".spec.services.*"
+    assert nodes[f"{service}.componentType"]["enum"][:4] == ["frontend", "worker", "prefill", "decode"]
+    assert nodes[".spec.backendFramework"]["enum"] == ["sglang", "vllm", "trtllm"]
+    assert nodes[f"{service}.replicas"] == {
+        "description": "Pods, or groups of pods when multinode.",
+        "type": "integer",
+        "minimum": 0,
+        "default": 1,
+    }
+    assert nodes[f"{service}.multinode.nodeCount"]["minimum"] == 2
+    assert nodes[f"{service}.resources.limits.gpu"]["x-kubernetes-int-or-string"] is True
+    assert nodes[".status.conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_structural_and_preserve_unknown_only_where_dynamo_allows():
+    root = crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    preserved = sorted(p for p, s in _walk(root) if s.get("x-kubernetes-preserve-unknown-fields"))
+    assert preserved == [
+        ".spec.services.*.autoscaling.behavior",
+        ".spec.services.*.autoscaling.metrics[]",
+        ".spec.services.*.extraPodSpec",
+        ".spec.services.*.extraPodSpec.mainContainer",
+    ]
+    for path, schema in _walk(root):
+        if path == ".metadata":
+            continue
+        assert "type" in schema or schema.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        assert not {"anyOf", "oneOf", "$ref", "nullable"} & set(schema), path
+
+
+def test_cli_writes_folders_and_check_detects_drift(tmp_path, capsys):
+    first, second = tmp_path / "crds", tmp_path / "chart" / "crds"
+    assert crdgen.main(["--out", str(first), "--out", str(second)]) == 0
+    assert (first / crdgen.CRD_FILENAME).read_text() == (second / crdgen.CRD_FILENAME).read_text()
+    assert yaml.safe_load((first / crdgen.CRD_FILENAME).read_text()) == crdgen.build_crd()
+    assert crdgen.main(["--check", "--out", str(first)]) == 0
+    (first / crdgen.CRD_FILENAME).write_text("stale\n")
+    assert crdgen.main(["--check", "--out", str(first), "--out", str(second)]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "is stale: run `make crds`" in err
+        and str(second / crdgen.CRD_FILENAME) not in err.split("is stale")[0]
+    )

@@ -1,0 +1,76 @@
+"""Operator settings: every field is a flag and an environment variable (flags win), the scope must be
+chosen explicitly, bad values name the flag and variable, pod defaults come from OperatorConfig, and
+`python -m dynamo_operator --help` explains every flag."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dynamo_operator.config import OperatorConfig
+from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
+
+
+def test_flags_win_over_environment_and_defaults_come_from_operator_config():
+    env = {"DYN_OPERATOR_NAMESPACE": "a,b", "DYN_OPERATOR_WORKERS": "3", "DYN_OPERATOR_NATS_URL": "nats://x:1"}
+    s = parse_settings(["--workers", "5", "--group-backend", "lws"], env)
+    assert s.namespace == ("a", "b")
+    assert s.workers == 5
+    assert s.group_backend == "lws"
+    assert s.nats_url == "nats://x:1"
+    assert s.frontend_image == OperatorConfig().frontend_image
+    config = s.operator_config("lws")
+    assert config == OperatorConfig(nats_url="nats://x:1", group_backend="lws")
+
+
+def test_repeated_namespace_flag_and_all_namespaces():
+    assert parse_settings(["--namespace", "a", "--namespace", "b"], {}).namespace == ("a", "b")
+    s = parse_settings(["--all-namespaces"], {})
+    assert s.all_namespaces and s.namespace == ()
+
+
+@pytest.mark.parametrize("argv", [[], ["--namespace", "a", "--all-namespaces"]])
+def test_scope_must_be_chosen_once(argv):
+    with pytest.raises(SettingsError, match="--namespace NAME .* or --all-namespaces"):
+        parse_settings(argv, {})
+
+
+def test_bad_values_name_flag_and_variable():
+    with pytest.raises(SettingsError, match="--workers / DYN_OPERATOR_WORKERS"):
+        parse_settings(["--namespace", "a"], {"DYN_OPERATOR_WORKERS": "zero"})
+    with pytest.raises(SettingsError, match="DYN_OPERATOR_ALL_NAMESPACES='maybe' is not a boolean"):
+        parse_settings([], {"DYN_OPERATOR_ALL_NAMESPACES": "maybe"})
+
+
+def test_in_cluster_detection():
+    s = parse_settings(["--namespace", "a"], {})
+    assert s.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert not s.use_in_cluster({})
+    with_kubeconfig = parse_settings(["--namespace", "a", "--kubeconfig", "/k"], {})
+    assert not with_kubeconfig.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert parse_settings(["--namespace", "a", "--in-cluster"], {}).use_in_cluster({})
+
+
+def test_liveness_endpoint():
+    assert parse_settings(["--namespace", "a"], {}).liveness_endpoint == "http://0.0.0.0:8080/healthz"
+    assert parse_settings(["--namespace", "a", "--liveness-port", "0"], {}).liveness_endpoint is None
+
+
+def test_help_explains_every_flag():
+    out = subprocess.run(
+        [sys.executable, "-m", "dynamo_operator", "--help"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    flat = " ".join(out.split())
+    for name, info in OperatorSettings.model_fields.items():
+        assert f"--{name.replace('_', '-')}" in out
+        assert f"DYN_OPERATOR_{name.upper()}" in flat
+        assert " ".join(info.description.split()[:4]) in flat
+
+
+def test_missing_scope_exits_2_with_the_fix(tmp_path: Path):
+    r = subprocess.run(
+        [sys.executable, "-m", "dynamo_operator"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert r.returncode == 2
+    assert "--all-namespaces" in r.stderr
