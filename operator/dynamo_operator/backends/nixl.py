@@ -2,7 +2,8 @@
 
 Opt in with the annotation ``nvidia.com/rdma: "true"`` on the DynamoGraphDeployment (every GPU
 worker of the graph) or in a service's ``annotations`` (that service; ``"false"`` opts a service out
-of a graph-wide setting). An RDMA-enabled pod gets:
+of a graph-wide setting); the annotations are declared in ``dynamo_operator.api.annotations``. An
+RDMA-enabled pod gets:
 
 - the ``IPC_LOCK`` capability (RDMA pins memory),
 - ``<rdma_resource_name>: <rdma_resource_count>`` in requests and limits (``rdma/ib: 1`` by default,
@@ -24,32 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "HOST_NETWORK_ANNOTATION",
-    "RDMA_ANNOTATION",
-    "UCX_NET_DEVICES_ANNOTATION",
-    "UCX_TLS_ANNOTATION",
-    "RdmaSettings",
-    "apply_rdma",
-    "parse_bool",
-]
+from dynamo_operator.api.annotations import (
+    HOST_NETWORK_ANNOTATION,
+    UCX_NET_DEVICES_ANNOTATION,
+    UCX_TLS_ANNOTATION,
+    parse_bool,
+)
 
-RDMA_ANNOTATION = "nvidia.com/rdma"
-HOST_NETWORK_ANNOTATION = "nvidia.com/rdma-host-network"
-UCX_TLS_ANNOTATION = "nvidia.com/ucx-tls"
-UCX_NET_DEVICES_ANNOTATION = "nvidia.com/ucx-net-devices"
-
-
-def parse_bool(value: str | None) -> bool | None:
-    """``"true"``/``"false"`` (any case) as a bool; None when absent; ValueError otherwise."""
-    if value is None:
-        return None
-    lowered = value.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise ValueError(value)
+__all__ = ["RdmaSettings", "apply_rdma"]
 
 
 @dataclass(frozen=True)

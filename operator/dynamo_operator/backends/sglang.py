@@ -1,6 +1,7 @@
-"""SGLang backend rules, as pure functions over a container dict (a Kubernetes Container).
+"""SGLang backend rules: edit the flags of a container dict (a Kubernetes Container). Pure.
 
-Command forms understood, for reading flags and for adding them:
+Reading flags lives in ``dynamo_operator.api.sglang_args`` (validation and dynamo-run use it too).
+Command forms understood when adding flags:
 
 - exec form, ``command: [python3, -m, dynamo_worker.sglang]`` + ``args: [--tp, "8", ...]``, or split
   anywhere between command and args (``command: [python3]``, ``args: [-m, dynamo.sglang, ...]``):
@@ -25,142 +26,27 @@ swaps ``dynamo.frontend`` for ``dynamo_worker.frontend``.
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shlex
-from dataclasses import dataclass
 from typing import Any
 
 from dynamo_operator.api import contract
+from dynamo_operator.api.sglang_args import (
+    SGLANG_MODULES,
+    argv,
+    command_parts,
+    flag_value,
+    shell_script_index,
+)
 
 __all__ = [
-    "MODULE_ANNOTATION",
-    "SGLANG_MODULES",
-    "SWAPPABLE_MODULES",
-    "SglangArgs",
     "append_flags",
-    "argv",
     "ensure_flag",
-    "flag_value",
     "for_group_member",
-    "is_shell_form",
-    "parse_args",
     "swap_module",
 ]
 
-MODULE_ANNOTATION = "nvidia.com/dynamo-worker-module"
-# Modules that run an SGLang engine (or our simulation of one) and take SGLang's flags.
-SGLANG_MODULES = (
-    contract.SGLANG_MODULE,
-    contract.MOCKER_MODULE,
-    contract.DYNAMO_SGLANG_MODULE,
-    "sglang.launch_server",
-)
-# Values the module annotation accepts.
-SWAPPABLE_MODULES = (contract.SGLANG_MODULE, contract.MOCKER_MODULE)
-TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size")
-PP_FLAGS = ("--pp", "--pp-size", "--pipeline-parallel-size")
-DP_FLAGS = ("--dp", "--dp-size", "--data-parallel-size")
-_SHELLS = {"sh", "bash", "dash", "ash", "zsh"}
 _MODULE_RE = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(m) for m in SGLANG_MODULES) + r")(?:\.[\w.]+)?")
-
-
-# --- reading ---------------------------------------------------------------------------------------
-
-
-def _parts(container: dict[str, Any]) -> tuple[list[str], list[str]]:
-    return list(container.get("command") or []), list(container.get("args") or [])
-
-
-def _shell_script_index(full: list[str]) -> int | None:
-    """Index of the script in ``sh -c SCRIPT`` form, or None for the exec form."""
-    if len(full) >= 3 and os.path.basename(full[0]) in _SHELLS:
-        opt = full[1]
-        if opt.startswith("-") and not opt.startswith("--") and "c" in opt:
-            return 2
-    return None
-
-
-def is_shell_form(container: dict[str, Any]) -> bool:
-    command, args = _parts(container)
-    return _shell_script_index(command + args) is not None
-
-
-def argv(container: dict[str, Any]) -> list[str]:
-    """The tokens the engine will see: command+args, or the shell script split like a shell would."""
-    command, args = _parts(container)
-    full = command + args
-    index = _shell_script_index(full)
-    if index is None:
-        return full
-    try:
-        return shlex.split(full[index], comments=True)
-    except ValueError:  # an unbalanced quote: read what can be read
-        return full[index].split()
-
-
-def flag_value(tokens: list[str], *names: str) -> str | None:
-    """The value of the last ``--name value`` / ``--name=value`` among ``names``; "" for a bare flag."""
-    found: str | None = None
-    for i, token in enumerate(tokens):
-        for name in names:
-            if token == name:
-                nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-                found = nxt if nxt is not None and not nxt.startswith("--") else ""
-            elif token.startswith(name + "="):
-                found = token[len(name) + 1 :]
-    return found
-
-
-def _int(value: str | None, default: int) -> int | None:
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class SglangArgs:
-    """The SGLang flags the operator checks. Integers are None when the flag's value is not one."""
-
-    tp: int | None
-    pp: int | None
-    dp: int | None
-    dp_attention: bool
-    page_size: str | None
-    disaggregation_mode: str | None
-    transfer_backend: str | None
-    bootstrap_port: str | None
-    host: str | None
-    tp_given: bool
-
-    @property
-    def gpus_needed(self) -> int | None:
-        """GPUs one engine uses: tp x pp, times dp unless dp-attention shares the tp GPUs."""
-        if self.tp is None or self.pp is None or self.dp is None:
-            return None
-        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
-
-
-def parse_args(container: dict[str, Any]) -> SglangArgs:
-    tokens = argv(container)
-    return SglangArgs(
-        tp=_int(flag_value(tokens, *TP_FLAGS), 1),
-        pp=_int(flag_value(tokens, *PP_FLAGS), 1),
-        dp=_int(flag_value(tokens, *DP_FLAGS), 1),
-        dp_attention=flag_value(tokens, "--enable-dp-attention") is not None,
-        page_size=flag_value(tokens, "--page-size"),
-        disaggregation_mode=flag_value(tokens, "--disaggregation-mode"),
-        transfer_backend=flag_value(tokens, "--disaggregation-transfer-backend"),
-        bootstrap_port=flag_value(tokens, "--disaggregation-bootstrap-port"),
-        host=flag_value(tokens, "--host"),
-        tp_given=flag_value(tokens, *TP_FLAGS) is not None,
-    )
-
-
-# --- writing ---------------------------------------------------------------------------------------
 
 
 def _split_back(container: dict[str, Any], full: list[str], n_command: int) -> dict[str, Any]:
@@ -211,9 +97,9 @@ def _insert_into_script(script: str, extra: list[str]) -> str:
 
 def append_flags(container: dict[str, Any], extra: list[str]) -> dict[str, Any]:
     """The container with ``extra`` added to the SGLang invocation (see the module docstring)."""
-    command, args = _parts(container)
+    command, args = command_parts(container)
     full = command + args
-    index = _shell_script_index(full)
+    index = shell_script_index(full)
     if index is None:
         return _split_back(container, full + list(extra), len(command))
     full[index] = _insert_into_script(full[index], extra)
@@ -222,9 +108,9 @@ def append_flags(container: dict[str, Any], extra: list[str]) -> dict[str, Any]:
 
 def ensure_flag(container: dict[str, Any], name: str, value: str) -> tuple[dict[str, Any], str | None]:
     """The container with ``name value`` set; also the previous value when a different one was replaced."""
-    command, args = _parts(container)
+    command, args = command_parts(container)
     full = command + args
-    index = _shell_script_index(full)
+    index = shell_script_index(full)
     tokens = argv(container)
     previous = flag_value(tokens, name)
     if previous == value:
@@ -247,9 +133,9 @@ def ensure_flag(container: dict[str, Any], name: str, value: str) -> tuple[dict[
 
 def swap_module(container: dict[str, Any], old: str, new: str) -> tuple[dict[str, Any], bool]:
     """The container running ``-m new`` where it ran ``-m old``; and whether anything changed."""
-    command, args = _parts(container)
+    command, args = command_parts(container)
     full = command + args
-    index = _shell_script_index(full)
+    index = shell_script_index(full)
     changed = False
     if index is None:
         for i in range(1, len(full)):

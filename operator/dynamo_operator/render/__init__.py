@@ -23,14 +23,14 @@ What a graph becomes (names: ``<graph>-<service lowercased>``, hashed when too l
 
 from __future__ import annotations
 
+from dynamo_operator.api.components import components
 from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.api.validation import validate
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import notices as _notices
-from dynamo_operator.render.components import components
 from dynamo_operator.render.pods import main_container, rdma_settings
 from dynamo_operator.render.services import render_service
 from dynamo_operator.render.types import GroupPlan, Notice, Problem, Rendered, ServicePlan, Workload
-from dynamo_operator.render.validation import validate
 from dynamo_operator.render.workloads import persistent_volume_claim
 
 __all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ServicePlan", "Workload", "render"]
@@ -38,10 +38,10 @@ __all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ServicePlan", "Workloa
 
 def render(dgd: DynamoGraphDeployment, config: OperatorConfig) -> Rendered:
     """The desired children of ``dgd`` (see the module docstring), or the problems that prevent them."""
-    comps = components(dgd)
-    problems = validate(dgd, comps)
+    problems = validate(dgd)
     if problems:
-        return Rendered(problems=tuple(problems))
+        return Rendered(problems=problems)
+    comps = components(dgd)
     objects = [persistent_volume_claim(dgd, pvc) for pvc in dgd.spec.pvcs if pvc.create]
     notices: list[Notice] = []
     plans: dict[str, ServicePlan] = {}

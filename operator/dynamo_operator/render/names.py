@@ -7,7 +7,6 @@ full name, so two long names never collide by truncation and the same input give
 from __future__ import annotations
 
 import hashlib
-import re
 
 __all__ = [
     "MAX_LABEL_VALUE",
@@ -15,7 +14,6 @@ __all__ = [
     "child_name",
     "fit",
     "group_name",
-    "is_dns_label",
     "label_value",
     "service_dns_name",
 ]
@@ -25,12 +23,6 @@ MAX_LABEL_VALUE = 63
 # at most 63 characters), so every workload name is kept to 52 characters.
 MAX_WORKLOAD_NAME = 52
 _HASH_LEN = 8
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def is_dns_label(value: str) -> bool:
-    """True when ``value`` is an RFC 1123 label (lowercase alphanumerics and '-', at most 63)."""
-    return len(value) <= MAX_LABEL_VALUE and bool(_DNS_LABEL.match(value))
 
 
 def fit(name: str, limit: int) -> str:

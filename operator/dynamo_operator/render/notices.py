@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dynamo_operator.api.annotations import RDMA_ANNOTATION
+from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.api.validation import DEFAULT_TRANSFER_BACKEND, gpu_count
 from dynamo_operator.backends import nixl
-from dynamo_operator.render.components import Component
 from dynamo_operator.render.types import Notice
-from dynamo_operator.render.validation import DEFAULT_TRANSFER_BACKEND, gpu_count
 
 __all__ = ["ignored_fields", "tp_mismatch", "transport", "unmanaged"]
 
@@ -96,7 +97,7 @@ def transport(
                 f"({settings.describe()}).",
             )
         ]
-    hint = f'annotate the graph with {nixl.RDMA_ANNOTATION}: "true" to use RDMA'
+    hint = f'annotate the graph with {RDMA_ANNOTATION}: "true" to use RDMA'
     if not with_rdma:
         return [
             Notice(

@@ -6,11 +6,12 @@ import math
 from typing import Any
 
 from dynamo_operator.api import contract
+from dynamo_operator.api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
+from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment, EnvVar, Probe, ResourceItem
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels
-from dynamo_operator.render.components import Component
 from dynamo_operator.render.merge import merge
 from dynamo_operator.render.types import Notice
 
@@ -213,7 +214,7 @@ def main_container(
     for key in ("command", "args", "resources"):
         if not container.get(key):
             container.pop(key, None)
-    module = _annotation(dgd, c, sglang.MODULE_ANNOTATION)
+    module = _annotation(dgd, c, MODULE_ANNOTATION)
     if module is not None and c.kind in ("frontend", "worker"):
         old, new = (
             (contract.DYNAMO_FRONTEND_MODULE, contract.FRONTEND_MODULE)
@@ -246,7 +247,7 @@ def rdma_settings(
     """RDMA settings when this service is RDMA-enabled (annotation on the service or the graph)."""
     if c.kind != "worker":
         return None
-    enabled = nixl.parse_bool(_annotation(dgd, c, nixl.RDMA_ANNOTATION))
+    enabled = parse_bool(_annotation(dgd, c, RDMA_ANNOTATION))
     if not enabled:
         return None
     return nixl.RdmaSettings.from_annotations(

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynamo_operator.api import contract
+from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels, workloads
-from dynamo_operator.render.components import Component
 from dynamo_operator.render.names import child_name, group_name, service_dns_name
 from dynamo_operator.render.pods import pod_spec, template
 from dynamo_operator.render.types import GroupPlan, ServicePlan, Workload

@@ -6,22 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dynamo_operator.api.validation import Problem  # defined in the api (dynamo-run reports it too)
+
 __all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ServicePlan", "Workload"]
 
 WorkloadKind = Literal["Deployment", "StatefulSet", "LeaderWorkerSet"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """An invalid spec: nothing is rendered until it is fixed.
-
-    ``field`` is the path of the offending field (``spec.services.decode.resources.limits.gpu``),
-    ``reason`` one CamelCase word, ``message`` says what is wrong and how to fix it.
-    """
-
-    field: str
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from dynamo_operator.api import contract
+from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import PVC, DynamoGraphDeployment
 from dynamo_operator.render import labels
-from dynamo_operator.render.components import Component
 from dynamo_operator.render.pods import object_meta
 
 __all__ = [

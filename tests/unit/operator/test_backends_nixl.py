@@ -3,7 +3,6 @@ gets (IPC_LOCK, the RDMA resource, UCX env, host network), without overriding th
 
 from __future__ import annotations
 
-import pytest
 from dynamo_operator.backends import nixl
 
 
@@ -11,13 +10,6 @@ def _settings(graph: dict, service: dict) -> nixl.RdmaSettings:
     return nixl.RdmaSettings.from_annotations(
         graph, service, resource_name="rdma/hca", resource_count=2, default_ucx_tls="rc,cuda_copy"
     )
-
-
-def test_parse_bool():
-    assert nixl.parse_bool(None) is None
-    assert nixl.parse_bool("True") is True and nixl.parse_bool("false") is False
-    with pytest.raises(ValueError):
-        nixl.parse_bool("sometimes")
 
 
 def test_service_annotations_win_over_graph():

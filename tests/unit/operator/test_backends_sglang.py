@@ -1,9 +1,8 @@
-"""SGLang backend rules: reading flags from every command form, adding multinode flags, --host,
-module swaps, and probes only on the leader (explicit expected containers)."""
+"""SGLang backend rules: adding multinode flags in every command form, --host, module swaps, and probes
+only on the leader (explicit expected containers). Reading flags: test_api_sglang_args.py."""
 
 from __future__ import annotations
 
-import pytest
 from dynamo_operator.backends import sglang
 
 PROBES = {
@@ -75,39 +74,6 @@ def test_shell_form_script_in_command_and_line_continuations():
 def test_shell_form_without_a_known_module_appends_at_the_end():
     out = sglang.append_flags({"command": ["sh", "-c", "exec ./serve.sh --tp 8  "]}, ["--nnodes", "2"])
     assert out == {"command": ["sh", "-c", "exec ./serve.sh --tp 8 --nnodes 2  "]}
-
-
-@pytest.mark.parametrize(
-    ("container", "expected"),
-    [
-        ({"command": ["python3", "-m", "dynamo.sglang"], "args": ["--tp", "4", "--page-size=16"]}, (4, "16")),
-        ({"command": ["python3", "-m", "dynamo.sglang"], "args": ["--tp-size", "8"]}, (8, None)),
-        ({"command": ["sh", "-c"], "args": ["python3 -m dynamo.sglang --tensor-parallel-size 2"]}, (2, None)),
-        ({"command": ["python3", "-m", "dynamo.sglang"]}, (1, None)),
-    ],
-)
-def test_parse_args_reads_every_form(container, expected):
-    args = sglang.parse_args(container)
-    assert (args.tp, args.page_size) == expected
-
-
-def test_parse_args_disaggregation_and_gpus_needed():
-    args = sglang.parse_args(
-        {
-            "command": ["python3", "-m", "dynamo.sglang"],
-            "args": [
-                "--tp", "2", "--dp-size", "2", "--disaggregation-mode", "prefill",
-                "--disaggregation-transfer-backend", "nixl", "--disaggregation-bootstrap-port", "12345",
-            ],
-        }
-    )  # fmt: skip
-    assert args.disaggregation_mode == "prefill"
-    assert args.transfer_backend == "nixl"
-    assert args.bootstrap_port == "12345"
-    assert args.gpus_needed == 4
-    with_attention = sglang.parse_args({"args": ["--tp", "2", "--dp-size", "2", "--enable-dp-attention"]})
-    assert with_attention.gpus_needed == 2
-    assert sglang.parse_args({"args": ["--tp", "two"]}).tp is None
 
 
 def test_ensure_flag_adds_replaces_or_keeps():

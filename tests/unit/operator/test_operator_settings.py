@@ -7,13 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
 
 
 def test_flags_win_over_environment_and_defaults_come_from_operator_config():
-    env = {"DYN_OPERATOR_NAMESPACE": "a,b", "DYN_OPERATOR_WORKERS": "3", "DYN_OPERATOR_NATS_URL": "nats://x:1"}
+    env = {
+        "DYN_OPERATOR_NAMESPACE": "a,b",
+        "DYN_OPERATOR_WORKERS": "3",
+        "DYN_OPERATOR_NATS_URL": "nats://x:1",
+    }
     s = parse_settings(["--workers", "5", "--group-backend", "lws"], env)
     assert s.namespace == ("a", "b")
     assert s.workers == 5
@@ -32,7 +35,7 @@ def test_repeated_namespace_flag_and_all_namespaces():
 
 @pytest.mark.parametrize("argv", [[], ["--namespace", "a", "--all-namespaces"]])
 def test_scope_must_be_chosen_once(argv):
-    with pytest.raises(SettingsError, match="--namespace NAME .* or --all-namespaces"):
+    with pytest.raises(SettingsError, match=r"--namespace NAME .* or --all-namespaces"):
         parse_settings(argv, {})
 
 
@@ -59,7 +62,11 @@ def test_liveness_endpoint():
 
 def test_help_explains_every_flag():
     out = subprocess.run(
-        [sys.executable, "-m", "dynamo_operator", "--help"], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-m", "dynamo_operator", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
     flat = " ".join(out.split())
     for name, info in OperatorSettings.model_fields.items():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.api.validation import is_dns_label
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
-from dynamo_operator.render.names import is_dns_label
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 

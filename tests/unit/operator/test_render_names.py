@@ -3,12 +3,12 @@ graphs/services even when truncated (property-based)."""
 
 from __future__ import annotations
 
+from dynamo_operator.api.validation import is_dns_label
 from dynamo_operator.render.names import (
     MAX_WORKLOAD_NAME,
     child_name,
     fit,
     group_name,
-    is_dns_label,
     label_value,
 )
 from hypothesis import given

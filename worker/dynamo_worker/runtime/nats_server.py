@@ -67,6 +67,8 @@ class NatsServer:
     port: int = 0
     startup_timeout: float = 20.0
     store_dir: Path | None = None
+    # Prepended to the command, e.g. ("setpriv", "--pdeathsig", "TERM", "--") so it dies with its parent.
+    command_prefix: tuple[str, ...] = ()
     proc: subprocess.Popen | None = field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
 
@@ -85,7 +87,17 @@ class NatsServer:
         if self.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-nats-")
             self.store_dir = Path(self._tmp.name)
-        cmd = [find_nats_server(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        cmd = [
+            *self.command_prefix,
+            find_nats_server(),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+        ]
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:

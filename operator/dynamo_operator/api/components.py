@@ -1,4 +1,7 @@
-"""Classify each entry of ``spec.services``: frontend, SGLang worker (agg/prefill/decode) or generic."""
+"""Classify each entry of ``spec.services``: frontend, SGLang worker (agg/prefill/decode) or generic. Pure.
+
+Shared by the operator's validation and rendering and by dynamo-run.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Any, Literal
 
 from dynamo_operator.api import contract
 from dynamo_operator.api.models import DynamoGraphDeployment, ServiceSpec
-from dynamo_operator.backends import sglang
+from dynamo_operator.api.sglang_args import SglangArgs, parse_args
 
 __all__ = [
     "DEFAULT_FRONTEND_COMMAND",
@@ -39,8 +42,8 @@ class Component:
         return f"spec.services.{self.name}"
 
     @property
-    def args(self) -> sglang.SglangArgs:
-        return sglang.parse_args(self.command_view)
+    def args(self) -> SglangArgs:
+        return parse_args(self.command_view)
 
 
 def _kind(component_type: str | None) -> Kind | None:
@@ -58,7 +61,7 @@ def _role(spec: ServiceSpec, view: dict[str, Any]) -> Role:
         return spec.component_type  # type: ignore[return-value]
     if spec.sub_component_type is not None:
         return spec.sub_component_type
-    mode = sglang.parse_args(view).disaggregation_mode
+    mode = parse_args(view).disaggregation_mode
     if mode in ("prefill", "decode"):
         return mode  # type: ignore[return-value]
     return "agg"

@@ -1,21 +1,53 @@
-"""Semantic checks of a graph, beyond what the CRD schema can say. Each failure is a ``Problem``."""
+"""Semantic checks of a graph, beyond what the CRD schema can say. Pure.
+
+``validate(dgd)`` is the one place a DynamoGraphDeployment is judged: the operator's ``render``
+refuses a graph with problems (condition ``Ready=False`` + Events), and dynamo-run refuses the same
+graph with the same ``Problem``s before starting anything.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
+from dynamo_operator.api.annotations import BOOL_ANNOTATIONS, MODULE_ANNOTATION, parse_bool
+from dynamo_operator.api.components import Component, components
 from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.backends import nixl, sglang
-from dynamo_operator.render.components import Component
-from dynamo_operator.render.names import is_dns_label
-from dynamo_operator.render.types import Problem
+from dynamo_operator.api.sglang_args import SWAPPABLE_MODULES
 
-__all__ = ["DEFAULT_PAGE_SIZE", "DEFAULT_TRANSFER_BACKEND", "gpu_count", "validate"]
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "DEFAULT_TRANSFER_BACKEND",
+    "Problem",
+    "gpu_count",
+    "is_dns_label",
+    "validate",
+]
 
 # SGLang's defaults when a flag is unset, used to compare prefill and decode services.
 DEFAULT_PAGE_SIZE = "1"
 DEFAULT_TRANSFER_BACKEND = "mooncake"
+MAX_DNS_LABEL = 63
 _GRAPH_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An invalid spec: nothing is rendered (or run) until it is fixed.
+
+    ``field`` is the path of the offending field (``spec.services.decode.resources.limits.gpu``),
+    ``reason`` one CamelCase word, ``message`` says what is wrong and how to fix it.
+    """
+
+    field: str
+    reason: str
+    message: str
+
+
+def is_dns_label(value: str) -> bool:
+    """True when ``value`` is an RFC 1123 label (lowercase alphanumerics and '-', at most 63)."""
+    return len(value) <= MAX_DNS_LABEL and bool(_DNS_LABEL.match(value))
 
 
 def gpu_count(component: Component) -> str | None:
@@ -86,36 +118,35 @@ def _check_graph(dgd: DynamoGraphDeployment, comps: list[Component]) -> list[Pro
                 )
             )
         seen.setdefault(lowered, c.name)
-    for key in (nixl.RDMA_ANNOTATION, nixl.HOST_NETWORK_ANNOTATION):
+    for key in BOOL_ANNOTATIONS:
         problems += _bool_annotation(dgd.metadata.annotations, key, "metadata.annotations")
     problems += _module_annotation(dgd.metadata.annotations, "metadata.annotations")
     return problems
 
 
-def _bool_annotation(annotations: dict[str, str], key: str, where: str) -> list[Problem]:
+def _bool_annotation(given: dict[str, str], key: str, where: str) -> list[Problem]:
     try:
-        nixl.parse_bool(annotations.get(key))
+        parse_bool(given.get(key))
     except ValueError:
         return [
             Problem(
                 f"{where}.{key}",
                 "InvalidAnnotation",
-                f'Annotation {key}={annotations[key]!r} must be "true" or "false".',
+                f'Annotation {key}={given[key]!r} must be "true" or "false".',
             )
         ]
     return []
 
 
-def _module_annotation(annotations: dict[str, str], where: str) -> list[Problem]:
-    value = annotations.get(sglang.MODULE_ANNOTATION)
-    if value is None or value in sglang.SWAPPABLE_MODULES:
+def _module_annotation(given: dict[str, str], where: str) -> list[Problem]:
+    value = given.get(MODULE_ANNOTATION)
+    if value is None or value in SWAPPABLE_MODULES:
         return []
     return [
         Problem(
-            f"{where}.{sglang.MODULE_ANNOTATION}",
+            f"{where}.{MODULE_ANNOTATION}",
             "InvalidAnnotation",
-            f"Annotation {sglang.MODULE_ANNOTATION}={value!r} must name one of "
-            f"{', '.join(sglang.SWAPPABLE_MODULES)}.",
+            f"Annotation {MODULE_ANNOTATION}={value!r} must name one of {', '.join(SWAPPABLE_MODULES)}.",
         )
     ]
 
@@ -131,7 +162,7 @@ def _check_service(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
                 f"Service {c.name!r} has no componentType; set frontend, worker, prefill or decode.",
             )
         ]
-    for key in (nixl.RDMA_ANNOTATION, nixl.HOST_NETWORK_ANNOTATION):
+    for key in BOOL_ANNOTATIONS:
         problems += _bool_annotation(spec.annotations, key, f"{c.path}.annotations")
     problems += _module_annotation(spec.annotations, f"{c.path}.annotations")
     if spec.multinode is not None and c.kind != "worker":
@@ -333,11 +364,12 @@ def _check_disaggregation(comps: list[Component]) -> list[Problem]:
     return problems
 
 
-def validate(dgd: DynamoGraphDeployment, comps: list[Component]) -> list[Problem]:
+def validate(dgd: DynamoGraphDeployment) -> tuple[Problem, ...]:
     """Every problem of the graph, in a stable order (graph first, then services by name)."""
+    comps = components(dgd)
     problems = _check_graph(dgd, comps)
     problems += _check_pvcs(dgd)
     for c in comps:
         problems += _check_service(dgd, c)
     problems += _check_disaggregation(comps)
-    return problems
+    return tuple(problems)

@@ -1,12 +1,14 @@
-"""Semantic validation: every invalid graph is answered with a Problem naming the field, a one-word
-reason and the fix, and nothing is rendered; valid Dynamo-shaped graphs pass."""
+"""dynamo_operator.api.validation: every invalid graph is answered with a Problem naming the field, a
+one-word reason and the fix; render then renders nothing; valid Dynamo-shaped graphs pass.
+(dynamo-run reports the same Problems: tests/unit/local/test_manifest.py.)"""
 
 from __future__ import annotations
 
 import pytest
 from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.api.validation import Problem, validate
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.render import Problem, render
+from dynamo_operator.render import render
 
 FRONTEND = {"componentType": "frontend"}
 
@@ -25,13 +27,15 @@ def _worker(args: list[str] | None = None, **overrides) -> dict:
 
 def _problems(services: dict, name: str = "g", **spec) -> list[tuple[str, str]]:
     body = {"metadata": {"name": name, "namespace": "ns"}, "spec": {"services": services, **spec}}
-    rendered = render(DynamoGraphDeployment.model_validate(body), OperatorConfig())
-    if rendered.problems:
-        assert rendered.objects == () and rendered.services == {}
-    for problem in rendered.problems:
+    problems = validate(DynamoGraphDeployment.model_validate(body))
+    for problem in problems:
         assert problem.reason.isalpha() and problem.reason[0].isupper()
         assert problem.message.endswith(".")
-    return [(p.field, p.reason) for p in rendered.problems]
+    return [(p.field, p.reason) for p in problems]
+
+
+def _validate(body: dict) -> tuple[Problem, ...]:
+    return validate(DynamoGraphDeployment.model_validate(body))
 
 
 def test_valid_graph_has_no_problems():
@@ -110,7 +114,7 @@ def test_invalid_module_annotation():
         "metadata": {"name": "g", "annotations": {"nvidia.com/dynamo-worker-module": "dynamo.vllm"}},
         "spec": {"services": {"Frontend": FRONTEND, "decode": _worker()}},
     }
-    (problem,) = render(DynamoGraphDeployment.model_validate(body), OperatorConfig()).problems
+    (problem,) = _validate(body)
     assert problem == Problem(
         "metadata.annotations.nvidia.com/dynamo-worker-module",
         "InvalidAnnotation",
@@ -132,7 +136,7 @@ def test_page_size_mismatch():
         "metadata": {"name": "g"},
         "spec": {"services": _disagg(["--page-size", "16"], ["--page-size", "32"])},
     }
-    (problem,) = render(DynamoGraphDeployment.model_validate(body), OperatorConfig()).problems
+    (problem,) = _validate(body)
     assert problem == Problem(
         "spec.services.decode.extraPodSpec.mainContainer.args",
         "PageSizeMismatch",
@@ -150,3 +154,14 @@ def test_transfer_backend_mismatch_counts_sglang_default():
 def test_dynamo_disagg_without_sub_component_type_uses_the_flag():
     services = _disagg(["--page-size", "16"], ["--page-size", "16"])
     assert _problems(services) == []
+
+
+def test_render_refuses_an_invalid_graph_with_validates_problems_and_renders_nothing():
+    body = {
+        "metadata": {"name": "g"},
+        "spec": {"services": _disagg(["--page-size", "16"], ["--page-size", "32"]) | {"x": {"replicas": 1}}},
+    }
+    dgd = DynamoGraphDeployment.model_validate(body)
+    rendered = render(dgd, OperatorConfig())
+    assert rendered.problems == validate(dgd) and len(rendered.problems) == 2
+    assert rendered.objects == () and rendered.services == {} and rendered.notices == ()

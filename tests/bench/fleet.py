@@ -1,0 +1,174 @@
+"""Local processes for benchmark scenarios: a nats-server, mocker workers and frontends on 127.0.0.1.
+
+Every process gets free ports, its own process group and a log file under the fleet's folder; waits are
+bounded and a process that dies while awaited raises with its log tail. ``Fleet`` is a context manager:
+leaving it (normally, on an error or on Ctrl-C) stops every process it started, SIGTERM to the group,
+then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dynamo_worker.runtime.nats_server import NatsServer, free_port
+from dynamo_worker.tinymodel import ensure_tiny_model
+
+MODEL = "tiny"
+
+
+class FleetError(RuntimeError):
+    pass
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise FleetError(
+                f"{self.name} exited with {self.popen.returncode}; log {self.log_path}:\n{self.tail()}"
+            )
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(grace_s)
+
+
+def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return 0, ""
+
+
+class Fleet:
+    """Start with ``with Fleet(workdir) as fleet:``; add processes with ``mocker()`` / ``frontend()``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.nats = NatsServer()
+        self.procs: list[Proc] = []
+        self.model_dir = ensure_tiny_model(workdir / "tiny-model")
+
+    def __enter__(self) -> Fleet:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.nats.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+        self.nats.stop()
+
+    def _spawn(self, name: str, args: list[str], ports: dict[str, int]) -> Proc:
+        log_path = self.workdir / f"{name}.log"
+        env = {**os.environ, "DYN_LOG_LEVEL": os.environ.get("BENCH_CHILD_LOG_LEVEL", "WARNING")}
+        with open(log_path, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        proc = Proc(name, popen, log_path, ports)
+        self.procs.append(proc)
+        return proc
+
+    def mocker(self, namespace: str, mode: str = "null", *extra: str, speedup: float = 50.0) -> Proc:
+        """A mocker worker (``mode`` null = aggregated, prefill or decode) serving ``MODEL``."""
+        ports = {"system": free_port(), "request": free_port()}
+        args = [
+            "dynamo_worker.mocker", "--model-path", str(self.model_dir), "--served-model-name", MODEL,
+            "--page-size", "16", "--disaggregation-mode", mode, "--speedup", str(speedup),
+            "--namespace", namespace, "--component", "backend" if mode == "null" else mode,
+            "--nats-server", self.nats.url, "--system-port", str(ports["system"]),
+            "--request-port", str(ports["request"]), "--listen-host", "127.0.0.1",
+            "--advertise-host", "127.0.0.1", "--graceful-shutdown-s", "1",
+        ]  # fmt: skip
+        if mode == "prefill":
+            ports["bootstrap"] = free_port()
+            args += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+        n = sum(p.name.startswith(f"{namespace}-mocker") for p in self.procs)
+        return self._spawn(f"{namespace}-mocker-{mode}-{n}", [*args, *extra], ports)
+
+    def frontend(self, namespace: str, router_mode: str = "round-robin", *extra: str) -> Proc:
+        ports = {"http": free_port()}
+        args = [
+            "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", str(ports["http"]),
+            "--namespace", namespace, "--nats-server", self.nats.url, "--router-mode", router_mode,
+        ]  # fmt: skip
+        return self._spawn(f"{namespace}-frontend", [*args, *extra], ports)
+
+    def wait_healthy(self, proc: Proc, url: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while _get(url)[0] != 200:
+            proc.check_alive()
+            if time.monotonic() > deadline:
+                raise FleetError(
+                    f"{proc.name} not healthy at {url} after {timeout:.0f}s; log:\n{proc.tail()}"
+                )
+            time.sleep(0.1)
+
+    def wait_workers(self, frontend: Proc, expected: dict[str, int], timeout: float = 60.0) -> None:
+        """Until the frontend's ``dynamo_frontend_workers`` gauge shows ``expected`` workers per role."""
+        url = f"http://127.0.0.1:{frontend.ports['http']}/metrics"
+        deadline = time.monotonic() + timeout
+        seen: dict[str, int] = {}
+        while True:
+            frontend.check_alive()
+            for p in self.procs:
+                p.check_alive()
+            status, text = _get(url)
+            if status == 200:
+                seen = {
+                    role: int(float(value))
+                    for role, value in re.findall(
+                        r'^dynamo_frontend_workers\{[^}]*role="([a-z]+)"[^}]*\} ([0-9.e+]+)$', text, re.M
+                    )
+                }
+                if (
+                    all(seen.get(role, 0) >= n for role, n in expected.items())
+                    and _get(f"http://127.0.0.1:{frontend.ports['http']}/health")[0] == 200
+                ):
+                    return
+            if time.monotonic() > deadline:
+                raise FleetError(
+                    f"{frontend.name} sees workers {seen}, expected {expected} within {timeout:.0f}s"
+                )
+            time.sleep(0.1)

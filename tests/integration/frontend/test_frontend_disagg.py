@@ -1,0 +1,111 @@
+"""Disaggregated serving end to end: with 1 prefill + 1 decode mocker the frontend sends both legs
+concurrently with one bootstrap room and streams the decode leg; when the prefill leg fails the decode
+leg is cancelled and the client gets an error in bounded time; with only decode workers left the
+answer is 503 naming the missing prefill workers (never a silent decode-only request)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+BOUND_S = 30.0
+
+
+def client(fe) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=BOUND_S)
+
+
+def counter(metrics: str, outcome: str) -> float:
+    m = re.search(r'^dynamo_worker_requests_total\{outcome="' + outcome + r'"\} (\S+)$', metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def inflight(metrics: str) -> float:
+    m = re.search(r"^dynamo_worker_inflight_requests (\S+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def test_disaggregated_request_streams_decode_leg(mockers, frontend_factory, wait_workers):
+    p, d = mockers("prefill"), mockers("decode")
+    fe = await frontend_factory()
+    await wait_workers(fe, 2, mockers=[p, d])
+    async with client(fe) as c:
+        whole = await c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=8, seed=1, extra_body={"ignore_eos": True}
+        )
+        assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 8
+        stream = await c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=8, seed=1, stream=True, extra_body={"ignore_eos": True}
+        )
+        text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+        assert text == whole.choices[0].message.content
+    assert counter(p.metrics(), "length") + counter(p.metrics(), "stop") == 2
+    assert counter(d.metrics(), "length") == 2
+
+
+async def test_prefill_leg_failure_cancels_decode_and_errors(mockers, frontend_factory, wait_workers):
+    p, d = mockers("prefill"), mockers("decode", "--bootstrap-timeout-s", "120")
+    fe = await frontend_factory()
+    await wait_workers(fe, 2, mockers=[p, d])
+    p.kill()  # still in discovery until its TTL expires: the prefill leg cannot connect
+    started = time.monotonic()
+    async with client(fe) as c:
+        with pytest.raises(openai.APIStatusError) as e:
+            await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
+    assert e.value.status_code == 502 and "prefill" in e.value.message
+    assert time.monotonic() - started < BOUND_S
+    # the decode leg (if it reached the worker at all) is cancelled, not left waiting for its peer
+    # until the decode worker's own 120 s bootstrap timeout
+    deadline = time.monotonic() + BOUND_S
+    while inflight(d.metrics()) > 0:
+        assert time.monotonic() < deadline, "the decode leg was left running"
+        await asyncio.sleep(0.1)
+    assert counter(d.metrics(), "length") == 0
+
+
+async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers):
+    p, d = mockers("prefill", "--discovery-ttl", "2"), mockers("decode")
+    fe = await frontend_factory()
+    await wait_workers(fe, 2, mockers=[p, d])
+    p.stop()  # graceful: deregisters at once
+    assert fe.registry is not None
+    deadline = time.monotonic() + BOUND_S
+    while fe.registry.get(MODEL).by_role("prefill"):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    async with client(fe) as c:
+        with pytest.raises(openai.APIStatusError) as e:
+            await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert e.value.status_code == 503 and e.value.body["code"] == "no_prefill_workers"
+
+
+async def test_decode_killed_mid_stream_errors_not_hangs(mockers, frontend_factory, wait_workers):
+    p, d = mockers("prefill"), mockers("decode", speedup=1.0)
+    fe = await frontend_factory()
+    await wait_workers(fe, 2, mockers=[p, d])
+    async with client(fe) as c:
+        stream = await c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+        )
+        received = 0
+        with pytest.raises(openai.APIError):
+            async with asyncio.timeout(BOUND_S):
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        received += 1
+                        if received == 3:
+                            d.kill()
+        assert received >= 3
+    assert fe.server is not None
+    deadline = time.monotonic() + BOUND_S
+    while fe.server.inflight:
+        assert time.monotonic() < deadline, "the frontend kept the request in flight"
+        await asyncio.sleep(0.05)

@@ -1,0 +1,109 @@
+"""Fixtures for mocker integration tests: mocker worker processes on 127.0.0.1 with free ports, each
+test module in its own Dynamo namespace, every process stopped at teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+from dynamo_worker.protocol import InstanceRecord
+from dynamo_worker.runtime.discovery import InstanceWatcher
+from dynamo_worker.runtime.nats_server import free_port
+from dynamo_worker.tinymodel import ensure_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("mocker-tiny") / "model")
+
+
+@dataclass
+class MockerProc:
+    proc: subprocess.Popen
+    component: str
+    system_port: int
+    log_path: Path
+    record: InstanceRecord | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+class Mockers:
+    """Starts mocker processes in one namespace and waits for their registration."""
+
+    def __init__(self, nats_url: str, namespace: str, model_dir: Path, log_dir: Path) -> None:
+        self.nats_url = nats_url
+        self.namespace = namespace
+        self.model_dir = model_dir
+        self.log_dir = log_dir
+        self.procs: list[MockerProc] = []
+        self.nc: nats.NATS | None = None
+        self.watcher: InstanceWatcher | None = None
+
+    async def open(self) -> None:
+        self.nc = await nats.connect(self.nats_url)
+        self.watcher = await InstanceWatcher(self.nc, self.namespace).start()
+
+    def spawn(self, component: str, *args: str) -> MockerProc:
+        system_port = free_port()
+        log_path = self.log_dir / f"{component}-{len(self.procs)}.log"
+        cmd = [
+            sys.executable, "-m", "dynamo_worker.mocker",
+            "--namespace", self.namespace, "--component", component, "--nats-server", self.nats_url,
+            "--system-port", str(system_port), "--request-port", "0", "--listen-host", "127.0.0.1",
+            "--advertise-host", "127.0.0.1", "--model-dir", str(self.model_dir),
+            "--served-model-name", "tiny", "--page-size", "4", *args,
+        ]  # fmt: skip
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        mp = MockerProc(proc, component, system_port, log_path)
+        self.procs.append(mp)
+        return mp
+
+    async def registered(self, mp: MockerProc, within_s: float = 30.0) -> InstanceRecord:
+        """Wait until ``mp`` registered (it is the only live instance of its component)."""
+        assert self.watcher is not None
+        deadline = time.monotonic() + within_s
+        while True:
+            found = [r for r in self.watcher.instances.values() if r.component == mp.component]
+            if found:
+                mp.record = found[0]
+                return found[0]
+            if mp.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"mocker {mp.component} did not register:\n{mp.log()[-3000:]}")
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for mp in self.procs:
+            mp.stop()
+        if self.watcher is not None:
+            await self.watcher.stop()
+        if self.nc is not None:
+            await self.nc.close()
+
+
+@pytest.fixture
+async def mockers(nats_url, tiny_model, tmp_path) -> AsyncIterator[Mockers]:
+    m = Mockers(nats_url, "mk-" + uuid.uuid4().hex[:8], tiny_model, tmp_path)
+    await m.open()
+    yield m
+    await m.close()

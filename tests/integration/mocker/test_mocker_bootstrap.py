@@ -1,0 +1,76 @@
+"""The prefill/decode rendezvous over a real socket, in-process: either leg may arrive first, a room is
+used once and then forgotten, and a missing or unreachable peer ends in ``BootstrapTimeout``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
+from dynamo_worker.protocol import BootstrapInfo
+from dynamo_worker.runtime.nats_server import free_port
+
+pytestmark = pytest.mark.integration
+
+RESULT = PrefillResult(first_token=42, prompt_tokens=10, cached_tokens=4)
+
+
+@pytest.fixture
+async def rendezvous():
+    server = BootstrapServer("127.0.0.1", 0)
+    port = await server.start()
+    async with aiohttp.ClientSession() as session:
+        yield server, session, port
+    await server.stop()
+
+
+def info(port: int, room: int) -> BootstrapInfo:
+    return BootstrapInfo(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=room)
+
+
+async def test_decode_first_then_prefill(rendezvous):
+    server, session, port = rendezvous
+    fetching = asyncio.create_task(fetch_prefill(session, info(port, 1), timeout_s=5))
+    deadline = time.monotonic() + 5
+    while server.open_rooms == 0:  # the decode leg is waiting in the room before the prefill comes
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    await server.prefill_done(1, RESULT, wait_s=5)
+    assert await fetching == RESULT
+    assert server.open_rooms == 0
+
+
+async def test_prefill_first_then_decode(rendezvous):
+    server, session, port = rendezvous
+    handing_over = asyncio.create_task(server.prefill_done(2, RESULT, wait_s=5))
+    assert await fetch_prefill(session, info(port, 2), timeout_s=5) == RESULT
+    await handing_over
+    assert server.open_rooms == 0
+
+
+async def test_a_room_without_prefill_times_out_for_decode(rendezvous):
+    server, session, port = rendezvous
+    with pytest.raises(BootstrapTimeout, match=r"bootstrap_room=3.*never arrived"):
+        await fetch_prefill(session, info(port, 3), timeout_s=0.5)
+    assert server.open_rooms == 0
+
+
+async def test_a_room_without_decode_times_out_for_prefill(rendezvous):
+    server, _, _ = rendezvous
+    with pytest.raises(BootstrapTimeout, match="no decode leg fetched bootstrap_room=4"):
+        await server.prefill_done(4, RESULT, wait_s=0.3)
+    assert server.open_rooms == 0
+
+
+async def test_an_unreachable_prefill_worker_times_out_for_decode():
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(BootstrapTimeout, match="could not reach"):
+            await fetch_prefill(session, info(free_port(), 5), timeout_s=0.5)
+
+
+async def test_a_busy_bootstrap_port_is_a_clear_error(rendezvous):
+    _, _, port = rendezvous
+    with pytest.raises(OSError, match="--disaggregation-bootstrap-port"):
+        await BootstrapServer("127.0.0.1", port).start()

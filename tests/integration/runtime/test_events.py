@@ -1,0 +1,125 @@
+"""The event plane over a real nats-server: KV event batches arrive in order with consecutive seqs,
+a lost batch shows up as a gap (SeqTracker), a publisher overflow skips seqs instead of diverging
+silently, and load metrics are published on change and periodically."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import nats
+import pytest
+from dynamo_worker.protocol import BlockRemoved, BlockStored, KvEventBatch, LoadMetrics
+from dynamo_worker.runtime.engine import LoadSnapshot
+from dynamo_worker.runtime.events import (
+    KvEventPublisher,
+    LoadPublisher,
+    SeqTracker,
+    subscribe_kv_events,
+    subscribe_load,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def nc(nats_url):
+    client = await nats.connect(nats_url)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "ev-" + uuid.uuid4().hex[:8]
+
+
+async def wait_until(predicate, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def stored(i: int) -> BlockStored:
+    return BlockStored(parent_hash=None, block_hashes=[i], token_ids=[i, i])
+
+
+async def test_batches_arrive_in_order_with_consecutive_seqs(nc, namespace):
+    got: list[KvEventBatch] = []
+    sub = await subscribe_kv_events(nc, namespace, got.append)
+    publisher = KvEventPublisher(nc, namespace, "aaaaaaaaaaaaaaaa", max_batch=3)
+    publisher.start()
+    for i in range(20):
+        publisher.submit([stored(i)])
+        if i % 4 == 0:
+            await asyncio.sleep(0)  # let some batches go out alone
+    publisher.submit([BlockRemoved(block_hashes=[0])])
+    await publisher.stop()
+    await nc.flush()
+    await wait_until(lambda: sum(len(b.events) for b in got) == 21)
+    assert [b.seq for b in got] == list(range(len(got)))
+    events = [e for b in got for e in b.events]
+    assert [e.block_hashes[0] for e in events[:20]] == list(range(20))
+    assert isinstance(events[-1], BlockRemoved)
+    tracker = SeqTracker()
+    assert all(tracker.observe(b) == 0 for b in got)
+    await sub.unsubscribe()
+
+
+async def test_a_lost_batch_is_detected_as_a_gap(nc, namespace):
+    tracker = SeqTracker()
+    gaps: list[int] = []
+    sub = await subscribe_kv_events(nc, namespace, lambda b: gaps.append(tracker.observe(b)))
+    publisher = KvEventPublisher(nc, namespace, "bbbbbbbbbbbbbbbb")
+    await publisher.publish_now([stored(1)])
+    publisher.seq += 2  # two batches lost on the way
+    await publisher.publish_now([stored(2)])
+    await nc.flush()
+    await wait_until(lambda: len(gaps) == 2)
+    assert gaps == [0, 2]
+    assert tracker.observe(KvEventBatch(instance_id="bbbbbbbbbbbbbbbb", seq=1, events=[])) == -1  # stale
+    await sub.unsubscribe()
+
+
+async def test_publisher_overflow_drops_oldest_and_leaves_a_gap(nc, namespace):
+    tracker = SeqTracker()
+    gaps: list[int] = []
+    got: list[KvEventBatch] = []
+
+    def on_batch(b: KvEventBatch) -> None:
+        got.append(b)
+        gaps.append(tracker.observe(b))
+
+    sub = await subscribe_kv_events(nc, namespace, on_batch)
+    publisher = KvEventPublisher(nc, namespace, "cccccccccccccccc", max_pending=5)
+    await publisher.publish_now([stored(0)])
+    publisher.start()
+    publisher.submit([stored(i) for i in range(1, 9)])  # 8 > 5 pending before the task runs
+    await publisher.stop()
+    await nc.flush()
+    await wait_until(lambda: len(got) == 2)
+    assert publisher.dropped == 3
+    assert gaps == [0, 1]
+    assert [e.block_hashes[0] for e in got[1].events] == [4, 5, 6, 7, 8]
+    await sub.unsubscribe()
+
+
+async def test_load_is_published_on_change_and_periodically(nc, namespace):
+    got: list[LoadMetrics] = []
+    sub = await subscribe_load(nc, namespace, got.append)
+    publisher = LoadPublisher(nc, namespace, "dddddddddddddddd", min_interval_s=0.01, period_s=0.2)
+    publisher.start()
+    publisher.update(LoadSnapshot(active_blocks=1, total_blocks=10, waiting=0, running=1))
+    await wait_until(lambda: len(got) >= 1)
+    assert got[0] == LoadMetrics(
+        instance_id="dddddddddddddddd", active_blocks=1, total_blocks=10, waiting=0, running=1
+    )
+    publisher.update(LoadSnapshot(active_blocks=3, total_blocks=10, waiting=2, running=1))
+    await wait_until(lambda: any(m.active_blocks == 3 for m in got))
+    count = len(got)
+    await wait_until(lambda: len(got) >= count + 2)  # unchanged load is re-sent every period
+    assert got[-1].active_blocks == 3
+    await publisher.stop()
+    await sub.unsubscribe()

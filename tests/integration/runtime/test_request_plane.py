@@ -1,0 +1,199 @@
+"""The request plane over real sockets: NDJSON streaming, connection reuse, the in-flight bound
+(``overloaded``), invalid requests, cancellation reaching the engine when the client goes away, every
+wait bounded, typed errors when the worker is unreachable or dies mid-stream, and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+from dynamo_worker.protocol import GenerateChunk, GenerateRequest, StopConditions, Usage
+from dynamo_worker.runtime.nats_server import free_port
+from dynamo_worker.runtime.request_plane import (
+    RequestClient,
+    RequestServer,
+    WorkerRejected,
+    WorkerStreamBroken,
+    WorkerTimeout,
+    WorkerUnreachable,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def wait_until(predicate, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def request(rid: str = "r", max_tokens: int = 3) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=rid, model="m", token_ids=[1, 2], stop=StopConditions(max_tokens=max_tokens)
+    )
+
+
+class FakeEngine:
+    """Streams ``max_tokens`` tokens, or holds a request until released; records what it saw.
+    (The engine is faked: what is under test is the transport.)"""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+        self.closed: list[str] = []
+        self.hold = False
+        self.peers: list[object] = []
+
+    async def generate(self, req: GenerateRequest):
+        self.started.set()
+        try:
+            for i in range(req.stop.max_tokens - 1):
+                yield GenerateChunk(token_ids=[i + 10])
+                if self.hold:
+                    await self.release.wait()
+            yield GenerateChunk(
+                token_ids=[99],
+                finish_reason="length",
+                usage=Usage(prompt_tokens=len(req.token_ids), completion_tokens=req.stop.max_tokens),
+            )
+        finally:
+            self.closed.append(req.request_id)
+
+
+@pytest.fixture
+async def served():
+    engine = FakeEngine()
+    server = RequestServer(engine.generate, host="127.0.0.1", port=0, max_inflight=2)
+    port = await server.start()
+    async with RequestClient(connect_timeout=2, first_chunk_timeout=5, idle_timeout=5) as client:
+        yield engine, server, client, f"127.0.0.1:{port}"
+    await server.stop()
+
+
+async def test_streams_disjoint_chunks_until_the_final_one(served):
+    _, _, client, address = served
+    chunks = [c async for c in client.generate(address, request(max_tokens=4))]
+    assert [c.token_ids for c in chunks] == [[10], [11], [12], [99]]
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 4
+
+
+async def test_connections_are_reused(served):
+    _, server, client, address = served
+    for i in range(5):
+        assert [c async for c in client.generate(address, request(f"r{i}"))][-1].finish_reason == "length"
+        assert server.open_connections == 1  # the same keep-alive connection every time
+
+
+async def test_beyond_max_inflight_is_rejected_as_overloaded(served):
+    engine, _, client, address = served
+    engine.hold = True
+    streams = [client.generate(address, request(f"h{i}", 5)) for i in range(2)]
+    for s in streams:
+        await anext(s)
+    with pytest.raises(WorkerRejected) as err:
+        await anext(client.generate(address, request("third")))
+    assert err.value.status == 503 and err.value.error_type == "overloaded"
+    engine.release.set()
+    for s in streams:
+        assert [c async for c in s][-1].finish_reason == "length"
+
+
+async def test_an_invalid_request_is_rejected_with_400(served):
+    _, _, client, address = served
+    session = client._get_session()
+    async with session.post(f"http://{address}/v1/generate", json={"request_id": "x"}) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["type"] == "invalid_request"
+
+
+async def test_closing_the_stream_cancels_the_request_on_the_worker(served):
+    engine, server, client, address = served
+    engine.hold = True
+    stream = client.generate(address, request("gone", 100))
+    await anext(stream)
+    await stream.aclose()
+    await wait_until(lambda: "gone" in engine.closed and not server.inflight)
+
+
+async def test_cancelling_the_caller_task_cancels_the_request_on_the_worker(served):
+    engine, server, client, address = served
+    engine.hold = True
+
+    async def consume():
+        async for _ in client.generate(address, request("task", 100)):
+            pass
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(5):
+        await engine.started.wait()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await wait_until(lambda: "task" in engine.closed and not server.inflight)
+
+
+async def test_unreachable_worker_raises_worker_unreachable():
+    async with RequestClient(connect_timeout=2) as client:
+        with pytest.raises(WorkerUnreachable, match="could not connect"):
+            await anext(client.generate(f"127.0.0.1:{free_port()}", request()))
+
+
+async def test_no_first_chunk_and_idle_stream_time_out(served):
+    engine, _, client, address = served
+    engine.hold = True
+    stream = client.generate(address, request("slow", 5), idle_timeout=0.3)
+    await anext(stream)
+    with pytest.raises(WorkerTimeout, match="next chunk"):
+        await anext(stream)
+
+    async def never(_req):
+        await asyncio.Event().wait()
+        yield GenerateChunk()
+
+    server = RequestServer(never, host="127.0.0.1", port=0)
+    port = await server.start()
+    with pytest.raises(WorkerTimeout, match=r"first chunk|no answer"):
+        await anext(client.generate(f"127.0.0.1:{port}", request(), first_chunk_timeout=0.3))
+    await server.stop()
+
+
+async def test_a_worker_dying_mid_stream_raises_worker_stream_broken():
+    """A raw socket server plays a worker that crashes after one chunk."""
+
+    async def crashing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        line = b'{"token_ids":[5]}\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        await writer.drain()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(crashing, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with RequestClient() as client:
+        stream = client.generate(f"127.0.0.1:{port}", request())
+        assert (await anext(stream)).token_ids == [5]
+        with pytest.raises(WorkerStreamBroken):
+            await anext(stream)
+    server.close()
+    await server.wait_closed()
+
+
+async def test_drain_refuses_new_requests_and_aborts_leftovers(served):
+    engine, server, client, address = served
+    engine.hold = True
+    stream = client.generate(address, request("inflight", 10))
+    await anext(stream)
+    drain = asyncio.create_task(server.drain(grace_s=0.2))
+    await wait_until(lambda: server.draining)
+    with pytest.raises(WorkerRejected) as err:
+        await anext(client.generate(address, request("new")))
+    assert err.value.error_type == "shutting_down"
+    assert await drain == 1
+    rest = [c async for c in stream]
+    assert rest[-1].error is not None and rest[-1].error.type == "shutting_down"

@@ -1,0 +1,256 @@
+"""A stand-in for ``sglang.srt.entrypoints.engine.Engine`` where SGLang cannot run: no GPU here.
+
+Why a fake: SGLang needs CUDA and torch, which CI and this machine lack; the real engine is exercised by
+``tests/gpu``. The fake keeps what our worker depends on and what the compatibility check verifies:
+``async_generate`` has SGLang 0.5.17's exact signature (a test compares it with the pinned source), it
+returns an async iterator of output dicts shaped like SGLang's with ``skip_tokenizer_init`` and
+``incremental_streaming_output`` (``output_ids`` are the new ids; ``meta_info`` has ``finish_reason``
+as SGLang's ``to_json()`` dicts, ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``), and
+``tokenizer_manager`` has ``abort_request``, ``auto_create_handle_loop``, ``get_loads`` and
+``bootstrap_server``.
+
+Its model is deterministic: token i of a completion is ``(sum(input_ids) + 7 * i) % vocab + 1``; the
+prefix cache remembers prompts whole and reports them as cached on a repeat. A decode request waits
+until the prefill request of the same ``bootstrap_room`` has finished (the same rendezvous SGLang's KV
+transfer imposes), so a frontend that does not send both legs at once hangs here as it would there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils.FAKE_BOOTSTRAP_HOST
+
+
+@dataclass
+class FakeLoad:
+    """The fields of ``sglang.srt.managers.load_snapshot.LoadSnapshot`` the worker reads."""
+
+    dp_rank: int = 0
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_used_tokens: int = 0
+    max_total_num_tokens: int = 4096
+    max_running_requests: int = 64
+    token_usage: float = 0.0
+    gen_throughput: float = 0.0
+    cache_hit_rate: float = 0.0
+
+
+@dataclass
+class FakeBootstrapServer:
+    thread: threading.Thread | None = None
+
+
+class _Done(threading.Thread):
+    """A thread object that never ran: what SGLang's bootstrap server leaves when its bind failed."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+
+
+class FakeTokenizerManager:
+    def __init__(self, engine: FakeSglangEngine) -> None:
+        self._engine = engine
+        self.aborted: list[str] = []
+        self.bootstrap_server: FakeBootstrapServer | None = None
+        self.context_len = 8192
+        self.loads = [FakeLoad()]
+        self.handle_loop_started = False
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        if abort_all:
+            for event in self._engine.abort_events.values():
+                event.set()
+            return
+        self.aborted.append(rid)
+        event = self._engine.abort_events.get(rid)
+        if event is not None:
+            event.set()
+
+    def auto_create_handle_loop(self) -> None:
+        """Like SGLang's: installs its own SIGTERM handler on the running loop (the worker must undo it)."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, lambda: None)
+        self.handle_loop_started = True
+
+    async def get_loads(self, include: list[str] | None = None, dp_rank: int | None = None) -> list[Any]:
+        running = len(self._engine.abort_events)
+        self.loads[0].num_running_reqs = running
+        self.loads[0].num_used_tokens = 16 * running
+        return list(self.loads)
+
+
+@dataclass
+class FakeServerArgs:
+    """The ``ServerArgs`` fields the worker reads, with SGLang's defaults."""
+
+    model_path: str = "fake-model"
+    served_model_name: str = "fake-model"
+    tokenizer_path: str | None = None
+    page_size: int = 16
+    dp_size: int = 1
+    host: str = "127.0.0.1"
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    skip_tokenizer_init: bool = True
+    incremental_streaming_output: bool = True
+    kv_events_config: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+
+
+@dataclass
+class FakeSglangEngine:
+    server_args: FakeServerArgs = field(default_factory=FakeServerArgs)
+    vocab: int = 1000
+    eos_token_id: int | None = None  # generating this id ends a request with a "stop" finish
+    token_delay_s: float = 0.0
+    first_token_gate: asyncio.Event | None = None  # when set: no token before the gate opens
+    abort_message: str | None = None  # when set: every request ends with this SGLang abort
+    max_input_len: int = 4096
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
+    shut_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.tokenizer_manager = FakeTokenizerManager(self)
+        self._cache: set[tuple[int, ...]] = set()
+        self._finished_rooms: dict[int, asyncio.Event] = {}
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+    def _room(self, room: int) -> asyncio.Event:
+        return self._finished_rooms.setdefault(room, asyncio.Event())
+
+    # SGLang 0.5.17's signature, keyword for keyword (tests/unit/sglang compares it with the source).
+    async def async_generate(
+        self,
+        prompt: list[str] | str | None = None,
+        sampling_params: list[dict] | dict | None = None,
+        input_ids: list[list[int]] | list[int] | None = None,
+        image_data: Any | None = None,
+        audio_data: Any | None = None,
+        video_data: Any | None = None,
+        mm_hashes: list[str] | list[list[str]] | None = None,
+        return_logprob: list[bool] | bool | None = False,
+        logprob_start_len: list[int] | int | None = None,
+        top_logprobs_num: list[int] | int | None = None,
+        token_ids_logprob: list[list[int]] | list[int] | None = None,
+        lora_path: list[str | None] | None = None,
+        custom_logit_processor: list[str] | str | None = None,
+        require_reasoning: bool = False,
+        return_hidden_states: Any = False,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        stream: bool = False,
+        bootstrap_host: list[str] | str | None = None,
+        bootstrap_port: list[int] | int | None = None,
+        bootstrap_room: list[int] | int | None = None,
+        routed_dp_rank: int | None = None,
+        disagg_prefill_dp_rank: int | None = None,
+        data_parallel_rank: int | None = None,
+        external_trace_header: dict | None = None,
+        rid: list[str] | str | None = None,
+        session_params: dict | None = None,
+        priority: int | None = None,
+        session_id: str | None = None,
+    ) -> Any:
+        call = {k: v for k, v in locals().items() if k != "self" and v not in (None, False, 0)}
+        self.calls.append(call)
+        assert isinstance(rid, str) and isinstance(input_ids, list) and isinstance(sampling_params, dict)
+        generator = self._generate(
+            list(input_ids), dict(sampling_params), rid, bootstrap_host, bootstrap_room
+        )
+        return generator if stream else await generator.__anext__()
+
+    async def _generate(
+        self, ids: list[int], params: dict[str, Any], rid: str, host: str | None, room: int | None
+    ) -> Any:
+        if len(ids) > self.max_input_len:
+            raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length")
+        mode = self.server_args.disaggregation_mode
+        if mode != "null" and host is None:
+            raise ValueError("Disaggregated requests need bootstrap_host and bootstrap_room")
+        aborted = self.abort_events.setdefault(rid, asyncio.Event())
+        try:
+            cached = len(ids) if tuple(ids) in self._cache else 0
+            self._cache.add(tuple(ids))
+            meta = {"id": rid, "prompt_tokens": len(ids), "cached_tokens": cached, "finish_reason": None}
+            if self.abort_message is not None:
+                reason = {
+                    "type": "abort",
+                    "message": self.abort_message,
+                    "status_code": 500,
+                    "err_type": None,
+                }
+                yield {
+                    "output_ids": [],
+                    "meta_info": {**meta, "finish_reason": reason, "completion_tokens": 0},
+                }
+                return
+            if mode == "decode" and host != FAKE_BOOTSTRAP_HOST:
+                await self._wait(self._room(room or 0).wait(), aborted)
+            if self.first_token_gate is not None:
+                await self._wait(self.first_token_gate.wait(), aborted)
+            stops = set(params.get("stop_token_ids") or ())
+            if self.eos_token_id is not None and not params.get("ignore_eos"):
+                stops.add(self.eos_token_id)
+            limit = int(params.get("max_new_tokens", 128))
+            for i in range(limit):
+                if aborted.is_set():
+                    reason = {"type": "abort", "message": "Abort in waiting queue", "status_code": None}
+                    yield {
+                        "output_ids": [],
+                        "meta_info": {**meta, "finish_reason": reason, "completion_tokens": i},
+                    }
+                    return
+                token = (sum(ids) + 7 * i) % self.vocab + 1
+                done = token in stops or i + 1 == limit
+                if done:
+                    reason = (
+                        {"type": "stop", "matched": token}
+                        if token in stops
+                        else {"type": "length", "length": limit}
+                    )
+                    if mode == "prefill":
+                        self._room(room or 0).set()
+                    yield {
+                        "output_ids": [token],
+                        "meta_info": {**meta, "finish_reason": reason, "completion_tokens": i + 1},
+                    }
+                    return
+                yield {"output_ids": [token], "meta_info": {**meta, "completion_tokens": i + 1}}
+                await self._wait(asyncio.sleep(self.token_delay_s), aborted)
+        finally:
+            self.abort_events.pop(rid, None)
+
+    @staticmethod
+    async def _wait(awaitable: Any, aborted: asyncio.Event) -> None:
+        """Wait for ``awaitable`` unless the request is aborted first."""
+        task = asyncio.ensure_future(awaitable)
+        abort = asyncio.ensure_future(aborted.wait())
+        await asyncio.wait([task, abort], return_when=asyncio.FIRST_COMPLETED)
+        for t in (task, abort):
+            t.cancel()
+
+    def expected_tokens(self, ids: list[int], n: int) -> list[int]:
+        return [(sum(ids) + 7 * i) % self.vocab + 1 for i in range(n)]
+
+
+async def eventually(predicate: Any, within_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate()`` until it is true; fail after ``within_s`` seconds."""
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                if predicate():
+                    return
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"{what} not reached within {within_s}s") from None

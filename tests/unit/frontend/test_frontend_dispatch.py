@@ -1,0 +1,51 @@
+"""Serving-mode decision per model: disaggregated when prefill and decode workers exist, aggregated
+only where an aggregated worker exists, and a 503 naming the missing role otherwise (never a request
+to decode-only workers)."""
+
+from __future__ import annotations
+
+import pytest
+from dynamo_worker.frontend.dispatch import plan_roles
+from dynamo_worker.frontend.errors import ServiceUnavailable
+from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.protocol import InstanceRecord
+
+
+def entry(*roles: str) -> ModelEntry:
+    e = ModelEntry("m")
+    for i, role in enumerate(roles):
+        rec = InstanceRecord(
+            instance_id=f"{i:016x}",
+            namespace="ns",
+            component=role,
+            role=role,
+            model="m",
+            address=f"127.0.0.1:{1000 + i}",
+            page_size=4,
+            total_kv_blocks=10,
+        )
+        e.workers[rec.instance_id] = rec
+    return e
+
+
+@pytest.mark.parametrize(
+    ("roles", "mode"),
+    [
+        (("agg",), "agg"),
+        (("prefill", "decode"), "disagg"),
+        (("prefill", "decode", "agg"), "disagg"),
+        (("decode", "agg"), "agg"),
+        (("prefill", "agg"), "agg"),
+    ],
+)
+def test_mode(roles, mode):
+    assert plan_roles(entry(*roles)) == mode
+
+
+@pytest.mark.parametrize(
+    ("roles", "code"), [(("decode",), "no_prefill_workers"), (("prefill",), "no_decode_workers")]
+)
+def test_missing_role_is_503(roles, code):
+    with pytest.raises(ServiceUnavailable) as e:
+        plan_roles(entry(*roles))
+    assert e.value.code == code and e.value.status == 503

@@ -1,0 +1,80 @@
+"""Frontend settings: flags beat env vars beat defaults, every knob has a flag and help, bad values
+name the flag and env var, and ``--help`` explains the endpoints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from dynamo_worker.frontend.settings import FrontendSettings
+from dynamo_worker.runtime.settings import SettingsError
+
+
+def test_defaults():
+    s = FrontendSettings.parse([], env={})
+    assert (s.http_host, s.http_port, s.router_mode, s.kv_overlap_weight) == (
+        "0.0.0.0",
+        8000,
+        "round-robin",
+        1.0,
+    )
+
+
+def test_env_then_flags():
+    env = {
+        "DYN_HTTP_PORT": "9001",
+        "DYN_ROUTER_MODE": "kv",
+        "DYN_KV_OVERLAP_WEIGHT": "2.5",
+        "DYN_NAMESPACE": "ns-env",
+        "NATS_SERVER": "nats://h:1",
+        "DYN_HTTP_MAX_INFLIGHT": "7",
+    }
+    s = FrontendSettings.parse([], env=env)
+    assert (s.http_port, s.router_mode, s.kv_overlap_weight, s.namespace, s.nats_server, s.max_inflight) == (
+        9001,
+        "kv",
+        2.5,
+        "ns-env",
+        "nats://h:1",
+        7,
+    )
+    s = FrontendSettings.parse(
+        ["--http-port", "9002", "--router-mode", "random", "--namespace", "x"], env=env
+    )
+    assert (s.http_port, s.router_mode, s.namespace) == (9002, "random", "x")
+
+
+def test_bad_value_names_flag_and_env():
+    with pytest.raises(SettingsError) as e:
+        FrontendSettings.parse([], env={"DYN_KV_OVERLAP_WEIGHT": "-1"})
+    assert "--kv-overlap-weight" in str(e.value) and "DYN_KV_OVERLAP_WEIGHT" in str(e.value)
+
+
+def test_every_field_has_a_flag_with_help():
+    text = FrontendSettings.parser().format_help()
+    for name, info in FrontendSettings.model_fields.items():
+        assert "--" + name.replace("_", "-") in text
+        assert info.description
+
+
+def test_cli_help_and_bad_flag_exit_codes():
+    r = subprocess.run(
+        [sys.executable, "-m", "dynamo_worker.frontend", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and "/v1/chat/completions" in r.stdout and "--router-mode" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "dynamo_worker.frontend", "--http-port", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--http-port" in r.stderr
+
+
+def test_dynamo_flag_alias_and_unknown_flags_are_returned():
+    s, unknown = FrontendSettings.parse_known(
+        ["--kv-overlap-score-weight", "3", "--router-temperature", "0.5", "--http-port", "1"], env={}
+    )
+    assert s.kv_overlap_weight == 3.0 and s.http_port == 1
+    assert unknown == ["--router-temperature", "0.5"]

@@ -1,0 +1,175 @@
+"""The mocker engine in-process (no network): continuous batching, token and stop semantics, usage with
+prefix-cache hits, KV events, preemption when the cache is full, and cancellation freeing blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import pytest
+from dynamo_worker.mocker.engine import MockerEngine
+from dynamo_worker.mocker.settings import MockerSettings
+from dynamo_worker.protocol import BlockStored, GenerateChunk, GenerateRequest, KvEvent, StopConditions
+from dynamo_worker.runtime.engine import LoadSnapshot
+from dynamo_worker.tinymodel import ensure_tiny_model
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[KvEvent] = []
+        self.loads: list[LoadSnapshot] = []
+
+    def kv_events(self, events: Sequence[KvEvent]) -> None:
+        self.events.extend(events)
+
+    def load(self, snapshot: LoadSnapshot) -> None:
+        self.loads.append(snapshot)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture
+async def make_engine(model_dir):
+    engines: list[MockerEngine] = []
+
+    async def make(**kw) -> tuple[MockerEngine, Recorder]:
+        settings = MockerSettings(**{"model_dir": model_dir, "speedup": 1000, "page_size": 4, **kw})
+        engine, rec = MockerEngine(settings), Recorder()
+        engine.attach_events(rec)
+        await engine.start()
+        engines.append(engine)
+        return engine, rec
+
+    yield make
+    for e in engines:
+        await e.stop()
+
+
+def req(rid: str, tokens: list[int], max_tokens: int = 8, **stop) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=rid, model="m", token_ids=tokens, stop=StopConditions(max_tokens=max_tokens, **stop)
+    )
+
+
+async def collect(engine: MockerEngine, request: GenerateRequest) -> list[GenerateChunk]:
+    async with asyncio.timeout(20):
+        return [c async for c in engine.generate(request)]
+
+
+def tokens_of(chunks: list[GenerateChunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+async def test_streams_max_tokens_deterministically(make_engine):
+    engine, _ = await make_engine()
+    a = await collect(engine, req("a", list(range(10, 30)), 8))
+    b = await collect(engine, req("b", list(range(10, 30)), 8))
+    assert len(tokens_of(a)) == 8 and all(len(c.token_ids) <= 1 for c in a)
+    assert a[-1].finish_reason == "length" and a[-1].usage is not None
+    assert a[-1].usage.prompt_tokens == 20 and a[-1].usage.completion_tokens == 8
+    assert tokens_of(a) == tokens_of(b)
+    assert all(c.finish_reason is None for c in a[:-1])
+
+
+async def test_shared_prefix_is_reported_as_cached_and_stored_events_are_emitted(make_engine):
+    engine, rec = await make_engine()
+    prompt = list(range(100, 140))
+    first = await collect(engine, req("a", prompt, 2))
+    second = await collect(engine, req("b", [*prompt, 7, 8, 9, 10, 11], 2))
+    assert first[-1].usage.cached_tokens == 0
+    assert second[-1].usage.cached_tokens == 40
+    stored = [e for e in rec.events if isinstance(e, BlockStored)]
+    assert stored[0].parent_hash is None and stored[0].token_ids == prompt
+
+
+async def test_stop_token_ends_with_stop_and_is_not_returned(make_engine):
+    engine, _ = await make_engine()
+    prompt = list(range(50, 60))
+    free_run = tokens_of(await collect(engine, req("a", prompt, 6)))
+    chunks = await collect(engine, req("b", prompt, 6, stop_token_ids=[free_run[2]]))
+    assert tokens_of(chunks) == free_run[:2]
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].usage.completion_tokens == 2
+    min_tok = await collect(engine, req("c", prompt, 6, stop_token_ids=[free_run[2]], min_tokens=4))
+    assert tokens_of(min_tok) == free_run[:6]
+
+
+async def test_eos_only_when_asked_and_ignore_eos_wins(make_engine):
+    engine, _ = await make_engine(eos_probability=1.0)
+    base = req("a", [5, 6, 7], 5)
+    eos = base.model_copy(update={"eos_token_ids": [2]})
+    assert (await collect(engine, base))[-1].finish_reason == "length"  # no eos ids: never eos
+    chunks = await collect(engine, eos)
+    assert chunks[-1].finish_reason == "stop" and tokens_of(chunks) == []
+    ignored = eos.model_copy(update={"stop": StopConditions(max_tokens=5, ignore_eos=True)})
+    assert (await collect(engine, ignored))[-1].finish_reason == "length"
+    at_least = eos.model_copy(update={"stop": StopConditions(max_tokens=5, min_tokens=3)})
+    chunks = await collect(engine, at_least)
+    assert chunks[-1].finish_reason == "stop" and len(tokens_of(chunks)) == 3 and 2 not in tokens_of(chunks)
+
+
+async def test_concurrent_requests_are_batched(make_engine):
+    engine, rec = await make_engine()
+    results = await asyncio.gather(*(collect(engine, req(f"r{i}", [i + 3] * 9, 6)) for i in range(12)))
+    assert all(r[-1].finish_reason == "length" and len(tokens_of(r)) == 6 for r in results)
+    assert max(s.running for s in rec.loads) > 1
+    assert rec.loads[-1].running == 0 and rec.loads[-1].active_blocks == 0
+
+
+async def test_full_cache_preempts_and_every_request_still_completes(make_engine):
+    engine, _ = await make_engine(num_kv_blocks=6)
+    results = await asyncio.gather(*(collect(engine, req(f"r{i}", [i + 3] * 4, 10)) for i in range(3)))
+    assert all(r[-1].finish_reason == "length" and len(tokens_of(r)) == 10 for r in results)
+    assert engine.kv.active_blocks == 0
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks(make_engine):
+    engine, rec = await make_engine(speedup=1)
+    stream = engine.generate(req("long", list(range(3, 43)), 10_000))
+    async with asyncio.timeout(20):
+        first = await anext(stream)
+    assert first.token_ids and engine.kv.active_blocks > 0
+    await stream.aclose()
+    assert engine.kv.active_blocks == 0
+    assert rec.loads[-1].running == 0 and rec.loads[-1].waiting == 0
+
+
+async def test_cancelling_the_consumer_task_frees_blocks(make_engine):
+    engine, _ = await make_engine(speedup=1)
+    started = asyncio.Event()
+
+    async def consume():
+        async for _ in engine.generate(req("long", list(range(3, 43)), 10_000)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(20):
+        await started.wait()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert engine.kv.active_blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "request_", "expected"),
+    [
+        ({"context_length": 16}, req("a", list(range(20))), "context length is 16"),
+        ({"num_kv_blocks": 2}, req("a", list(range(20))), "raise --num-kv-blocks"),
+        ({"disaggregation_mode": "decode"}, req("a", [1, 2]), "needs bootstrap_info"),
+    ],
+)
+async def test_requests_it_cannot_serve_get_invalid_request(make_engine, kw, request_, expected):
+    engine, _ = await make_engine(**kw)
+    chunks = await collect(engine, request_)
+    assert len(chunks) == 1 and chunks[0].error is not None
+    assert chunks[0].error.type == "invalid_request" and expected in chunks[0].error.message
+
+
+async def test_max_tokens_is_capped_by_the_context_length(make_engine):
+    engine, _ = await make_engine(context_length=24)
+    chunks = await collect(engine, req("a", list(range(3, 23)), 100))
+    assert len(tokens_of(chunks)) == 4 and chunks[-1].finish_reason == "length"

@@ -1,0 +1,76 @@
+"""The mocker's command line (SGLang flags from Dynamo manifests accepted unchanged, unknown ones set
+aside) and its token choice (valid, readable, deterministic ids of the tokenizer)."""
+
+from __future__ import annotations
+
+import pytest
+from dynamo_worker.mocker.settings import parse_args
+from dynamo_worker.mocker.tokens import TokenSampler, prompt_digest
+from dynamo_worker.runtime.settings import SettingsError
+from dynamo_worker.tinymodel import SPECIAL_TOKENS, ensure_tiny_model
+from tokenizers import Tokenizer
+
+# The worker args of Dynamo's SGLang disagg example, as a manifest passes them.
+MANIFEST_ARGS = [
+    "--model-path", "Qwen/Qwen3-0.6B", "--served-model-name", "Qwen/Qwen3-0.6B", "--page-size", "16",
+    "--tp", "1", "--trust-remote-code", "--skip-tokenizer-init", "--disaggregation-mode", "prefill",
+    "--disaggregation-transfer-backend", "nixl", "--disaggregation-bootstrap-port", "12345",
+    "--host", "0.0.0.0", "--mem-fraction-static", "0.82", "--kv-cache-dtype", "fp8_e4m3",
+    "--enable-dp-attention",
+]  # fmt: skip
+
+
+def test_manifest_sglang_flags_are_accepted():
+    runtime, mocker, unknown = parse_args(MANIFEST_ARGS, env={"DYN_NAMESPACE": "ns-graph"})
+    assert mocker.role == "prefill" and mocker.page_size == 16 and mocker.tp_size == 1
+    assert mocker.served_model_name == "Qwen/Qwen3-0.6B"
+    assert mocker.disaggregation_bootstrap_port == 12345
+    assert mocker.trust_remote_code and mocker.skip_tokenizer_init
+    assert unknown == ["--kv-cache-dtype", "fp8_e4m3", "--enable-dp-attention"]
+    assert runtime.namespace == "ns-graph"
+
+
+def test_mocker_and_runtime_flags_mix():
+    runtime, mocker, _ = parse_args(
+        ["--speedup", "50", "--num-kv-blocks", "64", "--request-port", "0", "--tp-size", "2"], env={}
+    )
+    assert mocker.speedup == 50 and mocker.num_kv_blocks == 64 and mocker.tp_size == 2
+    assert runtime.request_port == 0 and mocker.role == "agg"
+    assert mocker.timing(100).speedup == 50
+
+
+def test_bad_mocker_values_name_the_flag():
+    with pytest.raises(SettingsError, match="--speedup"):
+        parse_args(["--speedup", "0"], env={})
+    with pytest.raises(SystemExit):
+        parse_args(["--disaggregation-mode", "both"], env={})
+
+
+def test_tokens_are_readable_non_special_ids_of_the_tokenizer(tmp_path):
+    path = ensure_tiny_model(tmp_path / "m")
+    sampler = TokenSampler.from_model_dir(path, 100)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    special = {tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    assert not special & set(sampler.candidates)
+    digest = prompt_digest([5, 6, 7], seed=0)
+    ids = [sampler.token(digest, i) for i in range(50)]
+    assert all(0 <= i < tok.get_vocab_size() for i in ids)
+    assert tok.decode(ids).isprintable()
+
+
+def test_tokens_depend_on_prompt_seed_and_position_only():
+    sampler = TokenSampler.from_vocab_size(1000)
+    a = prompt_digest([1, 2, 3], 0)
+    assert [sampler.token(a, i) for i in range(5)] == [sampler.token(a, i) for i in range(5)]
+    assert [sampler.token(a, i) for i in range(8)] != [
+        sampler.token(prompt_digest([1, 2, 3], 1), i) for i in range(8)
+    ]
+    assert [sampler.token(a, i) for i in range(8)] != [
+        sampler.token(prompt_digest([1, 2, 4], 0), i) for i in range(8)
+    ]
+    assert 0 <= sampler.chance(a, 3) < 1
+
+
+def test_without_a_tokenizer_ids_come_from_the_vocab_size(tmp_path):
+    sampler = TokenSampler.from_model_dir(tmp_path, 50)
+    assert set(sampler.candidates) == set(range(3, 50))

@@ -1,0 +1,43 @@
+"""The mocker's timing model: the documented formulas, monotonic in load, scaled by --speedup."""
+
+from __future__ import annotations
+
+import pytest
+from dynamo_worker.mocker.timing import TimingModel
+
+
+def test_prefill_follows_the_documented_formula():
+    t = TimingModel(prefill_base_ms=5, prefill_per_token_us=50, prefill_attention_ns=0.5)
+    assert t.prefill_s(1000, 24) == pytest.approx(0.005 + 1000 * 50e-6 + 1000 * 1024 * 0.5e-9)
+
+
+def test_prefill_grows_with_uncached_tokens_and_cache_hits_save_time():
+    t = TimingModel()
+    assert t.prefill_s(0) < t.prefill_s(100) < t.prefill_s(1000)
+    # The same 1000-token prompt with 900 tokens cached is far cheaper than uncached.
+    assert t.prefill_s(100, 900) < t.prefill_s(1000, 0) / 5
+
+
+def test_decode_step_grows_with_batch_and_kv_load():
+    t = TimingModel()
+    assert t.decode_step_s(0, 0) == 0.0
+    assert t.decode_step_s(1, 100) < t.decode_step_s(8, 100) < t.decode_step_s(8, 100_000)
+    assert t.decode_step_s(2, 10) == pytest.approx(0.008 + 2 * 20e-6 + 10 * 10e-9)
+
+
+def test_kv_transfer_is_bytes_over_bandwidth():
+    t = TimingModel(kv_bytes_per_token=1000, kv_transfer_gbps=8, kv_transfer_latency_ms=0)
+    assert t.kv_transfer_s(1_000_000) == pytest.approx(1.0)  # 1e9 bytes at 1e9 bytes/s
+
+
+def test_speedup_divides_every_duration():
+    slow, fast = TimingModel(), TimingModel(speedup=10)
+    assert fast.prefill_s(500, 20) == pytest.approx(slow.prefill_s(500, 20) / 10)
+    assert fast.decode_step_s(4, 4000) == pytest.approx(slow.decode_step_s(4, 4000) / 10)
+    assert fast.kv_transfer_s(300) == pytest.approx(slow.kv_transfer_s(300) / 10)
+
+
+@pytest.mark.parametrize("bad", [{"speedup": 0}, {"kv_transfer_gbps": 0}, {"decode_base_ms": -1}])
+def test_invalid_knobs_are_rejected(bad):
+    with pytest.raises(ValueError):
+        TimingModel(**bad)

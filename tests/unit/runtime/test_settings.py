@@ -1,0 +1,70 @@
+"""RuntimeSettings and the CLI derived from settings models: flag beats env beats default, aliases,
+switches, and errors that name the flag and the env var to fix."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Literal
+
+import pytest
+from dynamo_worker.runtime.settings import (
+    RuntimeSettings,
+    SettingsError,
+    add_model_arguments,
+    settings_from_args,
+)
+from pydantic import BaseModel, Field
+
+
+def test_defaults_without_env_or_flags():
+    s = RuntimeSettings.parse([], env={})
+    assert (s.namespace, s.component, s.endpoint) == ("dynamo", "backend", "generate")
+    assert (s.system_port, s.request_port, s.discovery_ttl) == (9090, 9100, 10.0)
+    assert len(s.instance_id) == 16
+    assert RuntimeSettings.parse([], env={}).instance_id != s.instance_id
+
+
+def test_flag_beats_env_beats_default():
+    env = {"DYN_NAMESPACE": "from-env", "DYN_COMPONENT": "decode", "NATS_SERVER": "nats://n:4222"}
+    s = RuntimeSettings.parse(["--namespace", "from-flag", "--system-port", "0"], env=env)
+    assert s.namespace == "from-flag"
+    assert s.component == "decode"
+    assert s.nats_server == "nats://n:4222"
+    assert s.system_port == 0
+
+
+def test_advertise_host_falls_back_to_the_pod_ip():
+    assert RuntimeSettings.parse([], env={"POD_IP": "10.1.2.3"}).advertise_host == "10.1.2.3"
+    env = {"POD_IP": "10.1.2.3", "DYN_ADVERTISE_HOST": "worker-0.svc"}
+    assert RuntimeSettings.parse([], env=env).advertise_host == "worker-0.svc"
+
+
+def test_invalid_values_name_the_flag_and_env_var():
+    with pytest.raises(SettingsError, match="--discovery-ttl / DYN_DISCOVERY_TTL"):
+        RuntimeSettings.parse([], env={"DYN_DISCOVERY_TTL": "0.1"})
+    with pytest.raises(SettingsError, match="--namespace"):
+        RuntimeSettings.parse(["--namespace", "a.b"], env={})
+
+
+def test_system_can_be_disabled_by_env_or_switch():
+    assert RuntimeSettings.parse([], env={"DYN_SYSTEM_ENABLED": "false"}).system_enabled is False
+    assert RuntimeSettings.parse(["--no-system-enabled"], env={}).system_enabled is False
+
+
+class _Demo(BaseModel):
+    mode: Literal["a", "b"] = Field("a", description="mode")
+    tp_size: int = Field(1, description="tp", json_schema_extra={"flags": ["--tp-size", "--tp"]})
+    verbose: bool = Field(False, description="switch")
+    hidden: int = Field(3, json_schema_extra={"cli": False})
+
+
+def test_aliases_choices_and_switches():
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser, _Demo)
+    s = settings_from_args(_Demo, parser.parse_args(["--tp", "4", "--verbose", "--mode", "b"]), {})
+    assert (s.tp_size, s.verbose, s.mode, s.hidden) == (4, True, "b", 3)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "c"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--hidden", "1"])
+    assert "tp" in parser.format_help()

@@ -1,0 +1,236 @@
+"""``SglangEngine``: startup (what it registers, SIGTERM kept by the worker, the prefill bootstrap port
+checked and re-chosen on a conflict), the background canary behind /health, load reports, and stop.
+
+SGLang itself needs a GPU, which this machine lacks, so the engine factory returns
+``tests.support.sglang_fake.FakeSglangEngine`` (same ``async_generate`` signature and output shapes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+
+import pytest
+from dynamo_worker.runtime.engine import LoadSnapshot
+from dynamo_worker.runtime.settings import RuntimeSettings
+from dynamo_worker.sglang.args import SglangSettings, WorkerPlan
+from dynamo_worker.sglang.engine import EngineStartError, SglangEngine, canary
+from prometheus_client import CollectorRegistry
+
+from tests.support.sglang_fake import (
+    FAKE_BOOTSTRAP_HOST,
+    FakeBootstrapServer,
+    FakeServerArgs,
+    FakeSglangEngine,
+    eventually,
+)
+
+FAST = SglangSettings(
+    canary_interval_s=0.05, canary_timeout_s=1.0, load_interval_s=0.05, capacity_timeout_s=2
+)
+
+
+def plan(tmp_path, mode: str = "null", *, chosen: bool = False) -> WorkerPlan:
+    return WorkerPlan(
+        server_args=FakeServerArgs(model_path=str(tmp_path), served_model_name="m", disaggregation_mode=mode),
+        runtime=RuntimeSettings(listen_host="127.0.0.1", advertise_host="10.0.0.9"),
+        settings=FAST,
+        bootstrap_port_chosen=chosen,
+        bootstrap_host="10.0.0.9",
+        fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
+    )
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.loads: list[LoadSnapshot] = []
+
+    def kv_events(self, events) -> None:
+        return None
+
+    def load(self, snapshot: LoadSnapshot) -> None:
+        self.loads.append(snapshot)
+
+
+async def test_agg_start_reports_capacity_and_keeps_the_workers_sigterm_handler(tmp_path):
+    loop = asyncio.get_running_loop()
+    ours = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, ours.set)
+    made: list[FakeSglangEngine] = []
+    engine = SglangEngine(
+        plan(tmp_path), engine_factory=lambda a: made.append(FakeSglangEngine(a)) or made[-1]
+    )
+    sink = Sink()
+    engine.attach_events(sink)
+    registry = CollectorRegistry()
+    engine.register_metrics(registry)
+    try:
+        info = await engine.start()
+        assert engine.role == "agg"
+        assert (info.model_name, info.page_size, info.total_kv_blocks) == ("m", 16, 4096 // 16)
+        assert info.max_running_requests == 64 and info.dp_size == 1 and info.context_length == 8192
+        assert info.bootstrap_host is None and info.bootstrap_port is None
+        assert info.model_dir == tmp_path
+        assert made[0].tokenizer_manager.handle_loop_started
+        assert loop._signal_handlers[signal.SIGTERM]._callback == ours.set  # SGLang's was put back
+        await eventually(lambda: sink.loads, 5, "a load report")
+        assert sink.loads[0].total_blocks == 256
+        assert registry.get_sample_value("dynamo_sglang_total_kv_tokens", {"dp_rank": "0"}) == 4096
+        await engine.health_check()
+    finally:
+        await engine.stop()
+        loop.remove_signal_handler(signal.SIGTERM)
+    assert made[0].shut_down
+
+
+async def test_prefill_registers_its_bootstrap_address(tmp_path):
+    engine = SglangEngine(plan(tmp_path, "prefill"), engine_factory=FakeSglangEngine)
+    try:
+        info = await engine.start()
+        assert engine.role == "prefill"
+        assert (info.bootstrap_host, info.bootstrap_port) == ("10.0.0.9", 8998)
+    finally:
+        await engine.stop()
+
+
+async def test_a_chosen_bootstrap_port_taken_meanwhile_is_chosen_again(tmp_path):
+    alive = threading.Event()
+    running = threading.Thread(target=alive.wait, daemon=True)
+    running.start()
+    made: list[FakeSglangEngine] = []
+
+    def factory(server_args):
+        made.append(FakeSglangEngine(server_args))
+        thread = running if len(made) > 1 else threading.Thread(daemon=True)  # first: the bind failed
+        made[-1].tokenizer_manager.bootstrap_server = FakeBootstrapServer(thread)
+        return made[-1]
+
+    p = plan(tmp_path, "prefill", chosen=True)
+    engine = SglangEngine(p, engine_factory=factory)
+    try:
+        info = await engine.start()
+        assert len(made) == 2 and made[0].shut_down and not made[1].shut_down
+        assert info.bootstrap_port == p.server_args.disaggregation_bootstrap_port != 8998
+    finally:
+        await engine.stop()
+        alive.set()
+
+
+async def test_a_bootstrap_port_that_never_binds_fails_startup_with_the_fix(tmp_path):
+    def factory(server_args):
+        fake = FakeSglangEngine(server_args)
+        fake.tokenizer_manager.bootstrap_server = FakeBootstrapServer(threading.Thread(daemon=True))
+        return fake
+
+    engine = SglangEngine(plan(tmp_path, "prefill", chosen=True), engine_factory=factory)
+    with pytest.raises(EngineStartError, match="--disaggregation-bootstrap-port"):
+        await engine.start()
+    await engine.stop()
+
+
+@pytest.mark.parametrize("mode", ["null", "prefill", "decode"])
+async def test_canary_answers_for_every_role(mode):
+    fake = FakeSglangEngine(FakeServerArgs(disaggregation_mode=mode))
+    role = {"null": "agg", "prefill": "prefill", "decode": "decode"}[mode]
+    assert await canary(fake, role, FAKE_BOOTSTRAP_HOST, 2.0) is None
+    if role != "agg":
+        assert fake.calls[0]["bootstrap_host"] == FAKE_BOOTSTRAP_HOST
+    assert fake.tokenizer_manager.aborted == []
+
+
+async def test_a_stuck_scheduler_fails_the_canary_and_health(tmp_path):
+    gate = asyncio.Event()
+    fake = FakeSglangEngine(FakeServerArgs(), first_token_gate=gate)
+    problem = await canary(fake, "agg", FAKE_BOOTSTRAP_HOST, 0.2)
+    assert "did not answer a canary request" in problem
+    assert len(fake.tokenizer_manager.aborted) == 1
+
+    engine = SglangEngine(plan(tmp_path), engine_factory=lambda a: FakeSglangEngine(a, first_token_gate=gate))
+    try:
+        await engine.start()
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    await engine.health_check()
+                except RuntimeError as e:
+                    assert "canary" in str(e)
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        gate.set()
+        await engine.stop()
+
+
+async def test_generate_before_start_is_a_programming_error(tmp_path):
+    with pytest.raises(RuntimeError, match="before start"):
+        SglangEngine(plan(tmp_path), engine_factory=FakeSglangEngine).generate(None)
+
+
+async def test_a_multinode_follower_serves_live_registers_nothing_and_stops(tmp_path):
+    import threading
+    import urllib.request
+
+    from dynamo_worker.runtime.nats_server import free_port
+    from dynamo_worker.sglang.__main__ import run_follower
+
+    released = threading.Event()
+    killed: list[bool] = []
+    p = plan(tmp_path)
+    port = free_port()
+    p.runtime = RuntimeSettings(listen_host="127.0.0.1", system_port=port, nats_server="nats://127.0.0.1:1")
+    p.server_args.node_rank = 1
+    stop = asyncio.Event()
+
+    def schedulers_run(server_args):  # SGLang's constructor blocks while this node's schedulers run
+        released.wait(10)
+
+    def kill_children():
+        killed.append(True)
+        released.set()
+
+    task = asyncio.create_task(
+        run_follower(p, engine_factory=schedulers_run, kill_children=kill_children, stop=stop)
+    )
+
+    def live() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=2) as r:
+            return r.status
+
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                if await asyncio.to_thread(live) == 200:
+                    break
+            except OSError:
+                await asyncio.sleep(0.05)
+    stop.set()
+    assert await task == 0 and killed == [True]
+
+
+async def test_a_follower_whose_schedulers_exit_ends_with_an_error(tmp_path):
+    from dynamo_worker.sglang.__main__ import run_follower
+
+    p = plan(tmp_path)
+    p.runtime = RuntimeSettings(system_enabled=False)
+
+    def schedulers_died(server_args):
+        raise RuntimeError("scheduler exited")
+
+    assert await run_follower(p, engine_factory=schedulers_died, kill_children=lambda: None) == 1
+
+
+async def test_an_engine_that_does_not_load_in_time_is_stopped_and_named(tmp_path):
+    loading = threading.Event()
+
+    def slow_load(server_args):
+        loading.wait(10)  # SGLang's constructor returns (raises) once its schedulers are gone
+        raise RuntimeError("schedulers were killed")
+
+    p = plan(tmp_path)
+    p.settings = SglangSettings(engine_start_timeout_s=0.2)
+    engine = SglangEngine(p, engine_factory=slow_load, kill_children=loading.set)
+    with pytest.raises(EngineStartError, match="--engine-start-timeout-s"):
+        await engine.start()
+    assert loading.is_set()
+    await engine.stop()

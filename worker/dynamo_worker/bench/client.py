@@ -1,0 +1,240 @@
+"""Send one request and time its stream: the I/O layer of the load generator.
+
+Two targets with one interface (``async send(spec) -> RequestResult``):
+
+- ``OpenAITarget``: any OpenAI-compatible server, ``/v1/chat/completions`` or ``/v1/completions``,
+  streamed as server-sent events over one shared ``aiohttp`` session. The official ``openai`` client is
+  not used on purpose: it parses every chunk into pydantic objects and hides when bytes arrive, which
+  adds client-side CPU per token (on a 2-core machine that lands in the figures) and blurs TTFT/ITL.
+  Reading the SSE lines directly timestamps each chunk as it arrives.
+- ``RequestPlaneTarget``: a worker's request plane (``POST /v1/generate``, NDJSON of
+  ``GenerateChunk``), the baseline that shows what the frontend adds. Prompts are tokenized with the
+  model's ``tokenizer.json`` before the clock starts.
+
+Errors are results, not exceptions: ``RequestResult.error`` is a short type (``http_503``,
+``connect``, ``timeout``, ``stream_error``, ``incomplete``, ``cancelled``) for the report's error
+counts, and ``error_message`` keeps the server's words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Literal, Protocol
+
+import aiohttp
+import orjson
+
+from dynamo_worker.bench.stats import RequestResult
+from dynamo_worker.bench.workload import RequestSpec
+
+__all__ = ["OpenAITarget", "RequestPlaneTarget", "Target", "make_session"]
+
+
+class Target(Protocol):
+    async def send(self, spec: RequestSpec) -> RequestResult: ...
+
+
+def make_session(connections: int = 0) -> aiohttp.ClientSession:
+    """One keep-alive session for a whole run (``connections`` 0: no limit)."""
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30.0)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None), read_bufsize=256 * 1024
+    )
+
+
+async def _http_error(response: aiohttp.ClientResponse, result: RequestResult) -> None:
+    result.error = f"http_{response.status}"
+    body = await response.read()
+    try:
+        err = orjson.loads(body).get("error", {})
+        result.error_message = err.get("message", "") if isinstance(err, dict) else str(err)
+    except (orjson.JSONDecodeError, AttributeError):
+        result.error_message = body[:200].decode(errors="replace")
+
+
+class OpenAITarget:
+    """Streams chat or text completions from ``url`` (the server root, e.g. http://127.0.0.1:8000)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        model: str,
+        *,
+        api: Literal["chat", "completions"] = "chat",
+        api_key: str | None = None,
+        ignore_eos: bool = True,
+        timeout_s: float = 120.0,
+    ) -> None:
+        root = url.rstrip("/")
+        root = root.removesuffix("/v1")
+        self.endpoint = f"{root}/v1/chat/completions" if api == "chat" else f"{root}/v1/completions"
+        self.session, self.model, self.api = session, model, api
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.ignore_eos, self.timeout_s = ignore_eos, timeout_s
+
+    def body(self, spec: RequestSpec) -> dict:
+        body: dict = {
+            "model": self.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": spec.max_tokens,
+            "temperature": 0.0,
+        }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.api == "chat":
+            body["messages"] = list(spec.messages)
+        else:
+            body["prompt"] = spec.prompt
+        return body
+
+    async def send(self, spec: RequestSpec) -> RequestResult:
+        data = orjson.dumps(self.body(spec))
+        result = RequestResult(start=time.perf_counter())
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self.session.post(self.endpoint, data=data, headers=self.headers) as response:
+                    if response.status != 200:
+                        await _http_error(response, result)
+                    else:
+                        await self._read_sse(response, result)
+        except TimeoutError:
+            result.error, result.error_message = "timeout", f"no complete answer within {self.timeout_s}s"
+        except aiohttp.ClientConnectorError as e:
+            result.error, result.error_message = "connect", str(e)
+        except (aiohttp.ClientError, ConnectionError) as e:
+            result.error, result.error_message = "stream_broken", str(e) or type(e).__name__
+        finally:
+            result.end = time.perf_counter()
+        return result
+
+    async def _read_sse(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
+        chunks_with_output = 0
+        usage: dict | None = None
+        parts: list[str] = []
+        done = False
+        async for raw in response.content:
+            now = time.perf_counter()
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                result.error, result.error_message = "bad_event", payload[:200].decode(errors="replace")
+                return
+            if "error" in event:
+                err = event["error"]
+                result.error = "stream_error"
+                result.error_message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                return
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or ():
+                text = (
+                    (choice.get("delta") or {}).get("content") if self.api == "chat" else choice.get("text")
+                )
+                if text:
+                    parts.append(text)
+                    chunks_with_output += 1
+                    if result.first_chunk is None:
+                        result.first_chunk = now
+                    result.chunk_times.append(now)
+        if not done:
+            result.error, result.error_message = "incomplete", "the stream ended without data: [DONE]"
+            return
+        result.text = "".join(parts)
+        result.output_tokens = chunks_with_output
+        if usage:
+            result.output_tokens = int(usage.get("completion_tokens") or chunks_with_output)
+            result.prompt_tokens = usage.get("prompt_tokens")
+            details = usage.get("prompt_tokens_details") or {}
+            if details.get("cached_tokens") is not None:
+                result.cached_tokens = int(details["cached_tokens"])
+
+
+class RequestPlaneTarget:
+    """Streams ``GenerateRequest``s straight to a worker's request plane (``host:port``)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        address: str,
+        model: str,
+        tokenizer_json: Path,
+        *,
+        timeout_s: float = 120.0,
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        self.session, self.model, self.timeout_s = session, model, timeout_s
+        self.url = f"http://{address}/v1/generate"
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+
+    def body(self, spec: RequestSpec) -> bytes:
+        ids = self.tokenizer.encode(spec.prompt, add_special_tokens=False).ids or [0]
+        return orjson.dumps(
+            {
+                "request_id": uuid.uuid4().hex,
+                "model": self.model,
+                "token_ids": ids,
+                "sampling": {"temperature": 0.0},
+                "stop": {"max_tokens": spec.max_tokens, "ignore_eos": True},
+            }
+        )
+
+    async def send(self, spec: RequestSpec) -> RequestResult:
+        data = self.body(spec)
+        result = RequestResult(start=time.perf_counter())
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self.session.post(
+                    self.url, data=data, headers={"Content-Type": "application/json"}
+                ) as response:
+                    if response.status != 200:
+                        await _http_error(response, result)
+                    else:
+                        await self._read_ndjson(response, result)
+        except TimeoutError:
+            result.error, result.error_message = "timeout", f"no complete answer within {self.timeout_s}s"
+        except aiohttp.ClientConnectorError as e:
+            result.error, result.error_message = "connect", str(e)
+        except (aiohttp.ClientError, ConnectionError) as e:
+            result.error, result.error_message = "stream_broken", str(e) or type(e).__name__
+        finally:
+            result.end = time.perf_counter()
+        return result
+
+    async def _read_ndjson(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
+        tokens = 0
+        async for raw in response.content:
+            now = time.perf_counter()
+            if not raw.strip():
+                continue
+            chunk = orjson.loads(raw)
+            if chunk.get("error"):
+                result.error = "stream_error"
+                result.error_message = chunk["error"].get("message", "")
+                return
+            if chunk.get("token_ids"):
+                tokens += len(chunk["token_ids"])
+                if result.first_chunk is None:
+                    result.first_chunk = now
+                result.chunk_times.append(now)
+            if chunk.get("finish_reason"):
+                usage = chunk.get("usage") or {}
+                result.output_tokens = int(usage.get("completion_tokens", tokens))
+                result.prompt_tokens = usage.get("prompt_tokens")
+                result.cached_tokens = int(usage.get("cached_tokens") or 0)  # omitted when 0
+                return
+        result.error, result.error_message = "incomplete", "the stream ended without a finish_reason"

@@ -1,0 +1,288 @@
+"""From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
+
+Serving mode per model, decided from the workers discovery knows now (``plan_roles``):
+
+- prefill and decode workers -> disaggregated: a prefill worker and a decode worker are chosen, a
+  random 63-bit ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
+  ``bootstrap_info`` (the prefill worker's bootstrap host/port): waiting for the prefill before starting
+  the decode can deadlock SGLang's KV handshake. The decode leg is streamed back; the prefill leg
+  (``max_tokens=1``) only has to finish cleanly. If either leg fails, the other is cancelled and the
+  client gets the error; every wait is bounded by the request-plane timeouts.
+- otherwise aggregated workers -> aggregated.
+- decode workers but no prefill workers (and no aggregated ones) -> 503: a decode-only worker cannot
+  compute a prompt's KV cache, so requests are never sent to it alone.
+
+Failures map to client errors (``frontend.errors``): a refusal for bad input -> 400, a worker that is
+overloaded or shutting down -> 503, anything else a worker did wrong (unreachable, died mid-stream,
+timed out, engine error) -> 502. A worker that cannot be reached, or refuses before doing any work, is
+retried once on another worker of the same role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
+from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.protocol import (
+    MAX_ROOM,
+    BootstrapInfo,
+    GenerateChunk,
+    GenerateRequest,
+    InstanceRecord,
+    Role,
+    StopConditions,
+    WorkerError,
+)
+from dynamo_worker.router import Choice, Router
+from dynamo_worker.runtime.request_plane import (
+    RequestClient,
+    RequestPlaneError,
+    WorkerRejected,
+    WorkerUnreachable,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Dispatcher", "Plan", "plan_roles"]
+
+_RETRYABLE_REJECTIONS = {"overloaded", "shutting_down"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str  # "agg" | "disagg"
+    first: Choice  # the worker computing the prompt (agg, or prefill)
+    decode: Choice | None = None
+
+
+def plan_roles(entry: ModelEntry) -> str:
+    """``agg`` or ``disagg`` for this model now, or raise 503 naming what is missing."""
+    prefill, decode, agg = entry.by_role("prefill"), entry.by_role("decode"), entry.by_role("agg")
+    if prefill and decode:
+        return "disagg"
+    if agg:
+        return "agg"
+    if decode:
+        raise ServiceUnavailable(
+            f"Model '{entry.name}' has {len(decode)} decode worker(s) but no prefill worker, and decode "
+            "workers cannot serve a request alone. Start (or wait for) a prefill worker.",
+            code="no_prefill_workers",
+        )
+    raise ServiceUnavailable(
+        f"Model '{entry.name}' has {len(prefill)} prefill worker(s) but no decode worker. Start (or wait "
+        "for) a decode worker.",
+        code="no_decode_workers",
+    )
+
+
+def _from_worker_error(error: WorkerError, address: str) -> ApiError:
+    if error.type == "invalid_request":
+        return InvalidRequest(f"The worker refused the request: {error.message}", code="invalid_request")
+    if error.type in _RETRYABLE_REJECTIONS:
+        return ServiceUnavailable(
+            f"The worker is {error.type.replace('_', ' ')}: {error.message}",
+            code=error.type,
+            headers={"Retry-After": "1"},
+        )
+    return UpstreamError(f"The worker at {address} failed ({error.type}): {error.message}", code=error.type)
+
+
+def _from_plane_error(e: RequestPlaneError, role: str) -> ApiError:
+    if isinstance(e, WorkerRejected):
+        return _from_worker_error(WorkerError.model_construct(type=e.error_type, message=e.detail), e.address)
+    kind = type(e).__name__
+    code = {
+        "WorkerUnreachable": "worker_unreachable",
+        "WorkerTimeout": "worker_timeout",
+        "WorkerStreamBroken": "worker_stream_broken",
+    }.get(kind, "upstream_error")
+    return UpstreamError(f"The {role} worker failed: {e}", code=code)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        router: Router,
+        client: RequestClient,
+        *,
+        connect_timeout_s: float,
+        first_token_timeout_s: float,
+        inter_token_timeout_s: float,
+    ) -> None:
+        self.router = router
+        self.client = client
+        self._timeouts = {
+            "connect_timeout": connect_timeout_s,
+            "first_chunk_timeout": first_token_timeout_s,
+            "idle_timeout": inter_token_timeout_s,
+        }
+
+    def plan(
+        self, entry: ModelEntry, token_ids: Sequence[int], exclude: frozenset[str] = frozenset()
+    ) -> Plan:
+        mode = plan_roles(entry)
+        if mode == "disagg":
+            prefill = self._choose(entry, "prefill", token_ids, exclude)
+            decode = self._choose(entry, "decode", token_ids, exclude)
+            return Plan("disagg", prefill, decode)
+        return Plan("agg", self._choose(entry, "agg", token_ids, exclude))
+
+    def _choose(
+        self, entry: ModelEntry, role: Role, token_ids: Sequence[int], exclude: frozenset[str]
+    ) -> Choice:
+        candidates = [w for w in entry.by_role(role) if w.instance_id not in exclude]
+        if not candidates:
+            raise ServiceUnavailable(
+                f"No {role} worker of model '{entry.name}' could take the request (all failed or left).",
+                code="no_workers",
+            )
+        return self.router.choose(f"{entry.name}/{role}", candidates, token_ids)
+
+    async def generate(self, entry: ModelEntry, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Chunks of the (decode) stream; raises ``ApiError`` on failure. Closing it cancels the legs."""
+        excluded: set[str] = set()
+        failure: ApiError | None = None
+        for attempt in (1, 2):
+            try:
+                plan = self.plan(entry, request.token_ids, frozenset(excluded))
+            except ServiceUnavailable:
+                if failure is not None:
+                    raise failure from None  # no other worker to retry on: the first failure says why
+                raise
+            started = False
+            chosen = [plan.first] + ([plan.decode] if plan.decode else [])
+            for c in chosen:
+                self.router.started(c.worker.instance_id, c.prompt_blocks)
+            try:
+                stream = (
+                    self._agg(plan.first.worker, request)
+                    if plan.decode is None
+                    else self._disagg(plan.first.worker, plan.decode.worker, request)
+                )
+                async with contextlib.aclosing(stream) as chunks:
+                    async for chunk in chunks:
+                        started = True
+                        yield chunk
+                return
+            except _Retryable as e:
+                if started or attempt == 2:
+                    raise e.error from None
+                excluded.add(e.instance_id)
+                failure = e.error
+                log.warning(
+                    "Retrying on another worker failed_worker=%s reason=%s", e.instance_id, e.error.message
+                )
+            finally:
+                for c in chosen:
+                    self.router.finished(c.worker.instance_id, c.prompt_blocks)
+
+    def _stream(self, worker: InstanceRecord, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        return self.client.generate(worker.address, request, **self._timeouts)
+
+    async def _agg(self, worker: InstanceRecord, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        first = True
+        try:
+            async with contextlib.aclosing(self._stream(worker, request)) as chunks:
+                async for chunk in chunks:
+                    if chunk.error is not None:
+                        error = _from_worker_error(chunk.error, worker.address)
+                        if first and chunk.error.type in _RETRYABLE_REJECTIONS:
+                            raise _Retryable(worker.instance_id, error)
+                        raise error
+                    first = False
+                    yield chunk
+        except (WorkerUnreachable, WorkerRejected) as e:
+            error = _from_plane_error(e, "aggregated")
+            if first and (isinstance(e, WorkerUnreachable) or e.error_type in _RETRYABLE_REJECTIONS):
+                raise _Retryable(worker.instance_id, error) from None
+            raise error from None
+        except RequestPlaneError as e:
+            raise _from_plane_error(e, "aggregated") from None
+
+    async def _prefill_leg(self, worker: InstanceRecord, request: GenerateRequest) -> None:
+        try:
+            async with contextlib.aclosing(self._stream(worker, request)) as chunks:
+                async for chunk in chunks:
+                    if chunk.error is not None:
+                        raise _from_worker_error(chunk.error, worker.address)
+        except RequestPlaneError as e:
+            raise _from_plane_error(e, "prefill") from None
+
+    async def _disagg(
+        self, prefill: InstanceRecord, decode: InstanceRecord, request: GenerateRequest
+    ) -> AsyncIterator[GenerateChunk]:
+        if prefill.bootstrap_port is None:
+            raise ServiceUnavailable(
+                f"Prefill worker {prefill.instance_id} registered no bootstrap port, so no decode worker can "
+                "fetch its KV cache. Start it with --disaggregation-bootstrap-port.",
+                code="no_bootstrap_port",
+            )
+        host = prefill.bootstrap_host or prefill.address.rsplit(":", 1)[0]
+        info = BootstrapInfo(
+            bootstrap_host=host,
+            bootstrap_port=prefill.bootstrap_port,
+            bootstrap_room=secrets.randbelow(MAX_ROOM + 1),
+        )
+        prefill_request = request.model_copy(
+            update={
+                "request_id": f"{request.request_id}-prefill",
+                "bootstrap_info": info,
+                "stop": StopConditions(max_tokens=1, ignore_eos=True),
+            }
+        )
+        decode_request = request.model_copy(update={"bootstrap_info": info})
+        log.debug(
+            "Dispatching disaggregated request_id=%s prefill=%s decode=%s room=%d",
+            request.request_id,
+            prefill.instance_id,
+            decode.instance_id,
+            info.bootstrap_room,
+        )
+        prefill_task = asyncio.create_task(
+            self._prefill_leg(prefill, prefill_request), name=f"prefill-{request.request_id}"
+        )
+        decode_stream = self._stream(decode, decode_request)
+        try:
+            while True:
+                next_chunk = asyncio.ensure_future(anext(decode_stream))
+                try:
+                    if not prefill_task.done():
+                        await asyncio.wait({next_chunk, prefill_task}, return_when=asyncio.FIRST_COMPLETED)
+                    if prefill_task.done() and prefill_task.exception() is not None and not next_chunk.done():
+                        raise prefill_task.exception()  # type: ignore[misc]
+                    chunk = await next_chunk
+                except StopAsyncIteration:
+                    break
+                except RequestPlaneError as e:
+                    raise _from_plane_error(e, "decode") from None
+                finally:
+                    if not next_chunk.done():
+                        next_chunk.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await next_chunk
+                if chunk.error is not None:
+                    raise _from_worker_error(chunk.error, decode.address)
+                yield chunk
+                if chunk.finish_reason is not None:
+                    break
+        finally:
+            await decode_stream.aclose()
+            if not prefill_task.done():
+                prefill_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                await prefill_task
+
+
+class _Retryable(Exception):
+    """A worker failed before doing any work for this request: another worker may take it."""
+
+    def __init__(self, instance_id: str, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.instance_id = instance_id
+        self.error = error

@@ -1,0 +1,119 @@
+"""Every error a client can get, in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Hierarchy (all ``ApiError``, each with its HTTP status):
+
+    ApiError
+    +-- InvalidRequest (400, type invalid_request_error; ``param`` names the offending field)
+    +-- ModelNotFound (404, type invalid_request_error, code model_not_found)
+    +-- ServiceUnavailable (503, type service_unavailable; code says why: no_workers, no_prefill_workers,
+    |                       overloaded, model_loading)
+    +-- UpstreamError (502, type upstream_error: a worker failed, died or timed out while serving)
+
+Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
+event once a stream has started).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+__all__ = [
+    "ApiError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "ServiceUnavailable",
+    "UpstreamError",
+    "from_validation_error",
+]
+
+
+class ApiError(Exception):
+    status = 500
+    type = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(ApiError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ModelNotFound(ApiError):
+    status = 404
+    type = "invalid_request_error"
+
+    def __init__(self, model: str, available: list[str]) -> None:
+        served = ", ".join(sorted(available)) or "none"
+        super().__init__(
+            f"The model '{model}' does not exist or no worker serves it. Served models: {served}. "
+            "Use one of them (GET /v1/models lists them).",
+            param="model",
+            code="model_not_found",
+        )
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+    type = "service_unavailable"
+
+
+class UpstreamError(ApiError):
+    status = 502
+    type = "upstream_error"
+
+
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart"})
+
+
+def _param_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in part or "-" in part or part in _TYPE_LABELS:
+            continue  # pydantic's union-member labels ("str", "list[int]") are not field names
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _clean(msg: str) -> str:
+    return msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
+
+
+def from_validation_error(error: ValidationError) -> InvalidRequest:
+    """The first problem pydantic found, as a 400 naming the field. For a field that accepts several
+    shapes (``stop``: a string or a list), every shape's complaint is listed."""
+    errors = error.errors(include_url=False)
+    param = _param_path(tuple(errors[0]["loc"]))
+    msgs: list[str] = []
+    for e in errors:
+        p = _param_path(tuple(e["loc"]))
+        if p == param or (param and p.startswith((param + ".", param + "["))):
+            detail = _clean(e["msg"])
+            if p != param:
+                detail += f" (at '{p}')"
+            if detail not in msgs:
+                msgs.append(detail)
+    where = f"'{param}'" if param else "the request body"
+    return InvalidRequest(
+        f"Invalid value for {where}: {'; or: '.join(msgs)}.", param=param or None, code="invalid_value"
+    )

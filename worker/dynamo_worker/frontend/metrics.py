@@ -1,0 +1,68 @@
+"""Prometheus metrics of the frontend, in a registry of its own (served on ``/metrics``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["FrontendMetrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class FrontendMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "dynamo_frontend_requests",
+            "Finished requests by model, endpoint and HTTP status.",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "dynamo_frontend_inflight_requests", "Requests being served.", ["model"], registry=r
+        )
+        self.ttft = Histogram(
+            "dynamo_frontend_time_to_first_token_seconds",
+            "Time from request to first output token.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "dynamo_frontend_inter_token_latency_seconds",
+            "Time between two output tokens.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "dynamo_frontend_request_duration_seconds",
+            "Time from request to its last byte.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Counter("dynamo_frontend_input_tokens", "Prompt tokens.", ["model"], registry=r)
+        self.output_tokens = Counter(
+            "dynamo_frontend_output_tokens", "Generated tokens.", ["model"], registry=r
+        )
+        self.cached_tokens = Counter(
+            "dynamo_frontend_cached_tokens",
+            "Prompt tokens served from a worker's prefix cache.",
+            ["model"],
+            registry=r,
+        )
+        self.workers = Gauge(
+            "dynamo_frontend_workers",
+            "Workers in discovery by model and role.",
+            ["model", "role"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "dynamo_frontend_errors",
+            "Errors by type (invalid_request_error, model_not_found, no_workers, "
+            "overloaded, upstream_error, client_disconnected, ...).",
+            ["type"],
+            registry=r,
+        )

@@ -1,0 +1,218 @@
+"""OpenAI request bodies as pydantic models, parsed strictly from the raw JSON bytes.
+
+``parse_request`` turns malformed JSON, wrong types, out-of-range values and unsupported options into
+``InvalidRequest`` naming the field (``param``), e.g. ``messages[0].role`` or ``n``. Fields OpenAI
+defines that we do not know are ignored, as OpenAI-compatible servers do; options we know but cannot
+honour (``n`` > 1, ``logprobs``, ``tools``, ``response_format`` other than text, ``echo``, ``best_of``,
+``suffix``) are refused, never silently dropped.
+
+Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
+``stop_token_ids``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dynamo_worker.frontend.errors import InvalidRequest, from_validation_error
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "parse_request"]
+
+MAX_STOP_STRINGS = 16
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a '{self.role}' message needs 'content'")
+        return self
+
+
+class _Sampling(_Body):
+    """Fields shared by chat and completions."""
+
+    model: Annotated[str, Field(min_length=1, max_length=512)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    n: int | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: Any = None
+    user: str | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("top_k must be -1 (disabled) or at least 1")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v == "" or (isinstance(v, list) and any(s == "" for s in v)):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError("only n=1 is supported; send several requests for several choices")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: Any) -> Any:
+        if v not in (None, False, 0):
+            raise ValueError("logprobs are not supported by this server; leave 'logprobs' unset")
+        return v
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    top_logprobs: Any = None
+    tools: Any = None
+    response_format: Any = None
+    add_generation_prompt: bool = True
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, v: Any) -> Any:
+        if v not in (None, 0):
+            raise ValueError("logprobs are not supported by this server; leave 'top_logprobs' unset")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("tool calling is not supported by this server; leave 'tools' unset")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, v: Any) -> Any:
+        if v is not None and v != {"type": "text"}:
+            raise ValueError(
+                "structured output is not supported by this server; leave 'response_format' unset or "
+                "{'type': 'text'}"
+            )
+        return v
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+            Field(min_length=1, max_length=1),
+        ]
+    )
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by this server; leave 'echo' unset")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError("only best_of=1 is supported")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix is not supported by this server; leave 'suffix' unset")
+        return v
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def prompt_text_or_ids(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        first = p[0]
+        if isinstance(first, str):
+            return first
+        if isinstance(first, list):
+            return list(first)
+        return list(p)  # type: ignore[arg-type]
+
+
+_M = TypeVar("_M", bound=_Body)
+
+
+def parse_request(model: type[_M], body: bytes) -> _M:
+    """Parse and validate a request body, or raise ``InvalidRequest`` naming the problem."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise InvalidRequest(
+                f"The request body is not valid JSON ({first['msg']}). Send a JSON object with "
+                "Content-Type: application/json.",
+                code="invalid_json",
+            ) from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise InvalidRequest("The request body must be a JSON object.", code="invalid_json") from None
+        raise from_validation_error(e) from None

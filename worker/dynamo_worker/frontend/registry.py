@@ -1,0 +1,176 @@
+"""Which models are served, by which workers: discovery events in, a lookup for each request out.
+
+A model is *served* while at least one of its workers is registered and its tokenizer is loaded (from
+the worker's model card). The first worker of a model triggers one card fetch; workers that go away
+take the model off ``/v1/models`` when they were its last. The preprocessor stays cached, so a model
+whose workers are all gone answers 503 (known, nobody serving) rather than 404 (never heard of). A worker
+that registers with a different model card (an updated tokenizer) makes the frontend load that card;
+requests use the previous one until it is loaded.
+
+Routing state follows discovery too: every added worker is added to the router, every removed one is
+dropped from it (with its KV blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from dynamo_worker.frontend.errors import ModelNotFound, ServiceUnavailable
+from dynamo_worker.frontend.preprocess import Preprocessor
+from dynamo_worker.protocol import InstanceRecord, Role
+from dynamo_worker.router import Router
+from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent, InstanceRemoved
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CardLoader", "ModelEntry", "ModelRegistry"]
+
+CardLoader = Callable[[InstanceRecord], Awaitable[Preprocessor]]
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    workers: dict[str, InstanceRecord] = field(default_factory=dict)
+    preprocessor: Preprocessor | None = None
+    card_checksum: str | None = None  # of the model card the preprocessor was loaded from
+    load_error: str | None = None
+
+    def by_role(self, role: Role) -> list[InstanceRecord]:
+        return [w for w in self.workers.values() if w.role == role]
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        router: Router,
+        load_card: CardLoader,
+        namespace: str,
+        load_timeout_s: float,
+        on_change: Callable[[dict[tuple[str, str], int]], None] | None = None,
+    ) -> None:
+        self._on_change = on_change
+        self._router = router
+        self._load_card = load_card
+        self.namespace = namespace
+        self._load_timeout_s = load_timeout_s
+        self._models: dict[str, ModelEntry] = {}
+        self._loads: dict[str, asyncio.Task[None]] = {}
+        self._changed = asyncio.Event()
+
+    # --- feeding ------------------------------------------------------------------------------
+
+    def apply(self, event: InstanceEvent) -> None:
+        if isinstance(event, InstanceAdded):
+            self._add(event.record)
+        elif isinstance(event, InstanceRemoved):
+            self._remove(event.instance_id)
+        self._changed.set()
+        if self._on_change is not None:
+            counts = {
+                (e.name, role): len(e.by_role(role))
+                for e in self._models.values()
+                for role in ("agg", "prefill", "decode")
+            }
+            self._on_change(counts)
+
+    def _add(self, record: InstanceRecord) -> None:
+        for entry in self._models.values():  # a changed record may have changed model
+            if record.instance_id in entry.workers and entry.name != record.model:
+                del entry.workers[record.instance_id]
+        entry = self._models.setdefault(record.model, ModelEntry(record.model))
+        entry.workers[record.instance_id] = record
+        self._router.add_worker(record)
+        new_card = (
+            record.model_card_checksum is not None and record.model_card_checksum != entry.card_checksum
+        )
+        if (entry.preprocessor is None or new_card) and record.model not in self._loads:
+            self._loads[record.model] = asyncio.create_task(
+                self._load(entry, record), name=f"load-{record.model}"
+            )
+
+    def _remove(self, instance_id: str) -> None:
+        for entry in self._models.values():
+            if entry.workers.pop(instance_id, None) is not None and not entry.workers:
+                log.info("Model has no workers left model=%s", entry.name)
+        self._router.remove_worker(instance_id)
+
+    async def _load(self, entry: ModelEntry, record: InstanceRecord) -> None:
+        try:
+            async with asyncio.timeout(self._load_timeout_s):
+                entry.preprocessor = await self._load_card(record)
+            entry.card_checksum = record.model_card_checksum
+            entry.load_error = None
+            log.info("Serving model model=%s workers=%d", entry.name, len(entry.workers))
+        except Exception as e:  # any failure to load is reported on every request for this model
+            entry.load_error = f"{type(e).__name__}: {e}"
+            log.error(
+                "Could not load model card model=%s worker=%s error=%s",
+                entry.name,
+                record.instance_id,
+                entry.load_error,
+            )
+        finally:
+            self._loads.pop(entry.name, None)
+            self._changed.set()  # a failed load is retried when the next worker of the model registers
+
+    async def run(self, events: AsyncIterator[InstanceEvent]) -> None:
+        """Apply discovery events (``InstanceWatcher.events()``) until the iterator ends or is cancelled."""
+        async for event in events:
+            self.apply(event)
+
+    async def close(self) -> None:
+        for task in list(self._loads.values()):
+            task.cancel()
+        for task in list(self._loads.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._loads.clear()
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def get(self, model: str) -> ModelEntry | None:
+        return self._models.get(model)
+
+    def served(self) -> list[str]:
+        return sorted(n for n, e in self._models.items() if e.workers and e.preprocessor is not None)
+
+    async def wait_changed(self) -> None:
+        self._changed.clear()
+        await self._changed.wait()
+
+    def lookup(self, model: str) -> ModelEntry:
+        """The entry serving ``model``, or the error that tells the client why there is none."""
+        entry = self._models.get(model)
+        if entry is None:
+            served = self.served()
+            if not served:
+                raise ServiceUnavailable(
+                    f"No worker is registered in namespace '{self.namespace}', so model '{model}' cannot be "
+                    "served. Start a worker for it (or check the frontend's --namespace / --nats-server).",
+                    code="no_workers",
+                )
+            raise ModelNotFound(model, served)
+        if not entry.workers:
+            raise ServiceUnavailable(
+                f"No worker serves model '{model}' right now (its workers left discovery). Retry when a "
+                "worker has registered again.",
+                code="no_workers",
+            )
+        if entry.preprocessor is None:
+            if entry.load_error is not None:
+                raise ServiceUnavailable(
+                    f"The tokenizer of model '{model}' could not be loaded from its model card "
+                    f"({entry.load_error}). Check the worker's model folder; restarting a worker retries.",
+                    code="model_loading_failed",
+                )
+            raise ServiceUnavailable(
+                f"Model '{model}' is still loading its tokenizer; retry in a moment.",
+                code="model_loading",
+                headers={"Retry-After": "1"},
+            )
+        return entry

@@ -1,0 +1,122 @@
+"""Settings of the OpenAI frontend: every knob as a typed field with help, its flag and env var.
+
+Precedence: flag > environment variable > default (``runtime.settings.settings_from_args``). This is the
+only module of ``dynamo_worker.frontend`` that reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from dynamo_operator.api import contract
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
+
+__all__ = ["FrontendSettings"]
+
+
+class FrontendSettings(BaseModel):
+    """OpenAI-compatible HTTP frontend: finds workers in discovery (NATS), tokenizes, routes, streams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    http_host: str = Field(
+        "0.0.0.0",
+        description="Interface the HTTP server binds to (127.0.0.1 for local-only).",
+        json_schema_extra={"env": contract.ENV_HTTP_HOST},
+    )
+    http_port: int = Field(
+        contract.FRONTEND_PORT,
+        ge=0,
+        le=65535,
+        description="Port of the OpenAI API, /health, /live and /metrics; 0 picks a free port.",
+        json_schema_extra={"env": contract.ENV_HTTP_PORT},
+    )
+    namespace: str = Field(
+        "dynamo",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="Dynamo namespace whose workers this frontend serves (<k8s-namespace>-<graph> in pods).",
+        json_schema_extra={"env": contract.ENV_NAMESPACE},
+    )
+    nats_server: str = Field(
+        f"nats://127.0.0.1:{contract.NATS_PORT}",
+        description="NATS URL (JetStream) for discovery, model cards, KV events and load metrics.",
+        json_schema_extra={"env": contract.ENV_NATS_SERVER},
+    )
+    router_mode: Literal["round-robin", "random", "kv"] = Field(
+        "round-robin",
+        description="How a worker is picked: round-robin, random, or kv (prefix-cache overlap + load).",
+        json_schema_extra={"env": contract.ENV_ROUTER_MODE},
+    )
+    kv_overlap_weight: float = Field(
+        1.0,
+        ge=0.0,
+        le=1000.0,
+        description="kv router: cost of one uncached prompt block relative to one block of load "
+        "(cost = weight x uncached blocks + load blocks); 0 routes on load alone.",
+        json_schema_extra={
+            "env": contract.ENV_KV_OVERLAP_WEIGHT,
+            "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight"],  # the second: Dynamo's name
+        },
+    )
+    max_inflight: int = Field(
+        1024,
+        ge=1,
+        description="Requests in flight at once; more are refused at once with 503 'overloaded'.",
+        json_schema_extra={"env": contract.ENV_HTTP_MAX_INFLIGHT},
+    )
+    connect_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="Bound on connecting to a worker's request plane."
+    )
+    first_token_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="Bound on a worker's first token (queueing + prefill, incl. the KV transfer in "
+        "disaggregated serving) and on a prefill leg's completion.",
+    )
+    inter_token_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="Bound on the gap between two tokens of a stream."
+    )
+    model_load_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="Bound on fetching a model card and loading its tokenizer."
+    )
+    model_cache_dir: Path | None = Field(
+        None,
+        description="Where fetched model cards (tokenizer files) are kept; default: a temporary folder.",
+    )
+
+    @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(
+            prog="python -m dynamo_worker.frontend",
+            description=(
+                "OpenAI-compatible frontend. Serves POST /v1/chat/completions, POST /v1/completions, "
+                "GET /v1/models, /health (200 once a model is served), /live and /metrics. Workers are "
+                "found in discovery (NATS JetStream KV) under --namespace; models appear and disappear "
+                "with them. When a model has prefill and decode workers, requests are served "
+                "disaggregated (both legs sent concurrently with one bootstrap room)."
+            ),
+        )
+        add_model_arguments(parser, cls, "frontend")
+        return parser
+
+    @classmethod
+    def parse(
+        cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> FrontendSettings:
+        settings, _ = cls.parse_known(argv, env)
+        return settings
+
+    @classmethod
+    def parse_known(
+        cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> tuple[FrontendSettings, list[str]]:
+        """Settings and the arguments this frontend does not know (flags of NVIDIA Dynamo's frontend in
+        manifests written for it): the caller logs them and carries on."""
+        args, unknown = cls.parser().parse_known_args(argv)
+        return settings_from_args(cls, args, env), unknown

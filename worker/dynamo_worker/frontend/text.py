@@ -1,0 +1,143 @@
+"""From generated token ids to the text a client sees: incremental detokenization and stop handling.
+
+``IncrementalDetokenizer`` decodes a growing id sequence in small windows and emits only complete
+characters: while the text decoded so far ends in U+FFFD (a multi-byte character split across
+tokens), nothing is emitted until the following token completes it. It keeps a short window of
+earlier ids so tokenizers that mark word starts (SentencePiece's leading space) keep their spaces.
+
+``StopStringMatcher`` cuts the text at the first stop string and never lets any part of one reach the
+client: text that could be the beginning of a stop string is held back until the next chunk proves
+it is not (or ends the stream).
+
+``OutputText`` combines both with stop token ids; it is pure (no I/O) and fed chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Delta", "IncrementalDetokenizer", "OutputText", "StopStringMatcher"]
+
+REPLACEMENT = "\ufffd"
+_CONTEXT_IDS = 5  # earlier ids kept in the decode window (enough for SentencePiece word starts)
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Decoder, context_ids: Sequence[int] = (), skip_special_tokens: bool = True):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = list(context_ids[-_CONTEXT_IDS:])
+        self._prefix = 0  # start of the decode window
+        self._read = len(self._ids)  # ids before this are already emitted as text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add ids; return the newly completed text (possibly empty)."""
+        if not token_ids:
+            return ""
+        self._ids.extend(token_ids)
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
+        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT):
+            return ""  # nothing new yet, or a character still incomplete
+        delta = full_text[len(prefix_text) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        return delta
+
+    def flush(self) -> str:
+        """At the end of the stream: whatever is still held (an incomplete character decodes as U+FFFD,
+        as a full decode would)."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+
+
+class StopStringMatcher:
+    def __init__(self, stop_strings: Sequence[str]):
+        self._stops = [s for s in stop_strings if s]
+        self._longest = max((len(s) for s in self._stops), default=0)
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit, whether a stop string was found). After a stop,
+        everything from the stop string on is dropped."""
+        if not self._stops:
+            return text, False
+        buf = self._held + text
+        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            return buf[:cut], True
+        hold = 0
+        for k in range(min(len(buf), self._longest - 1), 0, -1):
+            tail = buf[-k:]
+            if any(s.startswith(tail) for s in self._stops):
+                hold = k
+                break
+        self._held = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        """At the end of the stream without a stop: the held text was not a stop string after all."""
+        held, self._held = self._held, ""
+        return held
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    token_count: int  # ids consumed from this chunk (up to and excluding a stop token id)
+    stopped: bool  # a stop string or stop token id ended the output
+
+
+class OutputText:
+    """Detokenize, apply stop token ids and stop strings, chunk by chunk."""
+
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        *,
+        prompt_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+    ):
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._stops = StopStringMatcher(stop_strings)
+        self._stop_ids = frozenset(stop_token_ids)
+        self.stopped = False
+
+    def push(self, token_ids: Sequence[int]) -> Delta:
+        if self.stopped:
+            return Delta("", 0, True)
+        ids = list(token_ids)
+        hit_stop_id = False
+        for i, t in enumerate(ids):
+            if t in self._stop_ids:
+                ids, hit_stop_id = ids[:i], True
+                break
+        text, stopped = self._stops.push(self._detok.push(ids))
+        if hit_stop_id and not stopped:
+            tail, stopped = self._stops.push(self._detok.flush())
+            text += tail
+            if not stopped:
+                text += self._stops.flush()
+            stopped = True
+        self.stopped = stopped
+        return Delta(text, len(ids), stopped)
+
+    def finish(self) -> str:
+        """The stream ended without a stop: the text still held back."""
+        if self.stopped:
+            return ""
+        text, stopped = self._stops.push(self._detok.flush())
+        self.stopped = stopped
+        return text if stopped else text + self._stops.flush()

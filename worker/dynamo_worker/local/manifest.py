@@ -1,0 +1,134 @@
+"""Read a DynamoGraphDeployment manifest with the operator's own api models and validation.
+
+``load_manifest`` parses the YAML file with ``dynamo_operator.api.models.DynamoGraphDeployment`` (the
+schema) and judges it with ``dynamo_operator.api.validation.validate`` (the semantic checks the
+operator's ``render`` runs), so a manifest the operator refuses is refused here with the same
+``Problem``s: the same field paths and messages. ``graph_view`` reduces a valid model to what
+dynamo-run needs (``plan.GraphView``); what only this machine can decide (GPUs, commands it can map)
+is ``plan.plan_graph``'s job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dynamo_operator.api.components import components
+from dynamo_operator.api.models import KIND, DynamoGraphDeployment, EnvVar
+from dynamo_operator.api.validation import Problem, gpu_count, validate
+from pydantic import ValidationError
+
+from dynamo_worker.local.plan import GraphView, ServiceView, format_problems
+
+__all__ = ["ManifestError", "graph_view", "load_manifest", "parse_manifest"]
+
+
+class ManifestError(ValueError):
+    """The manifest cannot be read or is not a valid DynamoGraphDeployment.
+
+    ``problems`` holds the operator's ``Problem``s when the graph parsed but fails its semantic
+    validation (empty for unreadable files and schema errors).
+    """
+
+    def __init__(self, message: str, problems: tuple[Problem, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = [f"{_loc(e['loc']) or '(document)'}: {e['msg']}" for e in error.errors()]
+    return "\n".join(lines)
+
+
+def parse_manifest(text: str, source: str = "manifest") -> DynamoGraphDeployment:
+    """The one DynamoGraphDeployment in ``text`` (other kinds in a multi-document file are skipped).
+
+    Raises ``ManifestError`` when it is not YAML, not exactly one graph, or a graph the operator would
+    refuse (schema errors, then the operator's validation problems, one ``field: message`` per line).
+    """
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{source} is not valid YAML: {e}") from None
+    graphs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(graphs) != 1:
+        kinds = ", ".join(str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs)
+        raise ManifestError(
+            f"{source} holds {len(graphs)} {KIND} documents (kinds found: {kinds or 'none'}); "
+            f"dynamo-run runs exactly one: put one {KIND} in the file"
+        )
+    try:
+        dgd = DynamoGraphDeployment.model_validate(graphs[0])
+    except ValidationError as e:
+        raise ManifestError(f"{source} is not a valid {KIND}:\n{format_validation_error(e)}") from None
+    problems = validate(dgd)
+    if problems:
+        raise ManifestError(f"{source} is not a valid {KIND}:\n{format_problems(problems)}", problems)
+    return dgd
+
+
+def load_manifest(path: Path) -> DynamoGraphDeployment:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ManifestError(
+            f"cannot read {path}: {e.strerror}; pass the path of a {KIND} YAML file"
+        ) from None
+    return parse_manifest(text, str(path))
+
+
+def _envs(envs: list[EnvVar], where: str, notes: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for env in envs:
+        if env.value_from is not None:
+            notes.append(f"{where}: env {env.name} comes from valueFrom, which is not read locally; skipped")
+            continue
+        out.append((env.name, env.value or ""))
+    return tuple(out)
+
+
+def graph_view(dgd: DynamoGraphDeployment) -> tuple[GraphView, tuple[str, ...]]:
+    """The graph as dynamo-run sees it, and notes on what it does not carry over (secrets, valueFrom).
+
+    ``dgd`` is a graph ``parse_manifest`` accepted (it passed the operator's validation).
+    """
+    notes: list[str] = []
+    services = []
+    comps = {c.name: c for c in components(dgd)}
+    for name, svc in dgd.spec.services.items():  # manifest order: the order processes start and print
+        # GPUs per pod as the operator reads them: a whole number >= 1 for workers (validated); other
+        # services may give none (0 here; plan_graph refuses one that runs SGLang without GPUs).
+        gpus = gpu_count(comps[name]) or "0"
+        main = svc.extra_pod_spec.main_container if svc.extra_pod_spec else None
+        envs = _envs(svc.envs, name, notes)
+        if main is not None and main.env:
+            envs = envs + _envs(main.env, name, notes)
+        services.append(
+            ServiceView(
+                name=name,
+                component_type=comps[name].component_type,
+                replicas=svc.replicas,
+                node_count=svc.node_count,
+                gpus_per_node=int(gpus) if gpus.isdigit() else 0,
+                command=tuple(main.command or ()) if main else (),
+                args=tuple(main.args or ()) if main else (),
+                envs=envs,
+                env_from_secret=svc.env_from_secret,
+            )
+        )
+    graph = GraphView(
+        name=dgd.name,
+        namespace=dgd.namespace,
+        dynamo_namespace=dgd.dynamo_namespace,
+        services=tuple(services),
+        envs=_envs(dgd.spec.envs, "spec.envs", notes),
+    )
+    return graph, tuple(notes)

@@ -1,0 +1,243 @@
+"""dynamo-run's main sequence: read, decide, start, wait, serve, stop.
+
+1. Read the manifest with the operator's api models and validation (the operator's Problems, word
+   for word); choose the engine (and say why); plan the processes. Any problem here exits 2 before
+   anything starts.
+2. Start an embedded nats-server, then every process at once; wait for each to be ready (workers:
+   ``/health`` on their system port, true once registered in discovery; the frontend: ``/health``,
+   true once a model is served), printing what is pending every few seconds. A process that exits
+   during startup fails the run at once with its last log lines (exit 1).
+3. Print where to send requests, then watch. A worker that dies is reported loudly with its last
+   log lines and the rest keeps serving: the frontend answers requests that need it with an error
+   (and 503 once no worker of the model is left). dynamo-run does not restart it, so a failure stays
+   visible; restart dynamo-run to get it back. The frontend or NATS dying stops everything (exit 1).
+4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
+   temporary state (NATS store; the log folder unless a process failed or --log-dir was given).
+   A second Ctrl-C kills at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+from dynamo_worker.local.engine import choose_engine, probe_host
+from dynamo_worker.local.manifest import ManifestError, graph_view, load_manifest
+from dynamo_worker.local.plan import Plan, PlanError, plan_graph
+from dynamo_worker.local.settings import RunSettings
+from dynamo_worker.local.supervisor import Console, Supervisor, SupervisorError, die_with_parent_prefix
+from dynamo_worker.runtime.nats_server import NatsServer, NatsServerError, free_port
+
+__all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "run"]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+WATCH_INTERVAL_S = 0.5
+
+
+class _PortAllocator:
+    """Free 127.0.0.1 ports, never the same one twice in a run."""
+
+    def __init__(self, taken: set[int]) -> None:
+        self.taken = set(taken)
+
+    def __call__(self) -> int:
+        for _ in range(100):
+            port = free_port()
+            if port not in self.taken:
+                self.taken.add(port)
+                return port
+        raise RuntimeError("could not find a free port after 100 tries")
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None when it can."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the frontend's server does
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def _tiny_model(settings: RunSettings) -> Path:
+    from dynamo_worker.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model(settings.cache_dir / "tiny-model")
+
+
+def _banner(plan: Plan, engine: str, log_dir: Path) -> list[str]:
+    model = plan.served_models[0] if plan.served_models else "MODEL"
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
+    return [
+        f"Serving namespace={plan.namespace} engine={engine}",
+        f"  models:  {', '.join(plan.served_models) or '(none found in the manifest)'}",
+        f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; api_key is not checked)",
+        f"  try:     curl -sN {plan.url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d {shlex.quote(body)}",
+        f"  logs:    {log_dir}",
+        "Ctrl-C stops every process.",
+    ]
+
+
+class _Run:
+    """The state of one run: the stop request, the supervisor, the temporary folders."""
+
+    def __init__(self, manifest: Path, settings: RunSettings, console: Console) -> None:
+        self.manifest = manifest
+        self.settings = settings
+        self.console = console
+        self.stopping = threading.Event()
+        self.supervisor: Supervisor | None = None
+        self.signals = 0
+        self.nats_port = 0  # chosen in prepare(), before the plan that points every process at it
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("Stopping on %s (again to kill at once)", signal.Signals(signum).name)
+            self.stopping.set()
+        elif self.supervisor is not None:
+            log.warning("Killing every process now")
+            self.supervisor.kill()
+
+    def prepare(self) -> tuple[Plan, str] | None:
+        """Read, choose, plan; None (after logging why) when the manifest cannot run here."""
+        try:
+            graph, notes = graph_view(load_manifest(self.manifest))
+        except ManifestError as e:  # unreadable, or refused by the operator's own validation
+            log.error("%s", e)
+            return None
+        busy = _port_in_use(self.settings.host, self.settings.port)
+        if busy:
+            log.error(
+                "Port %s on %s is not free (%s); stop what listens there or pass --port",
+                self.settings.port,
+                self.settings.host,
+                busy,
+            )
+            return None
+        facts = probe_host(self.settings.cuda_visible_devices)
+        choice = choose_engine(self.settings.engine, facts)
+        log.info("Engine %s: %s", choice.engine, choice.reason)
+        nats_port = free_port()
+        model_dir = str(self.settings.model_dir) if self.settings.model_dir else None
+        mocker_dir = model_dir
+        if choice.engine == "mocker" and model_dir is None:
+            mocker_dir = str(_tiny_model(self.settings))
+            log.info("Mocker model folder %s (a tiny tokenizer; --model-dir to use another)", mocker_dir)
+        try:
+            plan = plan_graph(
+                graph,
+                engine=choice.engine,
+                nats_url=f"nats://127.0.0.1:{nats_port}",
+                host=self.settings.host,
+                port=self.settings.port,
+                python=sys.executable,
+                mocker_model_dir=mocker_dir,
+                sglang_model_path=model_dir,
+                gpus=facts.gpus,
+                free_port=_PortAllocator({nats_port, self.settings.port}),
+                grace_s=self.settings.grace_period,
+            )
+        except PlanError as e:
+            log.error("%s cannot run here:\n%s", self.manifest, e)
+            return None
+        for note in (*notes, *plan.notes):
+            log.info("Note: %s", note)
+        self.nats_port = nats_port
+        return plan, choice.engine
+
+    def serve(self, plan: Plan, engine: str) -> int:
+        log_dir = self.settings.log_dir or Path(tempfile.mkdtemp(prefix="dynamo-run-logs-"))
+        keep_logs = self.settings.log_dir is not None
+        nats = NatsServer(port=self.nats_port, command_prefix=die_with_parent_prefix())
+        status = EXIT_FAILED
+        try:
+            nats.start()
+            self.supervisor = Supervisor(log_dir, self.console, grace_s=self.settings.grace_period + 5.0)
+            self.supervisor.start(plan.processes)
+            if not self.supervisor.wait_ready(self.settings.startup_timeout_for(engine), self.stopping):
+                status = EXIT_OK
+                return status
+            for line in _banner(plan, engine, log_dir):
+                log.info("%s", line)
+            status = self.watch(nats)
+            return status
+        except (SupervisorError, NatsServerError) as e:
+            log.error("Startup failed: %s", e)
+            return status
+        finally:
+            if self.supervisor is not None:
+                self.supervisor.stop()
+            nats.stop()
+            if status == EXIT_OK and not keep_logs:
+                shutil.rmtree(log_dir, ignore_errors=True)
+            elif not keep_logs:
+                log.info("Kept the logs in %s", log_dir)
+
+    def watch(self, nats: NatsServer) -> int:
+        """Report every process that dies; EXIT_OK when stopped, EXIT_FAILED when serving is over."""
+        assert self.supervisor is not None
+        while not self.stopping.wait(WATCH_INTERVAL_S):
+            if nats.proc is None or nats.proc.poll() is not None:
+                log.error("nats-server exited; stopping everything. Its last lines:\n%s", nats.log_tail())
+                return EXIT_FAILED
+            for child in self.supervisor.dead():
+                if child.reported_exit:
+                    continue
+                child.reported_exit = True
+                if child.spec.kind == "frontend":
+                    log.error(
+                        "%s (the frontend) exited with %s; nothing can serve requests, stopping everything. "
+                        "Its last log lines (%s):\n%s",
+                        child.spec.name,
+                        child.describe_exit(),
+                        child.log_path,
+                        child.tail_text(),
+                    )
+                    return EXIT_FAILED
+                alive = [
+                    c.spec.name for c in self.supervisor.children if c.alive() and c.spec.kind == "worker"
+                ]
+                log.error(
+                    "%s EXITED with %s. Requests that need a %s worker now fail with an error (503 once "
+                    "none is left); still serving: %s. dynamo-run does not restart it: stop (Ctrl-C) and "
+                    "run again to bring it back. Its last log lines (%s):\n%s",
+                    child.spec.name,
+                    child.describe_exit(),
+                    child.spec.service,
+                    ", ".join(alive) or "no worker",
+                    child.log_path,
+                    child.tail_text(),
+                )
+        return EXIT_OK
+
+
+def run(manifest: Path, settings: RunSettings, console: Console) -> int:
+    """Serve ``manifest`` until SIGINT/SIGTERM or a fatal failure; the exit status."""
+    state = _Run(manifest, settings, console)
+    previous = {s: signal.signal(s, state.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        prepared = state.prepare()
+        if prepared is None:
+            return EXIT_INVALID
+        if state.stopping.is_set():  # Ctrl-C while reading the manifest or making the tiny model
+            return EXIT_OK
+        return state.serve(*prepared)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

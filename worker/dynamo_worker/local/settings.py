@@ -1,0 +1,129 @@
+"""dynamo-run's settings: the typed model its CLI is derived from, and the only place it reads env.
+
+Precedence: a flag beats its environment variable, which beats the default (``--help`` lists both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from dynamo_operator.api import contract
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
+
+__all__ = ["RunSettings", "parse_args"]
+
+DESCRIPTION = """\
+Run a DynamoGraphDeployment manifest on this machine, with no Kubernetes: an embedded nats-server,
+the frontend, and every worker replica as local processes with the environment the operator gives
+its pods. Workers run on SGLang when it is installed and GPUs are visible, else on the mocker (a
+simulated engine serving the manifest's --served-model-name with a tiny tokenizer).
+"""
+
+EPILOG = """\
+examples:
+  dynamo-run examples/disagg.yaml
+  dynamo-run examples/agg.yaml --engine mocker --port 8080
+  CUDA_VISIBLE_DEVICES=2,3 dynamo-run examples/disagg.yaml --engine sglang
+
+Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
+When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest
+serving (requests that need it fail with a clear error); when the frontend or NATS dies it stops all.
+Exit status: 0 after Ctrl-C/SIGTERM, 1 when a process failed, 2 when the manifest cannot run here.
+"""
+
+
+class RunSettings(BaseModel):
+    """How dynamo-run serves one manifest here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: Literal["auto", "mocker", "sglang"] = Field(
+        "auto",
+        description="Engine of the SGLang workers: auto picks sglang when it is importable and GPUs are "
+        "visible, else the mocker.",
+        json_schema_extra={"env": "DYN_RUN_ENGINE"},
+    )
+    port: int = Field(
+        contract.FRONTEND_PORT,
+        ge=1,
+        le=65535,
+        description="Port of the frontend's OpenAI API.",
+        json_schema_extra={"env": contract.ENV_HTTP_PORT},
+    )
+    host: str = Field(
+        "127.0.0.1",
+        description="Interface the frontend listens on (0.0.0.0 to serve other machines).",
+        json_schema_extra={"env": "DYN_RUN_HOST"},
+    )
+    model_dir: Path | None = Field(
+        None,
+        description="Model folder. Mocker: the tokenizer folder behind --served-model-name (a generated "
+        "tiny model when unset). SGLang: replaces the workers' --model-path.",
+        json_schema_extra={"env": "DYN_RUN_MODEL_DIR", "metavar": "DIR"},
+    )
+    log_dir: Path | None = Field(
+        None,
+        description="Folder for one log file per process (kept). Unset: a temporary folder, removed on a "
+        "clean stop and kept when a process failed.",
+        json_schema_extra={"env": "DYN_RUN_LOG_DIR", "metavar": "DIR"},
+    )
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "dynamo-sglang",
+        description="Where the generated tiny model is kept between runs.",
+        json_schema_extra={"env": "DYN_RUN_CACHE_DIR", "metavar": "DIR"},
+    )
+    startup_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds every process gets to become ready (default: 120 on the mocker, 1800 on "
+        "SGLang, which loads weights and captures CUDA graphs).",
+        json_schema_extra={"env": "DYN_RUN_STARTUP_TIMEOUT", "metavar": "S"},
+    )
+    grace_period: float = Field(
+        10.0,
+        ge=0,
+        le=600,
+        description="Seconds processes get to drain after SIGTERM before SIGKILL (also their "
+        f"{contract.ENV_GRACEFUL_SHUTDOWN_S}).",
+        json_schema_extra={"env": "DYN_RUN_GRACE_PERIOD", "metavar": "S"},
+    )
+    cuda_visible_devices: str | None = Field(
+        None,
+        description="GPUs workers may use; read from CUDA_VISIBLE_DEVICES ('' hides every GPU).",
+        json_schema_extra={"cli": False},
+    )
+
+    def startup_timeout_for(self, engine: str) -> float:
+        if self.startup_timeout is not None:
+            return self.startup_timeout
+        return 1800.0 if engine == "sglang" else 120.0
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[Path, RunSettings]:
+    """The manifest path and the settings, from flags, then env, then defaults."""
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(
+        prog="dynamo-run",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "manifest", type=Path, help="a DynamoGraphDeployment YAML file, e.g. examples/disagg.yaml"
+    )
+    add_model_arguments(parser, RunSettings, "dynamo-run")
+    ns = parser.parse_args(argv)
+    manifest = ns.manifest
+    del ns.manifest
+    settings = settings_from_args(
+        RunSettings, ns, env=env, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES")
+    )
+    return manifest, settings

@@ -1,0 +1,4 @@
+"""The mocker: a simulated SGLang engine (timing model, KV blocks with prefix caching and KV events,
+prefill/decode rendezvous) served by the same runtime as the real worker.
+
+Run it with ``python -m dynamo_worker.mocker``."""

@@ -1,0 +1,185 @@
+"""The mocker's prefill/decode rendezvous: a small HTTP server on the prefill worker's bootstrap port.
+
+The frontend sends both legs of a disaggregated request at once, with the same
+``{bootstrap_host, bootstrap_port, bootstrap_room}``. The prefill leg computes the prompt, then posts
+its result to its own ``BootstrapServer`` (``prefill_done``) and waits until the decode leg picked it
+up. The decode leg long-polls ``GET /v1/bootstrap/rooms/<room>?wait_s=...`` on the prefill worker
+(``fetch_prefill``), which answers once the prefill of that room is done. Either side waits at most
+``bootstrap_timeout_s`` for the other and then fails with ``BootstrapTimeout`` (the request ends with
+error type ``bootstrap_timeout``). Either side may arrive first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from dynamo_worker.protocol import BootstrapInfo
+
+__all__ = ["BootstrapServer", "BootstrapTimeout", "PrefillResult", "fetch_prefill"]
+
+log = logging.getLogger(__name__)
+
+ROOMS_PATH = "/v1/bootstrap/rooms/{room}"
+MAX_ROOMS = 100_000
+
+
+class BootstrapTimeout(Exception):
+    """The peer leg of a disaggregated request did not show up within the bound."""
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    first_token: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class _Room:
+    result: asyncio.Future[PrefillResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    picked_up: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class BootstrapServer:
+    """Rendezvous of prefill results and the decode legs that fetch them (runs on a prefill worker)."""
+
+    def __init__(self, host: str, port: int, *, max_wait_s: float = 600.0) -> None:
+        self._host = host
+        self._port = port
+        self._max_wait_s = max_wait_s
+        self._rooms: dict[int, _Room] = {}
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    @property
+    def open_rooms(self) -> int:
+        return len(self._rooms)
+
+    async def start(self) -> int:
+        app = web.Application()
+        app.router.add_get(ROOMS_PATH, self._fetch)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            raise OSError(
+                f"bootstrap port {self._port} on {self._host} is not available ({e}); "
+                "pass another --disaggregation-bootstrap-port, or 0 for any free port"
+            ) from None
+        self.port = self._runner.addresses[0][1]
+        log.info("Started bootstrap server host=%s port=%s", self._host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _room(self, room: int) -> _Room:
+        found = self._rooms.get(room)
+        if found is None:
+            if len(self._rooms) >= MAX_ROOMS:
+                raise RuntimeError(f"too many open bootstrap rooms ({MAX_ROOMS})")
+            found = self._rooms[room] = _Room()
+        return found
+
+    def _drop(self, room: int, state: _Room) -> None:
+        if self._rooms.get(room) is state:
+            del self._rooms[room]
+
+    async def prefill_done(self, room: int, result: PrefillResult, wait_s: float) -> None:
+        """Publish the prefill of ``room`` and wait (``wait_s`` at most) until a decode leg took it.
+        Raises ``BootstrapTimeout`` when none did."""
+        state = self._room(room)
+        if state.result.done():
+            self._drop(room, state)
+            raise RuntimeError(f"bootstrap_room {room} was already used by another prefill")
+        state.result.set_result(result)
+        try:
+            async with asyncio.timeout(wait_s):
+                await state.picked_up.wait()
+        except TimeoutError:
+            raise BootstrapTimeout(
+                f"no decode leg fetched bootstrap_room={room} within {wait_s:.1f}s; the decode worker "
+                "did not get its leg of the request or could not reach this prefill worker's bootstrap port"
+            ) from None
+        finally:
+            self._drop(room, state)
+
+    async def _fetch(self, request: web.Request) -> web.Response:
+        try:
+            room = int(request.match_info["room"])
+            wait_s = min(float(request.query.get("wait_s", "30")), self._max_wait_s)
+        except ValueError:
+            return web.json_response({"error": "room must be an integer and wait_s a number"}, status=400)
+        try:
+            state = self._room(room)
+        except RuntimeError as e:
+            return web.json_response({"error": str(e)}, status=503)
+        try:
+            async with asyncio.timeout(wait_s):
+                result = await asyncio.shield(state.result)
+        except TimeoutError:
+            self._drop(room, state)
+            return web.json_response(
+                {"error": f"no prefill for bootstrap_room={room} within {wait_s:.1f}s"}, status=504
+            )
+        except asyncio.CancelledError:
+            if not state.result.done():
+                self._drop(room, state)
+            raise
+        state.picked_up.set()
+        body = {
+            "first_token": result.first_token,
+            "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
+        }
+        return web.json_response(body)
+
+
+async def fetch_prefill(
+    session: aiohttp.ClientSession, info: BootstrapInfo, timeout_s: float
+) -> PrefillResult:
+    """Wait (``timeout_s`` at most) for the prefill of ``info.bootstrap_room`` on the prefill worker at
+    ``bootstrap_host:bootstrap_port``; retries while that port does not answer.
+    Raises ``BootstrapTimeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    url = f"http://{info.bootstrap_host}:{info.bootstrap_port}" + ROOMS_PATH.format(room=info.bootstrap_room)
+    last_error = "no answer"
+    while (left := deadline - loop.time()) > 0:
+        try:
+            async with asyncio.timeout(left + 1.0):
+                async with session.get(url, params={"wait_s": f"{left:.3f}"}) as response:
+                    raw = await response.read()
+            if response.status == 200:
+                data = orjson.loads(raw)
+                return PrefillResult(
+                    int(data["first_token"]), int(data["prompt_tokens"]), int(data["cached_tokens"])
+                )
+            if response.status == 504:
+                last_error = "the prefill leg never arrived there"
+                break
+            last_error = f"HTTP {response.status}: {raw[:200]!r}"
+        except TimeoutError:
+            last_error = "the bootstrap server did not answer"
+            break
+        except (aiohttp.ClientError, OSError, ValueError, KeyError) as e:
+            last_error = f"could not reach it ({e})"
+        await asyncio.sleep(max(0.0, min(0.2, deadline - loop.time())))  # retry backoff
+    raise BootstrapTimeout(
+        f"decode leg got no prefill for bootstrap_room={info.bootstrap_room} from "
+        f"{info.bootstrap_host}:{info.bootstrap_port} within {timeout_s:.1f}s: {last_error}; check that "
+        "the prefill worker is running and received the prefill leg"
+    )

@@ -1,0 +1,155 @@
+"""Flags of ``python -m dynamo_worker.mocker``: SGLang's server flags (as found in Dynamo manifests,
+passed unchanged) plus the mocker's own (timing model, KV cache size, rendezvous bounds).
+
+SGLang flags the mocker does not simulate are accepted and named in one log line at startup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from dynamo_operator.api import contract
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamo_worker.mocker.timing import TimingModel
+from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
+
+__all__ = ["MockerSettings", "parse_args"]
+
+log = logging.getLogger(__name__)
+
+
+class MockerSettings(BaseModel):
+    """A simulated SGLang engine: same flags, same protocol, no GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- SGLang flags ---------------------------------------------------------------------------
+    model_path: str | None = Field(
+        None,
+        description="Model folder or hub id (SGLang --model-path). A folder provides the tokenizer.",
+        json_schema_extra={"flags": ["--model-path", "--model"]},
+    )
+    tokenizer_path: str | None = Field(None, description="Tokenizer folder (SGLang --tokenizer-path).")
+    served_model_name: str | None = Field(
+        None, description="Model name clients ask for (default: model path)."
+    )
+    page_size: int = Field(16, ge=1, le=4096, description="Tokens per KV block (SGLang --page-size).")
+    tp_size: int = Field(
+        1,
+        ge=1,
+        description="Tensor parallel size (accepted).",
+        json_schema_extra={"flags": ["--tp-size", "--tp"]},
+    )
+    dp_size: int = Field(
+        1,
+        ge=1,
+        description="Data parallel size (registered).",
+        json_schema_extra={"flags": ["--dp-size", "--dp"]},
+    )
+    disaggregation_mode: Literal["null", "prefill", "decode"] = Field(
+        "null", description="null: aggregated; prefill or decode: one leg of disaggregated serving."
+    )
+    disaggregation_bootstrap_port: int = Field(
+        contract.DEFAULT_BOOTSTRAP_PORT,
+        ge=0,
+        le=65535,
+        description="Prefill workers: rendezvous port decode legs connect to; 0 picks a free port.",
+    )
+    disaggregation_transfer_backend: str = Field("mooncake", description="KV transfer backend (accepted).")
+    host: str = Field("127.0.0.1", description="SGLang HTTP host (accepted; the runtime serves requests).")
+    port: int = Field(30000, description="SGLang HTTP port (accepted; the runtime serves requests).")
+    trust_remote_code: bool = Field(False, description="Accepted.")
+    skip_tokenizer_init: bool = Field(False, description="Accepted (the mocker always works on token ids).")
+    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="Accepted.")
+    context_length: int | None = Field(
+        None, ge=2, description="Context length (default: config.json, else 4096)."
+    )
+    max_running_requests: int = Field(256, ge=1, description="Sequences decoded at once.")
+    max_prefill_tokens: int = Field(16384, ge=1, description="Token budget of new prefill tokens per step.")
+    chunked_prefill_size: int | None = Field(None, description="Accepted.")
+    random_seed: int = Field(0, description="Seed of the emitted tokens (with the request's own seed).")
+    nnodes: int = Field(1, ge=1, description="Nodes of a multinode engine (accepted).")
+    node_rank: int = Field(0, ge=0, description="Rank of this node; ranks > 0 register nothing and idle.")
+    dist_init_addr: str | None = Field(None, description="Accepted (multinode rendezvous address).")
+
+    # --- mocker flags ---------------------------------------------------------------------------
+    model_dir: Path | None = Field(
+        None,
+        description="Folder with tokenizer.json etc. when --model-path is a hub id (default: tiny model).",
+    )
+    num_kv_blocks: int = Field(16384, ge=1, description="KV cache size in blocks of --page-size tokens.")
+    speedup: float = Field(1.0, gt=0, description="Divides every simulated duration (10: ten times faster).")
+    prefill_base_ms: float = Field(5.0, ge=0, description="Fixed cost of a prefill (ms).")
+    prefill_per_token_us: float = Field(50.0, ge=0, description="Prefill cost per uncached token (us).")
+    prefill_attention_ns: float = Field(
+        0.5, ge=0, description="Prefill cost per (new token x context token) (ns)."
+    )
+    decode_base_ms: float = Field(8.0, ge=0, description="Fixed cost of a decode step (ms).")
+    decode_per_seq_us: float = Field(20.0, ge=0, description="Decode step cost per running sequence (us).")
+    decode_per_kv_token_ns: float = Field(
+        10.0, ge=0, description="Decode step cost per KV token in the batch (ns)."
+    )
+    kv_bytes_per_token: int | None = Field(
+        None,
+        ge=0,
+        description="KV bytes per token moved prefill->decode (default: from config.json, else 131072).",
+    )
+    kv_transfer_gbps: float = Field(100.0, gt=0, description="Prefill->decode bandwidth (gigabits/s).")
+    kv_transfer_latency_ms: float = Field(1.0, ge=0, description="Fixed cost of a KV transfer (ms).")
+    bootstrap_timeout_s: float = Field(
+        30.0, gt=0, description="How long a prefill or decode leg waits for its peer before failing."
+    )
+    eos_probability: float = Field(
+        0.0, ge=0, le=1, description="Chance per token of emitting eos (ends with 'stop'); 0: never."
+    )
+    vocab_size: int = Field(32000, ge=4, description="Token ids to emit from when there is no tokenizer.")
+
+    @property
+    def role(self) -> Literal["agg", "prefill", "decode"]:
+        return "agg" if self.disaggregation_mode == "null" else self.disaggregation_mode
+
+    def timing(self, kv_bytes_per_token: int) -> TimingModel:
+        return TimingModel(
+            prefill_base_ms=self.prefill_base_ms,
+            prefill_per_token_us=self.prefill_per_token_us,
+            prefill_attention_ns=self.prefill_attention_ns,
+            decode_base_ms=self.decode_base_ms,
+            decode_per_seq_us=self.decode_per_seq_us,
+            decode_per_kv_token_ns=self.decode_per_kv_token_ns,
+            kv_bytes_per_token=kv_bytes_per_token,
+            kv_transfer_gbps=self.kv_transfer_gbps,
+            kv_transfer_latency_ms=self.kv_transfer_latency_ms,
+            speedup=self.speedup,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo_worker.mocker",
+        allow_abbrev=False,
+        description="A simulated SGLang worker: serves the request plane with a timing model, a KV block "
+        "manager with prefix caching and real KV events, and prefill/decode rendezvous. Other SGLang "
+        "flags are accepted and ignored.",
+    )
+    RuntimeSettings.add_arguments(parser)
+    add_model_arguments(parser, MockerSettings, "engine (SGLang flags and mocker knobs)")
+    return parser
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[RuntimeSettings, MockerSettings, list[str]]:
+    """Runtime settings, mocker settings, and the unknown (ignored) arguments."""
+    args, unknown = build_parser().parse_known_args(argv)
+    given = vars(args)
+    runtime_fields = set(RuntimeSettings.model_fields)
+    runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_fields}, env)
+    mocker = settings_from_args(
+        MockerSettings, {k: v for k, v in given.items() if k not in runtime_fields}, {}
+    )
+    return runtime, mocker, unknown

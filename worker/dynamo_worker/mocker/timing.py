@@ -1,0 +1,88 @@
+"""The mocker's timing model: how long a simulated engine step takes. Pure functions, no clock.
+
+Prefill of one request with ``n`` uncached prompt tokens, ``c`` of its prompt tokens found in the
+prefix cache::
+
+    prefill_s = (prefill_base_ms / 1e3
+                 + n * prefill_per_token_us / 1e6
+                 + n * (c + n) * prefill_attention_ns / 1e9) / speedup
+
+(the quadratic term is attention over the whole context for each new token). A request served
+entirely from the cache (n == 0) still pays ``prefill_base_ms`` (its last token is recomputed).
+
+One decode step of a batch of ``b`` running sequences holding ``k`` KV tokens in all::
+
+    decode_step_s = (decode_base_ms / 1e3
+                     + b * decode_per_seq_us / 1e6
+                     + k * decode_per_kv_token_ns / 1e9) / speedup
+
+A scheduler step that admits prefills and advances the running batch takes the sum of the prefills it
+admitted plus one decode step (the batch is fused, as in SGLang's mixed batches).
+
+Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
+
+    kv_transfer_s = (kv_transfer_latency_ms / 1e3
+                     + t * kv_bytes_per_token / (kv_transfer_gbps * 1e9 / 8)) / speedup
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TimingModel"]
+
+
+@dataclass(frozen=True)
+class TimingModel:
+    prefill_base_ms: float = 5.0
+    prefill_per_token_us: float = 50.0
+    prefill_attention_ns: float = 0.5
+    decode_base_ms: float = 8.0
+    decode_per_seq_us: float = 20.0
+    decode_per_kv_token_ns: float = 10.0
+    kv_bytes_per_token: int = 131_072  # ~ Llama-3-8B in bf16: 2 * 32 layers * 8 kv heads * 128 * 2 B
+    kv_transfer_gbps: float = 100.0  # network bandwidth between prefill and decode, gigabits/s
+    kv_transfer_latency_ms: float = 1.0
+    speedup: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.speedup <= 0:
+            raise ValueError("speedup must be > 0")
+        if self.kv_transfer_gbps <= 0:
+            raise ValueError("kv_transfer_gbps must be > 0")
+        for name in (
+            "prefill_base_ms",
+            "prefill_per_token_us",
+            "prefill_attention_ns",
+            "decode_base_ms",
+            "decode_per_seq_us",
+            "decode_per_kv_token_ns",
+            "kv_bytes_per_token",
+            "kv_transfer_latency_ms",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+    def prefill_s(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        n, c = uncached_tokens, cached_tokens
+        t = (
+            self.prefill_base_ms / 1e3
+            + n * self.prefill_per_token_us / 1e6
+            + n * (c + n) * self.prefill_attention_ns / 1e9
+        )
+        return t / self.speedup
+
+    def decode_step_s(self, batch_size: int, kv_tokens: int) -> float:
+        if batch_size <= 0:
+            return 0.0
+        t = (
+            self.decode_base_ms / 1e3
+            + batch_size * self.decode_per_seq_us / 1e6
+            + kv_tokens * self.decode_per_kv_token_ns / 1e9
+        )
+        return t / self.speedup
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        bytes_per_s = self.kv_transfer_gbps * 1e9 / 8
+        t = self.kv_transfer_latency_ms / 1e3 + tokens * self.kv_bytes_per_token / bytes_per_s
+        return t / self.speedup

@@ -1,0 +1,216 @@
+"""The event plane: KV cache events and load metrics, published on core NATS subjects.
+
+KV events: ``KvEventBatch`` on ``dynamo.<namespace>.kv_events``. Each worker numbers its batches
+``seq`` = 0, 1, 2, ... A consumer that sees a jump (``SeqTracker``) has lost events of that worker and
+must resynchronise (e.g. drop what it knows about that worker). The publisher's buffer is bounded:
+when it overflows, the oldest pending events are dropped *and their sequence numbers consumed*, so the
+loss shows up as a gap rather than as silent divergence.
+
+Load: ``LoadMetrics`` on ``dynamo.<namespace>.load``, published when it changes (at most every
+``min_interval_s``) and every ``period_s`` regardless, so a new subscriber learns it soon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
+
+from dynamo_worker.protocol import KvEvent, KvEventBatch, LoadMetrics, kv_events_subject, load_subject
+from dynamo_worker.runtime.engine import LoadSnapshot
+
+__all__ = [
+    "KvEventPublisher",
+    "LoadPublisher",
+    "SeqTracker",
+    "subscribe_kv_events",
+    "subscribe_load",
+]
+
+log = logging.getLogger(__name__)
+
+
+class KvEventPublisher:
+    """Batches KV events submitted from the engine (sync, non-blocking) and publishes them in order."""
+
+    def __init__(
+        self, nc: NATS, namespace: str, instance_id: str, *, max_pending: int = 100_000, max_batch: int = 1000
+    ) -> None:
+        self._nc = nc
+        self.subject = kv_events_subject(namespace)
+        self.instance_id = instance_id
+        self._pending: deque[KvEvent] = deque()
+        self._max_pending = max_pending
+        self._max_batch = max_batch
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self.seq = 0  # the seq of the next batch
+        self.dropped = 0
+
+    def submit(self, events: Sequence[KvEvent]) -> None:
+        """Queue events for publishing; never blocks. Overflow drops the oldest and skips seqs."""
+        if not events:
+            return
+        self._pending.extend(events)
+        overflow = len(self._pending) - self._max_pending
+        if overflow > 0:
+            for _ in range(overflow):
+                self._pending.popleft()
+            self.dropped += overflow
+            self.seq += 1  # consumers see a gap
+            log.warning("Dropped KV events count=%s (event plane too slow); consumers see a gap", overflow)
+        self._idle.clear()
+        self._wakeup.set()
+
+    async def publish_now(self, events: Sequence[KvEvent]) -> KvEventBatch:
+        """Publish one batch at once (bypassing the queue); for tests and engines that batch themselves."""
+        batch = KvEventBatch(instance_id=self.instance_id, seq=self.seq, events=list(events))
+        self.seq += 1
+        await self._nc.publish(self.subject, batch.model_dump_json().encode())
+        return batch
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="kv-event-publisher")
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending:
+                n = min(len(self._pending), self._max_batch)
+                events = [self._pending.popleft() for _ in range(n)]
+                try:
+                    await self.publish_now(events)
+                except (nats.errors.Error, OSError) as e:
+                    log.warning("Could not publish KV events count=%s error=%r", n, e)
+            self._idle.set()
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        """Publish what is pending (bounded), then stop."""
+        if self._task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(flush_timeout):
+                await self._idle.wait()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+
+class LoadPublisher:
+    """Publishes the latest ``LoadSnapshot``: on change (rate-limited) and periodically."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        namespace: str,
+        instance_id: str,
+        *,
+        min_interval_s: float = 0.05,
+        period_s: float = 1.0,
+    ) -> None:
+        self._nc = nc
+        self.subject = load_subject(namespace)
+        self.instance_id = instance_id
+        self.min_interval_s = min_interval_s
+        self.period_s = period_s
+        self._latest: LoadSnapshot | None = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.published = 0
+
+    def update(self, snapshot: LoadSnapshot) -> None:
+        if snapshot != self._latest:
+            self._latest = snapshot
+            self._changed.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="load-publisher")
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.period_s):
+                    await self._changed.wait()
+            self._changed.clear()
+            snap = self._latest
+            if snap is not None:
+                msg = LoadMetrics(
+                    instance_id=self.instance_id,
+                    active_blocks=snap.active_blocks,
+                    total_blocks=snap.total_blocks,
+                    waiting=snap.waiting,
+                    running=snap.running,
+                )
+                try:
+                    await self._nc.publish(self.subject, msg.model_dump_json().encode())
+                    self.published += 1
+                except (nats.errors.Error, OSError) as e:
+                    log.warning("Could not publish load error=%r", e)
+            await asyncio.sleep(self.min_interval_s)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+class SeqTracker:
+    """Detects lost KV event batches per worker. ``observe`` returns how many batches were missed
+    before this one (0 when in order); a batch at or below the last seen seq is a duplicate (-1)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+
+    def observe(self, batch: KvEventBatch) -> int:
+        prev = self.last.get(batch.instance_id)
+        if prev is not None and batch.seq <= prev:
+            return -1
+        self.last[batch.instance_id] = batch.seq
+        if prev is None:
+            return 0
+        return batch.seq - prev - 1
+
+    def forget(self, instance_id: str) -> None:
+        self.last.pop(instance_id, None)
+
+
+Callback = Callable[[KvEventBatch], Awaitable[None] | None]
+LoadCallback = Callable[[LoadMetrics], Awaitable[None] | None]
+
+
+async def _subscribe(nc: NATS, subject: str, model: type, callback: Callable) -> Subscription:
+    async def on_msg(msg) -> None:
+        try:
+            item = model.model_validate_json(msg.data)
+        except ValidationError as e:
+            log.warning("Ignored invalid event subject=%s error=%s", subject, e)
+            return
+        result = callback(item)
+        if inspect.isawaitable(result):
+            await result
+
+    return await nc.subscribe(subject, cb=on_msg, pending_msgs_limit=100_000)
+
+
+async def subscribe_kv_events(nc: NATS, namespace: str, callback: Callback) -> Subscription:
+    """Call ``callback`` with every ``KvEventBatch`` of the namespace, in arrival order."""
+    return await _subscribe(nc, kv_events_subject(namespace), KvEventBatch, callback)
+
+
+async def subscribe_load(nc: NATS, namespace: str, callback: LoadCallback) -> Subscription:
+    """Call ``callback`` with every ``LoadMetrics`` of the namespace."""
+    return await _subscribe(nc, load_subject(namespace), LoadMetrics, callback)

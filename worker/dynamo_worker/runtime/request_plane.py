@@ -1,0 +1,409 @@
+"""The request plane: a frontend streams a ``GenerateRequest`` straight to a worker over HTTP/1.1.
+
+``POST http://<address>/v1/generate`` with the request as JSON; ``200`` answers
+``application/x-ndjson``, one ``GenerateChunk`` per line, the last one with ``finish_reason``.
+A refusal is a non-200 status with ``{"error": {"type": ..., "message": ...}}`` (``WorkerError``):
+400 ``invalid_request``, 503 ``overloaded`` / ``shutting_down``.
+
+Server (``RequestServer``): aiohttp with ``handler_cancellation=True``, so a client that closes the
+connection cancels the handler task, which closes the engine's iterator, which aborts the request.
+At most ``max_inflight`` requests run at once; more are refused at once (no queue in front of the
+engine). Writes wait for the socket to drain, so a slow reader slows its own stream only.
+
+Client (``RequestClient``): one shared ``aiohttp.ClientSession`` with keep-alive. Every wait is
+bounded: connecting, the first chunk, and the gap between two chunks. Errors::
+
+    RequestPlaneError
+    ├── WorkerUnreachable     could not connect, or the connection closed before any answer
+    ├── WorkerRejected        non-200 answer; ``.error_type`` from the body (``overloaded``, ...)
+    ├── WorkerTimeout         no first chunk, or no next chunk, within its bound
+    └── WorkerStreamBroken    the stream ended without a final chunk, or carried an invalid line
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pydantic import ValidationError
+
+from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, WorkerError
+
+__all__ = [
+    "GENERATE_PATH",
+    "RequestClient",
+    "RequestMetrics",
+    "RequestPlaneError",
+    "RequestServer",
+    "WorkerRejected",
+    "WorkerStreamBroken",
+    "WorkerTimeout",
+    "WorkerUnreachable",
+]
+
+log = logging.getLogger(__name__)
+
+GENERATE_PATH = "/v1/generate"
+NDJSON = "application/x-ndjson"
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a 1M-token prompt as JSON ints fits easily
+
+GenerateHandler = Callable[[GenerateRequest], AsyncIterator[GenerateChunk]]
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+class RequestPlaneError(Exception):
+    """A request to a worker failed; ``address`` names the worker."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(f"{message} (worker {address})")
+        self.address = address
+
+
+class WorkerUnreachable(RequestPlaneError):
+    """Nothing answered at the address: the worker is gone or not yet listening. Safe to retry."""
+
+
+class WorkerRejected(RequestPlaneError):
+    """The worker answered with a non-200 status; ``error_type`` says why (``overloaded``, ...)."""
+
+    def __init__(self, address: str, status: int, error_type: str, message: str) -> None:
+        super().__init__(address, f"worker refused the request ({status} {error_type}): {message}")
+        self.status = status
+        self.error_type = error_type
+        self.detail = message
+
+
+class WorkerTimeout(RequestPlaneError):
+    """The worker sent nothing within a bound (first chunk or between chunks)."""
+
+
+class WorkerStreamBroken(RequestPlaneError):
+    """The stream ended before its final chunk (the worker died mid-stream) or was not valid NDJSON."""
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+class RequestMetrics:
+    """Prometheus metrics of the request-plane server, registered in the process's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "dynamo_worker_requests",
+            "Requests by outcome (finish reason, or the refusal's error type).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.inflight = Gauge("dynamo_worker_inflight_requests", "Requests being served.", registry=registry)
+        self.output_tokens = Counter(
+            "dynamo_worker_output_tokens", "Tokens streamed to clients.", registry=registry
+        )
+        self.duration = Histogram(
+            "dynamo_worker_request_duration_seconds",
+            "Time from accepting a request to its last chunk.",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+
+
+# --- server -------------------------------------------------------------------------------------
+
+
+def _error_response(status: int, error_type: ErrorType, message: str) -> web.Response:
+    body = {"error": WorkerError(type=error_type, message=message).model_dump()}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _line(chunk: GenerateChunk) -> bytes:
+    return orjson.dumps(chunk.model_dump(exclude_defaults=True)) + b"\n"
+
+
+class RequestServer:
+    """Serves ``POST /v1/generate`` by streaming what ``handler`` yields."""
+
+    def __init__(
+        self,
+        handler: GenerateHandler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_inflight: int = 1024,
+        metrics: RequestMetrics | None = None,
+    ) -> None:
+        self._handler = handler
+        self._host = host
+        self._port = port
+        self.max_inflight = max_inflight
+        self._metrics = metrics
+        self._runner: web.AppRunner | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._aborted: set[asyncio.Task[Any]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+        self.port: int | None = None
+
+    @property
+    def inflight(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections currently open (kept alive between requests)."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
+    async def start(self) -> int:
+        """Listen; returns the bound port."""
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_post(GENERATE_PATH, self._generate)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, backlog=1024)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("Started request plane host=%s port=%s", self._host, self.port)
+        return self.port
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new requests, wait up to ``grace_s`` for in-flight ones, then abort the rest (they end
+        with a ``shutting_down`` error chunk). Returns how many were aborted."""
+        self.draining = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):
+                await self._idle.wait()
+        left = list(self._tasks)
+        for task in left:
+            self._aborted.add(task)
+            task.cancel()
+        if left:
+            log.warning("Aborted in-flight requests count=%s grace_s=%s", len(left), grace_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self._idle.wait()
+        return len(left)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _count(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.requests.labels(outcome).inc()
+
+    async def _generate(self, http_request: web.Request) -> web.StreamResponse:
+        if self.draining:
+            self._count("shutting_down")
+            return _error_response(503, "shutting_down", "worker is shutting down; send it elsewhere")
+        if len(self._tasks) >= self.max_inflight:
+            self._count("overloaded")
+            return _error_response(
+                503, "overloaded", f"worker serves its maximum of {self.max_inflight} requests; retry later"
+            )
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # reserve the slot before reading the body
+        self._idle.clear()
+        if self._metrics is not None:
+            self._metrics.inflight.inc()
+        started = time.monotonic()
+        try:
+            try:
+                request = GenerateRequest.model_validate_json(await http_request.read())
+            except ValidationError as e:
+                self._count("invalid_request")
+                return _error_response(400, "invalid_request", f"invalid GenerateRequest: {e}")
+            return await self._stream(http_request, request, task)
+        finally:
+            self._tasks.discard(task)
+            self._aborted.discard(task)
+            if not self._tasks:
+                self._idle.set()
+            if self._metrics is not None:
+                self._metrics.inflight.dec()
+                self._metrics.duration.observe(time.monotonic() - started)
+
+    async def _stream(
+        self, http_request: web.Request, request: GenerateRequest, task: asyncio.Task[Any]
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
+        await response.prepare(http_request)
+        outcome = "cancelled"
+        try:
+            async with contextlib.aclosing(self._handler(request)) as chunks:
+                async for chunk in chunks:
+                    await response.write(_line(chunk))
+                    if self._metrics is not None and chunk.token_ids:
+                        self._metrics.output_tokens.inc(len(chunk.token_ids))
+                    if chunk.finish_reason is not None:
+                        outcome = chunk.error.type if chunk.error else chunk.finish_reason
+                        break
+                else:
+                    outcome = "engine_error"
+                    await response.write(
+                        _line(_error_chunk("engine_error", "engine ended the stream without a final chunk"))
+                    )
+        except asyncio.CancelledError:
+            if task not in self._aborted:
+                log.info("Cancelled request request_id=%s (client went away)", request.request_id)
+                raise
+            task.uncancel()
+            outcome = "shutting_down"
+            await response.write(
+                _line(_error_chunk("shutting_down", "worker shut down before the request finished"))
+            )
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            log.info("Client went away request_id=%s", request.request_id)
+            return response
+        except Exception as e:  # an engine bug: map it to an error chunk for this request only
+            log.exception("Engine failed request_id=%s", request.request_id)
+            outcome = "engine_error"
+            await response.write(_line(_error_chunk("engine_error", f"engine failed: {e}")))
+        finally:
+            self._count(outcome)
+        await response.write_eof()
+        return response
+
+
+def _error_chunk(error_type: ErrorType, message: str) -> GenerateChunk:
+    return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
+
+
+# --- client -------------------------------------------------------------------------------------
+
+
+class RequestClient:
+    """Streams requests to workers over one shared, keep-alive ``aiohttp.ClientSession``."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout: float = 5.0,
+        first_chunk_timeout: float = 600.0,
+        idle_timeout: float = 120.0,
+        max_connections: int = 0,
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.first_chunk_timeout = first_chunk_timeout
+        self.idle_timeout = idle_timeout
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=30.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None),
+                read_bufsize=1024 * 1024,  # NDJSON lines up to 2 MiB (the reader's high-water mark)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> RequestClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def generate(
+        self,
+        address: str,
+        request: GenerateRequest,
+        *,
+        connect_timeout: float | None = None,
+        first_chunk_timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[GenerateChunk]:
+        """Stream ``request`` to the worker at ``address`` (host:port). Ends after the final chunk.
+        Closing the iterator early (or cancelling its task) closes the connection, which cancels the
+        request on the worker."""
+        connect_timeout = self.connect_timeout if connect_timeout is None else connect_timeout
+        first_chunk_timeout = self.first_chunk_timeout if first_chunk_timeout is None else first_chunk_timeout
+        idle_timeout = self.idle_timeout if idle_timeout is None else idle_timeout
+        url = f"http://{address}{GENERATE_PATH}"
+        body = orjson.dumps(request.model_dump(exclude_defaults=True))
+        timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout)
+        session = self._get_session()
+        finished = False
+        response: aiohttp.ClientResponse | None = None
+        deadline = asyncio.get_running_loop().time() + first_chunk_timeout
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await session.post(
+                        url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
+                    )
+            except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
+                # before TimeoutError: aiohttp's connect timeout is a TimeoutError too
+                raise WorkerUnreachable(address, f"could not connect: {e!r}") from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                raise WorkerUnreachable(address, f"connection closed before an answer: {e!r}") from None
+            except TimeoutError:
+                raise WorkerTimeout(address, f"no answer within {first_chunk_timeout:.1f}s") from None
+            if response.status != 200:
+                raise await _rejected(address, response)
+            first = True
+            while True:
+                try:
+                    if first:
+                        async with asyncio.timeout_at(deadline):
+                            line = await response.content.readline()
+                    else:
+                        async with asyncio.timeout(idle_timeout):
+                            line = await response.content.readline()
+                except TimeoutError:
+                    what = (
+                        f"first chunk within {first_chunk_timeout:.1f}s"
+                        if first
+                        else (f"next chunk within {idle_timeout:.1f}s")
+                    )
+                    raise WorkerTimeout(address, f"worker sent no {what}") from None
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ValueError) as e:
+                    raise WorkerStreamBroken(address, f"stream broke mid-response: {e}") from None
+                first = False
+                if not line:
+                    raise WorkerStreamBroken(address, "stream ended without a final chunk (worker died?)")
+                try:
+                    chunk = GenerateChunk.model_validate_json(line)
+                except ValidationError as e:
+                    raise WorkerStreamBroken(address, f"invalid chunk from worker: {e}") from None
+                if chunk.finish_reason is not None:
+                    finished = True
+                yield chunk
+                if finished:
+                    return
+        finally:
+            if response is not None:
+                if finished:
+                    response.release()
+                else:
+                    response.close()
+
+
+async def _rejected(address: str, response: aiohttp.ClientResponse) -> WorkerRejected:
+    status = response.status
+    try:
+        async with asyncio.timeout(5.0):
+            raw = await response.read()
+        error = WorkerError.model_validate(orjson.loads(raw)["error"])
+        return WorkerRejected(address, status, error.type, error.message)
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError, ValidationError):
+        return WorkerRejected(address, status, "engine_error", f"HTTP {status} {response.reason}")
+    finally:
+        response.release()

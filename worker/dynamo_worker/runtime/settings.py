@@ -1,0 +1,260 @@
+"""Settings of the worker runtime, and the helper that derives a CLI from any typed settings model.
+
+Precedence: a command-line flag beats the environment variable, which beats the field default. Every
+field carries its help text; ``--help`` prints it with the env var it reads. This is the only module of
+``dynamo_worker.runtime`` that reads the environment.
+
+A settings field declares its flags and env var in ``json_schema_extra``::
+
+    namespace: str = Field("dynamo", description="...", json_schema_extra={"env": ENV_NAMESPACE})
+
+Flags default to ``--field-name``; ``"flags": ["--tp", "--tp-size"]`` gives aliases. Bool fields with a
+False default are ``store_true`` switches; Literal fields get ``choices``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+import time
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar
+
+import orjson
+from dynamo_operator.api import contract
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "RuntimeSettings",
+    "SettingsError",
+    "add_model_arguments",
+    "configure_logging",
+    "new_instance_id",
+    "settings_from_args",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has a value the process cannot run with."""
+
+
+def new_instance_id() -> str:
+    """A fresh 16-hex-digit instance id (random, so a restarted process is a new instance)."""
+    return secrets.token_hex(8)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        body = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            body["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(body).decode()
+
+
+def configure_logging(env: Mapping[str, str] | None = None) -> None:
+    """Log to stderr at ``DYN_LOG_LEVEL`` (default INFO), as text or JSON (``DYN_LOG_FORMAT``)."""
+    env = os.environ if env is None else env
+    level = env.get(contract.ENV_LOG_LEVEL, "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    if env.get(contract.ENV_LOG_FORMAT, "text").lower() == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler], force=True)
+
+
+def _field_flags(name: str, extra: Mapping[str, Any]) -> list[str]:
+    return list(extra.get("flags") or ["--" + name.replace("_", "-")])
+
+
+def _literal_choices(annotation: Any) -> list[str] | None:
+    """The allowed values of a Literal (possibly inside Optional / Annotated), else None."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _literal_choices(typing.get_args(annotation)[0])
+    if origin is Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _literal_choices(arg)
+            if found:
+                return found
+    return None
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], title: str = "") -> None:
+    """Add one flag (with aliases) per field of ``model`` to ``parser``. Values are left unparsed
+    (strings) and absent flags are not set, so ``settings_from_args`` can apply env and defaults."""
+    group = parser.add_argument_group(title or model.__name__)
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("cli") is False:
+            continue
+        env = extra.get("env")
+        default = info.get_default(call_default_factory=False)
+        help_text = info.description or ""
+        if env:
+            help_text += f" [env {env}]"
+        if info.default_factory is None:
+            help_text += f" (default: {default!r})"
+        flags = _field_flags(name, extra)
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if info.annotation is bool:
+            kwargs["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
+        else:
+            choices = _literal_choices(info.annotation)
+            if choices:
+                kwargs["choices"] = choices
+            kwargs["metavar"] = extra.get("metavar") or name.upper()
+        group.add_argument(*flags, **kwargs)
+
+
+def settings_from_args(
+    model: type[M],
+    args: argparse.Namespace | Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> M:
+    """Build ``model`` from parsed flags, then env vars, then defaults. ``overrides`` win over all.
+    Raises ``SettingsError`` naming the flag and env var of every invalid value."""
+    env = os.environ if env is None else env
+    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if name in given:
+            values[name] = given[name]
+        elif extra.get("env") and env.get(extra["env"], "") != "":
+            values[name] = env[extra["env"]]
+        else:
+            for fallback in extra.get("env_fallbacks", ()):
+                if env.get(fallback, "") != "":
+                    values[name] = env[fallback]
+                    break
+    values.update(overrides)
+    try:
+        return model.model_validate(values)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            info = model.model_fields.get(field)
+            extra = info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
+            where = " / ".join([*_field_flags(field, extra), *([extra["env"]] if extra.get("env") else [])])
+            problems.append(f"{where or field}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+
+
+class RuntimeSettings(BaseModel):
+    """What every worker process needs to join a graph: where NATS is, who it is, where it listens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str = Field(
+        "dynamo",
+        description="Dynamo namespace that scopes discovery and events (<k8s-namespace>-<graph> in pods).",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        json_schema_extra={"env": contract.ENV_NAMESPACE},
+    )
+    component: str = Field(
+        "backend",
+        description="Component (service) name this worker registers under, e.g. 'decode'.",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        json_schema_extra={"env": contract.ENV_COMPONENT},
+    )
+    endpoint: str = Field(
+        contract.DEFAULT_ENDPOINT,
+        description="Request-plane endpoint name this worker serves.",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        json_schema_extra={"env": contract.ENV_ENDPOINT},
+    )
+    nats_server: str = Field(
+        f"nats://127.0.0.1:{contract.NATS_PORT}",
+        description="NATS URL (JetStream enabled) for discovery, model cards and events.",
+        json_schema_extra={"env": contract.ENV_NATS_SERVER},
+    )
+    system_port: int = Field(
+        contract.SYSTEM_PORT,
+        ge=0,
+        le=65535,
+        description="Port of the system server (/live, /health, /metrics); 0 picks a free port.",
+        json_schema_extra={"env": contract.ENV_SYSTEM_PORT},
+    )
+    system_enabled: bool = Field(
+        True,
+        description="Serve /live, /health and /metrics on --system-port.",
+        json_schema_extra={"env": contract.ENV_SYSTEM_ENABLED},
+    )
+    request_port: int = Field(
+        contract.REQUEST_PORT,
+        ge=0,
+        le=65535,
+        description="Port of the request-plane listener; 0 picks a free port.",
+        json_schema_extra={"env": contract.ENV_REQUEST_PORT},
+    )
+    listen_host: str = Field(
+        "0.0.0.0",
+        description="Interface the request-plane and system servers bind to (127.0.0.1 for local-only).",
+        json_schema_extra={"env": contract.ENV_LISTEN_HOST},
+    )
+    advertise_host: str = Field(
+        "127.0.0.1",
+        description="Host peers use to reach this process (the pod IP in Kubernetes).",
+        json_schema_extra={"env": contract.ENV_ADVERTISE_HOST, "env_fallbacks": [contract.ENV_POD_IP]},
+    )
+    discovery_ttl: float = Field(
+        contract.DEFAULT_DISCOVERY_TTL_S,
+        ge=1.0,
+        le=3600.0,
+        description="Seconds a registration outlives its last heartbeat (heartbeats run at TTL/3).",
+        json_schema_extra={"env": contract.ENV_DISCOVERY_TTL},
+    )
+    graceful_shutdown_s: float = Field(
+        20.0,
+        ge=0.0,
+        le=3600.0,
+        description="On SIGTERM, seconds in-flight requests get to finish before they are aborted.",
+        json_schema_extra={"env": contract.ENV_GRACEFUL_SHUTDOWN_S},
+    )
+    max_inflight: int = Field(
+        1024,
+        ge=1,
+        description="Requests served at once; more are rejected with 'overloaded' (HTTP 503).",
+        json_schema_extra={"env": contract.ENV_MAX_INFLIGHT},
+    )
+    instance_id: str = Field(
+        default_factory=new_instance_id,
+        pattern=r"^[0-9a-f]{16}$",
+        description="Instance id in discovery (16 hex digits); random per process unless given.",
+    )
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        add_model_arguments(parser, cls, "runtime (discovery, request plane, system server)")
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace | Mapping[str, Any], env: Mapping[str, str] | None = None, **kw: Any
+    ) -> RuntimeSettings:
+        return settings_from_args(cls, args, env, **kw)
+
+    @classmethod
+    def parse(
+        cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> RuntimeSettings:
+        parser = argparse.ArgumentParser(description=cls.__doc__)
+        cls.add_arguments(parser)
+        return cls.from_args(parser.parse_args(argv), env)

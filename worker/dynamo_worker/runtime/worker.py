@@ -1,0 +1,266 @@
+"""Serve an ``Engine`` as a worker of a graph: the lifecycle every worker process shares.
+
+Start (``Worker.start``), in this order, every step bounded:
+  1. connect to NATS (retrying until ``NATS_CONNECT_TIMEOUT_S``),
+  2. start the system server (``/health`` answers 503 "starting"),
+  3. start the engine (``Engine.start``), with KV events and load relayed to the event plane,
+  4. start the request-plane server,
+  5. publish the model card (when the engine has a model folder),
+  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200.
+
+Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
+"draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
+requests are refused with ``shutting_down``, in-flight ones get ``graceful_shutdown_s`` to finish and
+are then aborted, the engine stops, NATS is flushed and closed. Exit code 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+from prometheus_client import CollectorRegistry, Gauge
+
+from dynamo_worker.protocol import InstanceRecord, KvEvent
+from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
+from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
+from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher
+from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
+from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
+from dynamo_worker.runtime.settings import RuntimeSettings
+from dynamo_worker.runtime.system_server import SystemServer
+
+__all__ = ["NATS_CONNECT_TIMEOUT_S", "Worker", "WorkerStartError", "connect_nats", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+NATS_CONNECT_TIMEOUT_S = 30.0
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not start; the message names the step and the fix."""
+
+
+async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TIMEOUT_S) -> NATS:
+    """Connect to NATS, retrying for ``within_s`` seconds; reconnects forever once connected.
+    Raises ``WorkerStartError`` naming the URL and the fix."""
+    nc = NATS()
+    errors: list[Exception] = []
+
+    async def on_error(e: Exception) -> None:
+        if nc.is_connected or nc.is_reconnecting:
+            log.warning("NATS error error=%r", e)
+        else:
+            errors[:] = [e]  # still trying to connect: keep the last reason for the error message
+
+    async def on_disconnect() -> None:
+        if not (nc.is_draining or nc.is_closed):
+            log.warning("Disconnected from NATS url=%s", url)
+
+    async def on_reconnect() -> None:
+        log.info("Reconnected to NATS url=%s", url)
+
+    try:
+        async with asyncio.timeout(within_s):
+            await nc.connect(
+                url,
+                name=name,
+                connect_timeout=min(5.0, within_s),
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+            )
+    except (nats.errors.Error, OSError, TimeoutError) as e:
+        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+            async with asyncio.timeout(2.0):
+                await nc.close()
+        reason = errors[0] if errors else e
+        raise WorkerStartError(
+            f"could not connect to NATS at {url} within {within_s:.0f}s ({reason!r}); start nats-server "
+            "with JetStream (-js) or set NATS_SERVER / --nats-server"
+        ) from None
+    return nc
+
+
+class _EventRelay:
+    """The engine's event sink: KV events to the event plane, load to the event plane and /metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.kv: KvEventPublisher | None = None
+        self.load_pub: LoadPublisher | None = None
+        self._active = Gauge("dynamo_worker_kv_active_blocks", "KV blocks in use.", registry=registry)
+        self._total = Gauge("dynamo_worker_kv_total_blocks", "KV blocks in all.", registry=registry)
+        self._waiting = Gauge("dynamo_worker_waiting_requests", "Requests queued.", registry=registry)
+        self._running = Gauge("dynamo_worker_running_requests", "Requests running.", registry=registry)
+
+    def kv_events(self, events: Sequence[KvEvent]) -> None:
+        if self.kv is not None:
+            self.kv.submit(events)
+
+    def load(self, snapshot: LoadSnapshot) -> None:
+        self._active.set(snapshot.active_blocks)
+        self._total.set(snapshot.total_blocks)
+        self._waiting.set(snapshot.waiting)
+        self._running.set(snapshot.running)
+        if self.load_pub is not None:
+            self.load_pub.update(snapshot)
+
+
+class Worker:
+    """One engine served in this process. ``start`` then ``shutdown``; ``run_worker`` does both."""
+
+    def __init__(self, engine: Engine, settings: RuntimeSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.registry = CollectorRegistry()
+        self.system = SystemServer(
+            host=settings.listen_host,
+            port=settings.system_port,
+            registry=self.registry,
+            health_check=engine.health_check,
+        )
+        self.request_server = RequestServer(
+            engine.generate,
+            host=settings.listen_host,
+            port=settings.request_port,
+            max_inflight=settings.max_inflight,
+            metrics=RequestMetrics(self.registry),
+        )
+        self._relay = _EventRelay(self.registry)
+        engine.register_metrics(self.registry)
+        self.nc: NATS | None = None
+        self.info: EngineInfo | None = None
+        self.record: InstanceRecord | None = None
+        self.registration: Registration | None = None
+        self._engine_started = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.advertise_host}:{self.request_server.port}"
+
+    async def start(self) -> InstanceRecord:
+        s = self.settings
+        self.nc = await connect_nats(s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}")
+        if s.system_enabled:
+            await self.system.start()
+        self._relay.kv = KvEventPublisher(self.nc, s.namespace, s.instance_id)
+        self._relay.load_pub = LoadPublisher(self.nc, s.namespace, s.instance_id)
+        self._relay.kv.start()
+        self._relay.load_pub.start()
+        self.engine.attach_events(self._relay)
+        self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
+        self.info = info = await self.engine.start()
+        log.info("Started engine role=%s model=%s", self.engine.role, info.model_name)
+        await self.request_server.start()
+        checksum = None
+        if info.model_dir is not None:
+            card = await publish_model_card(
+                self.nc,
+                info.model_dir,
+                info.model_name,
+                context_length=info.context_length,
+                page_size=info.page_size,
+            )
+            checksum = card.checksum
+        else:
+            log.warning("Published no model card (the engine has no model folder) model=%s", info.model_name)
+        self.record = InstanceRecord(
+            instance_id=s.instance_id,
+            namespace=s.namespace,
+            component=s.component,
+            endpoint=s.endpoint,
+            role=self.engine.role,
+            model=info.model_name,
+            address=self.address,
+            page_size=info.page_size,
+            total_kv_blocks=info.total_kv_blocks,
+            max_running_requests=info.max_running_requests,
+            bootstrap_host=info.bootstrap_host,
+            bootstrap_port=info.bootstrap_port,
+            dp_size=info.dp_size,
+            model_card_checksum=checksum,
+        )
+        self.registration = await register(self.nc, self.record, s.discovery_ttl)
+        self.system.state = "ready"
+        log.info(
+            "Worker ready instance_id=%s address=%s system_port=%s",
+            s.instance_id,
+            self.address,
+            self.system.port,
+        )
+        return self.record
+
+    async def shutdown(self) -> None:
+        """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
+        self.system.state = "draining"
+        if self.registration is not None:
+            await self.registration.deregister()
+            self.registration = None
+        aborted = await self.request_server.drain(self.settings.graceful_shutdown_s)
+        log.info("Drained requests aborted=%s", aborted)
+        if self._engine_started:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
+                    await self.engine.stop()
+            self._engine_started = False
+        await self.request_server.stop()
+        if self._relay.kv is not None:
+            await self._relay.kv.stop()
+        if self._relay.load_pub is not None:
+            await self._relay.load_pub.stop()
+        await self.system.stop()
+        if self.nc is not None:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self.nc.drain()
+            if not self.nc.is_closed:
+                await self.nc.close()
+            self.nc = None
+        log.info("Worker stopped instance_id=%s", self.settings.instance_id)
+
+
+async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio.Event | None = None) -> int:
+    """Serve ``engine`` until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully.
+    Returns the process exit code: 0 after a clean shutdown, 1 when starting failed."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    worker = Worker(engine, settings)
+    try:
+        starting = asyncio.create_task(worker.start(), name="worker-start")
+        stopping = asyncio.create_task(stop.wait(), name="worker-stop-signal")
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped while starting (e.g. SIGTERM during a long model load)
+            log.info("Stopped while starting instance_id=%s", settings.instance_id)
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            await worker.shutdown()
+            return 0
+        try:
+            starting.result()
+        except Exception as e:  # any start failure ends the process with its reason; mapped to exit 1
+            stopping.cancel()
+            expected = isinstance(e, (WorkerStartError, DiscoveryError, ModelCardError, OSError))
+            log.error("Worker failed to start: %s", e, exc_info=not expected)
+            await worker.shutdown()
+            return 1
+        await stopping
+        log.info(
+            "Shutting down instance_id=%s grace_s=%s", settings.instance_id, settings.graceful_shutdown_s
+        )
+        await worker.shutdown()
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

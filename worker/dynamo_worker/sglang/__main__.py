@@ -1,0 +1,77 @@
+"""``python -m dynamo_worker.sglang``: serve SGLang as an aggregated, prefill or decode worker.
+
+Rank 0 of an engine (every single-node worker) is a full worker: ``run_worker`` connects NATS, starts
+the engine, the request plane and the system server, and registers. A multinode rank > 0
+(``--node-rank`` > 0) only joins the engine: it registers nothing and serves ``/live`` until its
+SGLang scheduler exits or SIGTERM arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dynamo_worker.runtime.settings import SettingsError, configure_logging
+from dynamo_worker.runtime.system_server import SystemServer
+from dynamo_worker.runtime.worker import run_worker
+from dynamo_worker.sglang.args import WorkerArgsError, WorkerPlan, parse_worker_args
+from dynamo_worker.sglang.engine import SglangEngine, kill_sglang_children, sglang_engine
+
+log = logging.getLogger("dynamo_worker.sglang")
+
+
+async def run_follower(
+    plan: WorkerPlan,
+    *,
+    engine_factory: Callable[[Any], Any] = sglang_engine,
+    kill_children: Callable[[], None] = kill_sglang_children,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """A multinode rank > 0: SGLang's constructor runs this node's schedulers and returns when they
+    exit; ``/live`` answers meanwhile. SIGTERM (or ``stop``) ends it; SGLang's children go with it."""
+    rt = plan.runtime
+    system = SystemServer(host=rt.listen_host, port=rt.system_port)
+    if rt.system_enabled:
+        await system.start()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("Joining a multinode SGLang engine node_rank=%s (registers nothing)", plan.server_args.node_rank)
+    engine_task = asyncio.ensure_future(asyncio.to_thread(engine_factory, plan.server_args))
+    stop_task = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([engine_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
+        if engine_task.done():
+            log.error("SGLang schedulers of this node exited error=%r", engine_task.exception())
+            return 1
+        log.info("Stopping multinode follower node_rank=%s", plan.server_args.node_rank)
+        return 0
+    finally:
+        stop_task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        kill_children()
+        await system.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        plan = parse_worker_args(argv)
+    except (WorkerArgsError, SettingsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    configure_logging()
+    for note in plan.overrides:
+        log.info(note)
+    if plan.server_args.node_rank > 0:
+        return asyncio.run(run_follower(plan))
+    return asyncio.run(run_worker(SglangEngine(plan), plan.runtime))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The command line of ``python -m dynamo_worker.sglang``: our flags, then SGLang's own.
+
+Our flags are the runtime's (``RuntimeSettings``: namespace, component, endpoint, NATS, ports, grace
+period) and this worker's (``SglangSettings``). Every other argument goes to SGLang's own parser
+(``ServerArgs.add_cli_args``) and becomes a ``ServerArgs`` through ``ServerArgs.from_cli_args``, so
+every SGLang server flag works as it does for ``sglang.launch_server``; ``--config FILE`` too.
+
+What the frontend contract needs is forced, and logged (``contract_overrides``): token ids in and out
+(``skip_tokenizer_init``), disjoint streaming (``incremental_streaming_output``), SGLang's servers on
+our listen host unless ``--host`` is given, and for a prefill worker without
+``--disaggregation-bootstrap-port`` a free port (the engine checks SGLang really bound it and retries
+on another one if not).
+
+``--help`` works without SGLang installed and says how to install it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamo_operator.api import contract
+from pydantic import BaseModel, ConfigDict, Field
+
+from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
+
+__all__ = [
+    "INSTALL_HINT",
+    "SglangSettings",
+    "WorkerArgsError",
+    "WorkerPlan",
+    "bootstrap_host",
+    "contract_overrides",
+    "kv_event_endpoints",
+    "parse_worker_args",
+    "pick_free_port",
+]
+
+PROG = f"python -m {contract.SGLANG_MODULE}"
+INSTALL_HINT = (
+    "SGLang is not installed: install the worker's engine with pip install 'dynamo-sglang[sglang]' "
+    "(it pins sglang==0.5.17 and needs a CUDA GPU), or run the simulated engine: "
+    f"python -m {contract.MOCKER_MODULE}"
+)
+
+
+class WorkerArgsError(ValueError):
+    """The command line cannot start a worker; the message names the flag and the fix."""
+
+
+class SglangSettings(BaseModel):
+    """Settings of the SGLang worker itself (bounds of its waits, its background checks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine_start_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds SGLang may take to load the model and come up."
+    )
+    capacity_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds to wait for SGLang's first load report (KV capacity) after startup."
+    )
+    canary_interval_s: float = Field(
+        10.0, gt=0, description="Seconds between two canary requests that prove the scheduler answers."
+    )
+    canary_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds a canary request may take before /health turns unhealthy."
+    )
+    load_interval_s: float = Field(
+        1.0, gt=0, description="Seconds between two reads of SGLang's load (event plane and /metrics)."
+    )
+
+
+@dataclass
+class WorkerPlan:
+    """Everything a worker process needs, decided from its command line."""
+
+    server_args: Any  # sglang.srt.server_args.ServerArgs (or a stand-in with the same attributes)
+    runtime: RuntimeSettings
+    settings: SglangSettings = field(default_factory=SglangSettings)
+    bootstrap_port_chosen: bool = False  # True: we picked the prefill bootstrap port, retry on conflict
+    bootstrap_host: str | None = None
+    kv_events_endpoints: list[str] = field(default_factory=list)
+    fake_bootstrap_host: str = "2.2.2.2"
+    overrides: list[str] = field(default_factory=list)  # what we forced, for the log
+
+
+def pick_free_port(host: str = "0.0.0.0") -> int:
+    """A port free on ``host`` right now (the caller checks the bind it hands it to)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _given(argv: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def contract_overrides(
+    ns: argparse.Namespace, sglang_argv: Sequence[str], runtime: RuntimeSettings
+) -> tuple[dict[str, Any], list[str]]:
+    """The ``ServerArgs`` values the frontend contract needs that differ from ``ns``, and one log
+    line for each. Pure: the caller applies them (a prefill port of 0 means: pick a free port)."""
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    if not ns.skip_tokenizer_init:
+        values["skip_tokenizer_init"] = True
+        notes.append("Forced --skip-tokenizer-init: the frontend tokenizes; token ids in and out")
+    if not ns.incremental_streaming_output:
+        values["incremental_streaming_output"] = True
+        notes.append("Forced --incremental-streaming-output: each streamed chunk carries only new token ids")
+    if not _given(sglang_argv, "--host"):
+        values["host"] = runtime.listen_host
+        notes.append(f"Set --host {runtime.listen_host} (from --listen-host) for SGLang's bootstrap server")
+    if ns.disaggregation_mode == "prefill" and not _given(sglang_argv, "--disaggregation-bootstrap-port"):
+        values["disaggregation_bootstrap_port"] = 0
+        notes.append("Chose a free --disaggregation-bootstrap-port (none given); discovery publishes it")
+    return values, notes
+
+
+def bootstrap_host(server_args: Any, runtime: RuntimeSettings) -> str:
+    """Where decode workers reach this prefill worker's bootstrap server: the leader's dist-init host
+    for a multinode engine, else the advertised host (the pod IP in Kubernetes)."""
+    addr = getattr(server_args, "dist_init_addr", None)
+    if getattr(server_args, "nnodes", 1) > 1 and addr:
+        host = addr.rsplit(":", 1)[0] if ":" in addr else addr
+        return host.strip("[]")
+    return runtime.advertise_host
+
+
+def kv_event_endpoints(kv_events_config: str | None, dp_size: int) -> list[str]:
+    """The ZMQ endpoints SGLang publishes KV events on (one per data-parallel rank, SGLang adds the
+    rank to the port), as addresses to connect to; empty when publishing is off."""
+    if not kv_events_config:
+        return []
+    try:
+        config = json.loads(kv_events_config)
+    except json.JSONDecodeError as e:
+        raise WorkerArgsError(
+            f"--kv-events-config is not JSON ({e}); pass e.g. "
+            '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\''
+        ) from None
+    if config.get("publisher", "null") != "zmq":
+        return []
+    endpoint = str(config.get("endpoint") or "tcp://*:5557")
+    if not endpoint.startswith("tcp://"):  # ipc:// or inproc://: SGLang suffixes _dp<rank> for rank > 0
+        return [f"{endpoint}_dp{rank}" if rank else endpoint for rank in range(dp_size)]
+    host, port = endpoint[len("tcp://") :].rsplit(":", 1)
+    if host in ("*", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return [f"tcp://{host}:{int(port) + rank}" for rank in range(dp_size)]
+
+
+def _our_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Serve an in-process SGLang engine as a worker of a graph (role from --disaggregation-mode: "
+            "null = aggregated, prefill, decode). All flags not listed here go to SGLang's ServerArgs."
+        ),
+        add_help=False,
+        allow_abbrev=False,
+    )
+    parser.add_argument("-h", "--help", action="store_true", help="Show this help (and SGLang's flags).")
+    RuntimeSettings.add_arguments(parser)
+    add_model_arguments(parser, SglangSettings, "sglang worker")
+    return parser
+
+
+def _sglang_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    # SGLang's own parser allows abbreviations (manifests say --tp for --tp-size); ours does not, so
+    # that it never takes an abbreviated SGLang flag for one of ours.
+    parser = argparse.ArgumentParser(prog=f"{PROG} (SGLang server arguments)")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def help_text() -> str:
+    text = _our_parser().format_help()
+    try:
+        return text + "\n" + _sglang_parser().format_help()
+    except ImportError:
+        sglang_flags = "SGLang server arguments (--model-path, --tp, --disaggregation-mode, ...)"
+        return f"{text}\n{sglang_flags}:\n{INSTALL_HINT}\n"
+
+
+def parse_worker_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> WorkerPlan:
+    """Parse the worker's command line into a ``WorkerPlan``; prints help and exits for ``--help``.
+    Raises ``WorkerArgsError`` (or ``SettingsError``) for a command line it cannot run."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, rest = _our_parser().parse_known_args(argv)
+    if ours.help:
+        print(help_text())
+        raise SystemExit(0)
+    given = {k: v for k, v in vars(ours).items() if k != "help"}
+    runtime_keys = RuntimeSettings.model_fields.keys()
+    runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_keys}, env)
+    own = {k: v for k, v in given.items() if k not in runtime_keys}
+    settings = settings_from_args(SglangSettings, own, {})
+    try:
+        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+        from sglang.srt.server_args import ServerArgs
+
+        parser = _sglang_parser()
+    except ImportError as e:
+        raise WorkerArgsError(f"{INSTALL_HINT} ({e})") from None
+    if "--config" in rest:
+        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+
+        rest = ConfigArgumentMerger(parser).merge_config_with_args(rest)
+    ns = parser.parse_args(rest)
+    values, notes = contract_overrides(ns, rest, runtime)
+    chosen = values.get("disaggregation_bootstrap_port") == 0
+    if chosen:
+        values["disaggregation_bootstrap_port"] = pick_free_port(values.get("host", ns.host))
+    for key, value in values.items():
+        setattr(ns, key, value)
+    server_args = ServerArgs.from_cli_args(ns)
+    return WorkerPlan(
+        server_args=server_args,
+        runtime=runtime,
+        settings=settings,
+        bootstrap_port_chosen=chosen,
+        bootstrap_host=bootstrap_host(server_args, runtime),
+        kv_events_endpoints=kv_event_endpoints(server_args.kv_events_config, int(server_args.dp_size)),
+        fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
+        overrides=notes,
+    )

@@ -1,0 +1,327 @@
+"""``SglangEngine``: an in-process ``sglang.Engine`` behind the runtime's ``Engine`` interface.
+
+Startup (``start``): SGLang's constructor blocks until the model is loaded, so it runs in a thread
+(bounded by ``--engine-start-timeout-s``) while the event loop keeps ``/live`` answering. SGLang's
+tokenizer manager then installs its own SIGTERM handler on our loop when it first runs; we start it
+eagerly and put the runtime's handler back, so graceful shutdown stays ours.
+
+A prefill worker whose bootstrap port we chose (no ``--disaggregation-bootstrap-port``) checks that
+SGLang's bootstrap server really bound it; another process taking the port in between is a conflict,
+and the engine is restarted on a new free port (at most ``BOOTSTRAP_PORT_ATTEMPTS`` times).
+
+What the worker registers comes from the running engine: page size, total KV blocks (the scheduler's
+``max_total_num_tokens`` / page size), max running requests, dp size, and the bootstrap address.
+Load (SGLang's ``get_loads``) is polled for the event plane and re-exported as Prometheus gauges;
+KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` enables it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from dynamo_worker.protocol import GenerateChunk, GenerateRequest, Role
+from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
+from dynamo_worker.sglang import handler
+from dynamo_worker.sglang.args import WorkerPlan, pick_free_port
+from dynamo_worker.sglang.kv_events import KvEventRelay
+
+__all__ = ["EngineStartError", "SglangEngine", "canary", "kill_sglang_children", "sglang_engine"]
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_PORT_ATTEMPTS = 3
+MODEL_CARD_PATTERNS = ["*.json", "*.jinja", "tokenizer.model"]
+
+
+class EngineStartError(RuntimeError):
+    """SGLang did not come up; the message says what to change."""
+
+
+def role_of(disaggregation_mode: str) -> Role:
+    return {"null": "agg", "prefill": "prefill", "decode": "decode"}[disaggregation_mode]
+
+
+def _load_gauges(registry: CollectorRegistry) -> dict[str, Gauge]:
+    def gauge(name: str, doc: str) -> Gauge:
+        return Gauge(f"dynamo_sglang_{name}", doc, ["dp_rank"], registry=registry)
+
+    return {
+        "num_running_reqs": gauge("running_requests", "Requests SGLang is running (per dp rank)."),
+        "num_waiting_reqs": gauge("waiting_requests", "Requests queued in SGLang's scheduler."),
+        "num_used_tokens": gauge("used_kv_tokens", "KV cache tokens in use."),
+        "max_total_num_tokens": gauge("total_kv_tokens", "KV cache capacity in tokens."),
+        "token_usage": gauge("kv_usage_ratio", "Fraction of the KV cache in use."),
+        "gen_throughput": gauge("gen_throughput_tokens_per_s", "Decode throughput SGLang measured."),
+        "cache_hit_rate": gauge("cache_hit_rate", "Prefix cache hit rate SGLang measured."),
+    }
+
+
+class SglangEngine(Engine):
+    """Serves one role (agg, prefill, decode) on an in-process SGLang engine."""
+
+    def __init__(
+        self,
+        plan: WorkerPlan,
+        *,
+        engine_factory: Callable[[Any], Any] | None = None,
+        kill_children: Callable[[], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.role = role_of(plan.server_args.disaggregation_mode)
+        self._factory = engine_factory or sglang_engine
+        self._kill_children = kill_children or kill_sglang_children
+        self._engine: Any = None
+        self._sink: EngineEventSink = NullEventSink()
+        self._tasks: list[asyncio.Task] = []
+        self._relay: KvEventRelay | None = None
+        self._gauges: dict[str, Gauge] = {}
+        self._page_size = 1
+        self._canary_error: str | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def attach_events(self, sink: EngineEventSink) -> None:
+        self._sink = sink
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Add SGLang's own load figures (per dp rank) to the worker's ``/metrics`` registry."""
+        self._gauges = _load_gauges(registry)
+
+    async def start(self) -> EngineInfo:
+        server_args = self.plan.server_args
+        for attempt in range(1, BOOTSTRAP_PORT_ATTEMPTS + 1):
+            await self._start_engine()
+            if self.role != "prefill" or not self.plan.bootstrap_port_chosen or self._bootstrap_bound():
+                break
+            if attempt == BOOTSTRAP_PORT_ATTEMPTS:
+                raise EngineStartError(
+                    f"SGLang's bootstrap server could not bind a free port {attempt} times; pass a port "
+                    "that is free with --disaggregation-bootstrap-port"
+                )
+            taken = server_args.disaggregation_bootstrap_port
+            server_args.disaggregation_bootstrap_port = pick_free_port(server_args.host)
+            log.warning(
+                "Bootstrap port was taken port=%s; restarting SGLang on port=%s",
+                taken,
+                server_args.disaggregation_bootstrap_port,
+            )
+            await self._shutdown_engine()
+        self._page_size = int(server_args.page_size or 1)
+        totals = await self._capacity()
+        tokenizer_path = server_args.tokenizer_path or server_args.model_path
+        info = EngineInfo(
+            model_name=server_args.served_model_name,
+            page_size=self._page_size,
+            total_kv_blocks=totals["max_total_num_tokens"] // self._page_size,
+            max_running_requests=totals.get("max_running_requests") or None,
+            bootstrap_host=self.plan.bootstrap_host if self.role == "prefill" else None,
+            bootstrap_port=server_args.disaggregation_bootstrap_port if self.role == "prefill" else None,
+            dp_size=int(server_args.dp_size),
+            model_dir=await asyncio.to_thread(_model_dir, tokenizer_path),
+            context_length=totals.get("context_length") or None,
+        )
+        self._tasks.append(asyncio.create_task(self._poll_load(), name="sglang-load"))
+        self._tasks.append(asyncio.create_task(self._canary_loop(), name="sglang-canary"))
+        if self.plan.kv_events_endpoints:
+            self._relay = KvEventRelay(self.plan.kv_events_endpoints, self._sink.kv_events)
+            self._relay.start()
+        log.info(
+            "Started SGLang engine role=%s page_size=%s total_kv_blocks=%s max_running_requests=%s "
+            "dp_size=%s bootstrap=%s:%s",
+            self.role,
+            info.page_size,
+            info.total_kv_blocks,
+            info.max_running_requests,
+            info.dp_size,
+            info.bootstrap_host,
+            info.bootstrap_port,
+        )
+        return info
+
+    async def _start_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        before = _signal_handlers(loop)
+        started = time.monotonic()
+        log.info("Starting SGLang engine role=%s model=%s", self.role, self.plan.server_args.model_path)
+        try:
+            async with asyncio.timeout(self.plan.settings.engine_start_timeout_s):
+                self._engine = await asyncio.to_thread(self._factory, self.plan.server_args)
+        except TimeoutError:
+            # SGLang's constructor waits on its schedulers; ending them ends it (and frees the GPU).
+            await asyncio.to_thread(self._kill_children)
+            raise EngineStartError(
+                f"SGLang did not load the model within {self.plan.settings.engine_start_timeout_s:.0f}s; "
+                "raise --engine-start-timeout-s or check the GPU and the model path"
+            ) from None
+        # SGLang's handle loop would otherwise start on the first request and take over SIGTERM.
+        self._engine.tokenizer_manager.auto_create_handle_loop()
+        _restore_signal_handlers(loop, before)
+        log.info("SGLang engine is up seconds=%.1f", time.monotonic() - started)
+
+    def _bootstrap_bound(self) -> bool:
+        """SGLang's bootstrap server binds in a thread that only logs a failure and ends."""
+        server = getattr(self._engine.tokenizer_manager, "bootstrap_server", None)
+        thread = getattr(server, "thread", None)
+        return thread is None or thread.is_alive()
+
+    async def _capacity(self) -> dict[str, int]:
+        """KV capacity and max running requests, from SGLang's load snapshots (published when the
+        scheduler idles), or from the scheduler's startup info."""
+        deadline = time.monotonic() + self.plan.settings.capacity_timeout_s
+        while time.monotonic() < deadline:
+            loads = await self._engine.tokenizer_manager.get_loads()
+            every_rank = len(loads) >= int(self.plan.server_args.dp_size)
+            if loads and every_rank and all(load.max_total_num_tokens > 0 for load in loads):
+                return {
+                    "max_total_num_tokens": sum(load.max_total_num_tokens for load in loads),
+                    "max_running_requests": sum(load.max_running_requests for load in loads),
+                    "context_length": int(getattr(self._engine.tokenizer_manager, "context_len", 0)) or 0,
+                }
+            await asyncio.sleep(0.2)
+        infos = self._engine._scheduler_init_result.scheduler_infos
+        log.warning("No SGLang load snapshot yet; using the scheduler's startup info for KV capacity")
+        return {"max_total_num_tokens": sum(int(i["max_total_num_tokens"]) for i in infos)}
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._relay is not None:
+            await self._relay.stop()
+            self._relay = None
+        await self._shutdown_engine()
+
+    async def _shutdown_engine(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            with contextlib.suppress(Exception):
+                engine.tokenizer_manager.abort_request(abort_all=True)
+            await asyncio.to_thread(engine.shutdown)
+            log.info("Stopped SGLang engine")
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        if self._engine is None:
+            raise RuntimeError("SglangEngine.generate called before start()")
+        rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
+        return handler.stream_request(self._engine, request, self.role, rid)
+
+    async def health_check(self) -> None:
+        """Raise unless the last canary request passed (the canary runs in the background every
+        ``--canary-interval-s``, so a probe answers at once even when SGLang's queue is long)."""
+        if self._engine is None:
+            raise RuntimeError("SGLang engine is not running")
+        if self._canary_error is not None:
+            raise RuntimeError(self._canary_error)
+
+    async def _canary_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.plan.settings.canary_interval_s)
+            self._canary_error = await canary(
+                self._engine, self.role, self.plan.fake_bootstrap_host, self.plan.settings.canary_timeout_s
+            )
+            if self._canary_error is not None:
+                log.warning("SGLang canary failed: %s", self._canary_error)
+
+    # --- load and metrics ------------------------------------------------------------------------
+
+    async def _poll_load(self) -> None:
+        interval = self.plan.settings.load_interval_s
+        while True:
+            try:
+                loads = await self._engine.tokenizer_manager.get_loads()
+            except Exception as e:  # a metrics poll must never take the worker down; logged, retried
+                log.warning("Could not read SGLang load error=%r", e)
+                loads = []
+            if loads:
+                self._sink.load(_snapshot(loads, self._page_size))
+                for load in loads:
+                    for key, gauge in self._gauges.items():
+                        gauge.labels(dp_rank=str(load.dp_rank)).set(float(getattr(load, key, 0) or 0))
+            await asyncio.sleep(interval)
+
+
+async def canary(engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: float) -> str | None:
+    """Send a one-token request; None when SGLang answered within ``timeout_s``, else why not."""
+    rid = f"canary-{uuid.uuid4().hex}"
+    kwargs = handler.canary_kwargs(role, rid, fake_bootstrap_host)
+    done = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            outputs = await handler.call_async_generate(engine, kwargs)
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    done = (out.get("meta_info") or {}).get("finish_reason") is not None
+                    return None  # any answer from the scheduler proves it runs
+        return "SGLang ended the canary stream without an answer"
+    except TimeoutError:
+        return f"SGLang did not answer a canary request within {timeout_s:.0f}s"
+    finally:
+        if not done:
+            engine.tokenizer_manager.abort_request(rid)
+
+
+def _snapshot(loads: list[Any], page_size: int) -> LoadSnapshot:
+    return LoadSnapshot(
+        active_blocks=sum(load.num_used_tokens for load in loads) // page_size,
+        total_blocks=sum(load.max_total_num_tokens for load in loads) // page_size,
+        waiting=sum(load.num_waiting_reqs for load in loads),
+        running=sum(load.num_running_reqs for load in loads),
+    )
+
+
+def kill_sglang_children() -> None:
+    """SIGKILL every child process of this one (SGLang's schedulers and detokenizer)."""
+    from sglang.srt.utils.common import kill_process_tree
+
+    kill_process_tree(None, include_parent=False)
+
+
+def sglang_engine(server_args: Any) -> Any:
+    import sglang.srt.entrypoints.engine as sgl_engine
+
+    return sgl_engine.Engine(server_args=server_args)
+
+
+def _model_dir(path: str) -> Path | None:
+    """The folder with the tokenizer files for the model card: ``path`` itself, or the hub snapshot."""
+    local = Path(path)
+    if local.is_dir():
+        return local
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, allow_patterns=MODEL_CARD_PATTERNS))
+    except Exception as e:  # no hub access: serve without a card; the frontend says it has no tokenizer
+        log.warning("Could not fetch tokenizer files for the model card model=%s error=%r", path, e)
+        return None
+
+
+def _signal_handlers(loop: asyncio.AbstractEventLoop) -> dict[int, Any]:
+    """The loop's SIGTERM handler (asyncio keeps it on the loop). SGLang's SIGQUIT handler stays: its
+    children send SIGQUIT when they fail, and it then ends the whole process tree."""
+    handlers = getattr(loop, "_signal_handlers", {})
+    return {signal.SIGTERM: handlers.get(signal.SIGTERM)}
+
+
+def _restore_signal_handlers(loop: asyncio.AbstractEventLoop, before: dict[int, Any]) -> None:
+    for sig, handle in before.items():
+        if handle is not None:
+            loop.add_signal_handler(sig, handle._callback, *handle._args)
+        else:
+            loop.remove_signal_handler(sig)
+    log.info("Kept the worker's SIGTERM handling (SGLang's tokenizer manager installs its own)")

@@ -1,0 +1,223 @@
+"""One request on an in-process SGLang engine: ``GenerateRequest`` in, ``GenerateChunk`` stream out.
+
+The three roles make the same ``async_generate`` call and differ only in what they ask for:
+
+- ``agg``: generate up to ``max_tokens``, streaming.
+- ``decode``: the same, plus the bootstrap fields that tell SGLang where the prefill leg of the same
+  ``bootstrap_room`` puts the KV cache.
+- ``prefill``: the bootstrap fields and ``max_new_tokens=1``, consumed to the end; the leg succeeds only
+  once SGLang has finished the room (its KV is then handed to the decode leg).
+
+SGLang runs with ``skip_tokenizer_init`` and ``incremental_streaming_output``, so every output dict
+carries the *new* token ids (``output_ids``) and a ``meta_info`` whose ``finish_reason`` is None until
+the last one. Cancellation (the consuming task cancelled, or the iterator closed) aborts the SGLang
+request with ``tokenizer_manager.abort_request(rid)``, also before its first token.
+
+This module only builds plain values and reads plain dicts; ``dynamo_worker.sglang.compat`` reads the
+keywords of the ``async_generate`` call and the sampling keys below from this file's source, so a
+keyword that SGLang does not have fails the compatibility check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
+
+from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, Role, Usage, WorkerError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AsyncGenerateEngine",
+    "chunk_tokens",
+    "finish_from_meta",
+    "generate_kwargs",
+    "sampling_params",
+    "stream_request",
+    "usage_from_meta",
+]
+
+
+class _TokenizerManager(Protocol):
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None: ...
+
+
+class AsyncGenerateEngine(Protocol):
+    """The part of ``sglang.srt.entrypoints.engine.Engine`` a request uses."""
+
+    tokenizer_manager: _TokenizerManager
+
+    async def async_generate(self, **kwargs: Any) -> Any: ...
+
+
+def sampling_params(req: GenerateRequest, role: Role) -> dict[str, Any]:
+    """SGLang ``sampling_params`` for ``req``. A prefill leg computes the prompt and one token only."""
+    s, stop = req.sampling, req.stop
+    stop_ids = sorted(set(stop.stop_token_ids) | (set() if stop.ignore_eos else set(req.eos_token_ids)))
+    return {
+        "max_new_tokens": 1 if role == "prefill" else stop.max_tokens,
+        "min_new_tokens": 0 if role == "prefill" else min(stop.min_tokens, stop.max_tokens),
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "frequency_penalty": s.frequency_penalty,
+        "presence_penalty": s.presence_penalty,
+        "sampling_seed": s.seed,
+        "stop_token_ids": stop_ids or None,
+        "ignore_eos": stop.ignore_eos,
+    }
+
+
+def generate_kwargs(req: GenerateRequest, role: Role, rid: str) -> dict[str, Any]:
+    """Keyword arguments of the ``engine.async_generate`` call that serves ``req``."""
+    boot = req.bootstrap_info
+    if role in ("prefill", "decode") and boot is None:
+        raise ValueError(f"a {role} leg needs bootstrap_info (host, port, room) from the frontend")
+    return _call_kwargs(
+        input_ids=list(req.token_ids),
+        sampling_params=sampling_params(req, role),
+        stream=True,
+        rid=rid,
+        bootstrap_host=boot.bootstrap_host if boot and role != "agg" else None,
+        bootstrap_port=boot.bootstrap_port if boot and role != "agg" else None,
+        bootstrap_room=boot.bootstrap_room if boot and role != "agg" else None,
+        routed_dp_rank=req.data_parallel_rank,
+    )
+
+
+def canary_kwargs(role: Role, rid: str, fake_bootstrap_host: str) -> dict[str, Any]:
+    """A one-token request that proves the scheduler answers. Disaggregated roles address the fake
+    bootstrap host, for which SGLang skips the KV transfer (as its own ``/health_generate`` does)."""
+    disagg = role != "agg"
+    return _call_kwargs(
+        input_ids=[0],
+        sampling_params={"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
+        stream=True,
+        rid=rid,
+        bootstrap_host=fake_bootstrap_host if disagg else None,
+        bootstrap_port=None,
+        bootstrap_room=0 if disagg else None,
+        routed_dp_rank=None,
+    )
+
+
+def _call_kwargs(**kwargs: Any) -> dict[str, Any]:
+    """Drop the unset keywords so SGLang applies its own defaults."""
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+async def call_async_generate(engine: AsyncGenerateEngine, kwargs: Mapping[str, Any]) -> Any:
+    """The one place that calls SGLang's ``async_generate``; its keywords come from the builders above.
+    ``compat`` checks every keyword those builders pass against SGLang's signature."""
+    return await engine.async_generate(**kwargs)
+
+
+def finish_from_meta(meta: Mapping[str, Any]) -> tuple[str | None, WorkerError | None]:
+    """Map SGLang's ``meta_info["finish_reason"]`` to ours: None while running; ``stop`` (a stop
+    token or eos), ``length``; an ``abort`` becomes an ``error`` chunk with a typed error."""
+    reason = meta.get("finish_reason")
+    if reason is None:
+        return None, None
+    kind = reason.get("type") if isinstance(reason, Mapping) else str(reason)
+    if kind in ("stop", "length"):
+        return kind, None
+    message = str(reason.get("message") or "aborted") if isinstance(reason, Mapping) else str(reason)
+    return "error", WorkerError(type=_error_type(reason, message), message=f"SGLang aborted: {message}")
+
+
+def _error_type(reason: Any, message: str) -> ErrorType:
+    """SGLang's disaggregation aborts say "... bootstrap failed", "... handshake failed" or "... transfer
+    failed" (sglang.srt.disaggregation); a 400 status is the caller's fault."""
+    status = reason.get("status_code") if isinstance(reason, Mapping) else None
+    lowered = message.lower()
+    if ("bootstrap" in lowered or "handshake" in lowered) and "timeout" in lowered:
+        return "bootstrap_timeout"
+    if any(word in lowered for word in ("bootstrap failed", "handshake failed", "transfer failed")):
+        return "bootstrap_failed"
+    if status == 400:
+        return "invalid_request"
+    return "engine_error"
+
+
+def usage_from_meta(meta: Mapping[str, Any]) -> Usage:
+    return Usage(
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        completion_tokens=int(meta.get("completion_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+    )
+
+
+def chunk_tokens(output_ids: list[int], meta: Mapping[str, Any]) -> list[int]:
+    """The ids to stream from one output: SGLang returns the stop token that ended generation; our
+    protocol does not (the frontend must not print an eos)."""
+    reason = meta.get("finish_reason")
+    matched = reason.get("matched") if isinstance(reason, Mapping) else None
+    if isinstance(matched, int) and output_ids and output_ids[-1] == matched:
+        return output_ids[:-1]
+    return output_ids
+
+
+def _invalid(message: str) -> GenerateChunk:
+    return GenerateChunk(finish_reason="error", error=WorkerError(type="invalid_request", message=message))
+
+
+async def _validated(outputs: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any] | GenerateChunk]:
+    """SGLang raises ``ValueError`` from the first step for a request it cannot take (too long, bad
+    sampling values); that is the caller's fault and becomes an ``invalid_request`` error chunk."""
+    async with contextlib.aclosing(outputs):
+        try:
+            async for out in outputs:
+                yield out
+        except ValueError as e:
+            yield _invalid(str(e))
+
+
+async def stream_request(
+    engine: AsyncGenerateEngine, req: GenerateRequest, role: Role, rid: str
+) -> AsyncIterator[GenerateChunk]:
+    """Serve ``req`` on ``engine`` under SGLang request id ``rid``; aborts it unless it finished."""
+    try:
+        kwargs = generate_kwargs(req, role, rid)
+    except ValueError as e:
+        yield _invalid(str(e))
+        return
+    finished = False
+    try:
+        try:
+            outputs = await call_async_generate(engine, kwargs)
+        except ValueError as e:  # e.g. a data_parallel_rank outside SGLang's dp size
+            finished = True
+            yield _invalid(str(e))
+            return
+        async with contextlib.aclosing(_validated(outputs)) as stream:
+            async for out in stream:
+                if isinstance(out, GenerateChunk):  # refused before it was queued
+                    finished = True
+                    yield out
+                    return
+                meta = out.get("meta_info") or {}
+                reason, error = finish_from_meta(meta)
+                tokens = chunk_tokens(list(out.get("output_ids") or ()), meta)
+                if reason is None:
+                    if tokens:
+                        yield GenerateChunk(token_ids=tokens)
+                    continue
+                finished = True
+                if error is not None:
+                    log.warning("SGLang aborted request rid=%s type=%s: %s", rid, error.type, error.message)
+                    yield GenerateChunk(finish_reason="error", error=error)
+                else:
+                    yield GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage_from_meta(meta))
+                return
+        finished = True
+        yield GenerateChunk(
+            finish_reason="error",
+            error=WorkerError(type="engine_error", message="SGLang ended the stream without a finish reason"),
+        )
+    finally:
+        if not finished:
+            log.info("Aborting SGLang request rid=%s (caller went away)", rid)
+            engine.tokenizer_manager.abort_request(rid)

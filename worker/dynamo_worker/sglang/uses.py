@@ -1,0 +1,190 @@
+"""Everything this package uses of SGLang, in one place: what ``compat`` checks against SGLang's source.
+
+Most of it is *derived from our code* by reading this package's source (AST, nothing imported):
+
+- ``async_generate`` keywords: the keywords of every ``_call_kwargs(...)`` call in ``handler.py``;
+- sampling parameter keys: the keys of the dict literals ``handler.py`` passes as ``sampling_params``
+  (and returns from ``sampling_params()``);
+- ``ServerArgs`` fields: every attribute read or written on a name or attribute called ``server_args``
+  (and ``ns`` in ``args.py``, SGLang's parsed namespace), every ``getattr(server_args, "x")``, and the
+  string keys ``contract_overrides`` sets;
+- modules and names: every ``import sglang...`` / ``from sglang... import x`` in this package.
+
+What our code reaches through objects SGLang hands back (methods, attributes, dict keys, the layout of
+a msgpack message) cannot be read off an import, so it is declared below in ``DECLARED``; keep it next
+to the code that relies on it by naming the module that does.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DECLARED",
+    "KV_EVENTS_MODULE",
+    "KV_EVENT_LAYOUT",
+    "PACKAGE_DIR",
+    "SGLANG_VERSION",
+    "STRING_LITERALS",
+    "Use",
+    "generate_keywords",
+    "imported_names",
+    "sampling_keys",
+    "server_args_fields",
+]
+
+SGLANG_VERSION = "0.5.17"  # the [sglang] extra pins the same version; a unit test keeps them equal
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True, order=True)
+class Use:
+    """``module`` must exist; ``name`` (a class, function or constant) be defined at its top level;
+    ``member`` be a method, class attribute or ``self.member`` assignment of that class (or its bases
+    in the same check)."""
+
+    module: str
+    name: str | None = None
+    member: str | None = None
+    by: str = ""  # which of our modules relies on it
+
+    def __str__(self) -> str:
+        return ".".join(p for p in (self.module, self.name, self.member) if p)
+
+
+_ENGINE = "sglang.srt.entrypoints.engine"
+_TM = "sglang.srt.managers.tokenizer_manager"
+_LOADS = "sglang.srt.managers.load_snapshot"
+
+DECLARED: tuple[Use, ...] = (
+    Use(_ENGINE, "Engine", "async_generate", by="handler"),
+    Use(_ENGINE, "Engine", "tokenizer_manager", by="handler, engine"),
+    Use(_ENGINE, "Engine", "shutdown", by="engine"),
+    Use(_ENGINE, "Engine", "_scheduler_init_result", by="engine (KV capacity fallback)"),
+    Use(_ENGINE, "SchedulerInitResult", "scheduler_infos", by="engine"),
+    Use(_TM, "TokenizerManager", "abort_request", by="handler, engine"),
+    Use(_TM, "TokenizerManager", "auto_create_handle_loop", by="engine"),
+    Use(_TM, "TokenizerManager", "bootstrap_server", by="engine (bootstrap port check)"),
+    Use(_TM, "TokenizerManager", "context_len", by="engine"),
+    Use("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin", "get_loads", by="engine"),
+    Use("sglang.srt.disaggregation.common.conn", "CommonKVBootstrapServer", "thread", by="engine"),
+    *(
+        Use(_LOADS, "LoadSnapshot", f, by="engine")
+        for f in (
+            "dp_rank",
+            "num_running_reqs",
+            "num_waiting_reqs",
+            "num_used_tokens",
+            "max_total_num_tokens",
+            "max_running_requests",
+            "token_usage",
+            "gen_throughput",
+            "cache_hit_rate",
+        )
+    ),
+    Use("sglang.srt.server_args", "ServerArgs", "add_cli_args", by="args"),
+    Use("sglang.srt.server_args", "ServerArgs", "from_cli_args", by="args"),
+    Use("sglang.srt.server_args_config_parser", "ConfigArgumentMerger", "merge_config_with_args", by="args"),
+)
+
+# Dict keys and values our code reads from what SGLang returns, and the module that writes them:
+# output ``meta_info`` keys (handler), finish reason ``to_json()`` types (handler), the scheduler's
+# startup info (engine's capacity fallback). Each must appear as a string literal there.
+STRING_LITERALS = {
+    _TM: ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "meta_info", "output_ids"),
+    "sglang.srt.managers.schedule_batch": ("stop", "length", "abort", "matched", "status_code", "message"),
+    "sglang.srt.managers.scheduler": ("max_total_num_tokens",),
+}
+
+# kv_events.py decodes SGLang's msgpack "array-like" structs by position: the field order matters.
+KV_EVENT_LAYOUT = {
+    "EventBatch": ("ts", "events", "attn_dp_rank"),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+KV_EVENTS_MODULE = "sglang.srt.disaggregation.kv_events"
+
+
+# --- derived from our source ---------------------------------------------------------------------
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    def called(node: ast.Call) -> str | None:
+        f = node.func
+        return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and called(n) == name]
+
+
+def generate_keywords(handler_path: Path = PACKAGE_DIR / "handler.py") -> set[str]:
+    """The ``async_generate`` keywords the handler passes (through ``_call_kwargs``)."""
+    return {kw.arg for call in _calls(_tree(handler_path), "_call_kwargs") for kw in call.keywords if kw.arg}
+
+
+def sampling_keys(handler_path: Path = PACKAGE_DIR / "handler.py") -> set[str]:
+    """The sampling parameter keys the handler sends."""
+    tree = _tree(handler_path)
+    dicts: list[ast.Dict] = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.name == "sampling_params":
+            dicts += [
+                r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and isinstance(r.value, ast.Dict)
+            ]
+    for call in _calls(tree, "_call_kwargs"):
+        dicts += [
+            kw.value for kw in call.keywords if kw.arg == "sampling_params" and isinstance(kw.value, ast.Dict)
+        ]
+    return {
+        k.value for d in dicts for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+    }
+
+
+def _is_server_args(node: ast.AST, extra_names: set[str]) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id == "server_args" or node.id in extra_names
+    return isinstance(node, ast.Attribute) and node.attr == "server_args"
+
+
+def server_args_fields(package_dir: Path = PACKAGE_DIR) -> set[str]:
+    """``ServerArgs`` fields this package reads or sets (see the module docstring for the rules)."""
+    fields: set[str] = set()
+    for path in sorted(package_dir.glob("*.py")):
+        tree = _tree(path)
+        extra = {"ns"} if path.name == "args.py" else set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_server_args(node.value, extra):
+                fields.add(node.attr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+                if len(node.args) >= 2 and _is_server_args(node.args[0], extra):
+                    key = node.args[1]
+                    if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                        fields.add(key.value)
+            elif isinstance(node, ast.FunctionDef) and node.name == "contract_overrides":
+                for sub in ast.walk(node):
+                    if (
+                        isinstance(sub, ast.Subscript)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "values"
+                        and isinstance(sub.slice, ast.Constant)
+                    ):
+                        fields.add(sub.slice.value)
+    return fields - {"model_fields"}
+
+
+def imported_names(package_dir: Path = PACKAGE_DIR) -> set[Use]:
+    """Every SGLang module (and name imported from it) in this package's source."""
+    uses: set[Use] = set()
+    for path in sorted(package_dir.glob("*.py")):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "sglang":
+                uses.update(Use(node.module, a.name, by=path.stem) for a in node.names)
+            elif isinstance(node, ast.Import):
+                uses.update(Use(a.name, by=path.stem) for a in node.names if a.name.split(".")[0] == "sglang")
+    return uses
