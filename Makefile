@@ -39,10 +39,12 @@ test-integration: venv binaries ## tests against the real local control plane an
 test-e2e: venv ## dynamo-run driven by the official openai client
 	$(BIN)/python -m pytest -q tests/e2e $(PYTEST_ARGS)
 
-lint: venv ## ruff, formatting, import contracts
+lint: venv binaries ## ruff, formatting, import contracts, CRD drift, helm lint + kubeconform, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python -m dynamo_operator.api.crdgen --check
+	bash hack/lint-chart.sh
 
 fmt: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
@@ -57,6 +59,9 @@ cluster-up: venv binaries ## start the local control plane in .cluster/ and prin
 cluster-down: ## stop the local control plane started by cluster-up
 	@$(BIN)/python -m tests.support.cluster down
 
-.PHONY: bench
+image-operator: venv ## build the operator image with buildah (root, no registry) and run it
+	bash hack/build-operator-image.sh
+
+.PHONY: bench image-operator
 bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
 	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json

@@ -18,7 +18,9 @@ HELM_VERSION="${HELM_VERSION:-3.22.0}"
 KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-0.8.0}"
 
 CACHE="${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamo-sglang}"
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kubeconform-${KUBECONFORM_VERSION}"
+# BUILD_REV changes when the way the binaries are built changes (flags), so caches are rebuilt.
+BUILD_REV=2
+KEY="r${BUILD_REV}_k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kubeconform-${KUBECONFORM_VERSION}"
 BIN="$CACHE/bin/$KEY"
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 ALL=("${K8S_BINS[@]}" etcd kwok kwok-stages.yaml helm kubeconform)
@@ -60,10 +62,17 @@ if needs "${K8S_BINS[@]}" etcd; then
              "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >&2)
     touch "$mod/.ready"
   fi
+  # The version the binaries report (kubectl version, /version, Helm's kubeVersion checks); without
+  # it they say v0.0.0-master.
+  minor=${K8S_VERSION#1.}; minor=${minor%%.*}
+  kver=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    kver+=" -X $pkg.gitVersion=v$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
   for b in "${K8S_BINS[@]}"; do
     needs "$b" || continue
     log "building $b v$K8S_VERSION"
-    (cd "$mod" && go build -ldflags "$LDFLAGS" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$BIN/$b.tmp" "$BIN/$b")
+    (cd "$mod" && go build -ldflags "$LDFLAGS$kver" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$BIN/$b.tmp" "$BIN/$b")
   done
   if needs etcd; then
     log "building etcd v$ETCD_VERSION"
@@ -71,11 +80,11 @@ if needs "${K8S_BINS[@]}" etcd; then
   fi
 fi
 
-gobin() { # name package version
+gobin() { # name package version [extra ldflags]
   needs "$1" || return 0
   log "building $1 v$3"
   local tmp; tmp=$(mktemp -d)
-  GOBIN="$tmp" go install -ldflags "$LDFLAGS" "$2@v$3"
+  GOBIN="$tmp" go install -ldflags "$LDFLAGS ${4:-}" "$2@v$3"
   mv "$tmp/$1" "$BIN/$1"; rmdir "$tmp"
 }
 gobin kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
@@ -90,7 +99,14 @@ if needs kwok-stages.yaml; then
   done > "$BIN/kwok-stages.yaml.tmp"
   mv "$BIN/kwok-stages.yaml.tmp" "$BIN/kwok-stages.yaml"
 fi
-gobin helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+# Helm's default Kubernetes version for `helm template`/`helm lint` is the minor of the client-go it
+# was built with, set at link time (as Helm's own Makefile does), else 1.20.
+HELM_KMINOR=37
+helm_x=""
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  helm_x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_KMINOR"
+done
+gobin helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION$helm_x"
 gobin kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
 
 log "built ${missing[*]} in $(( $(date +%s) - start ))s into $BIN"

@@ -6,8 +6,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
 from dynamo_worker.runtime.nats_server import NatsServer
+
 from tests.support.cluster import LocalCluster
 
 
@@ -34,7 +34,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
 @pytest.fixture
 def k8s_api(kube_cluster: LocalCluster):
     """A kubernetes ApiClient bound to the local control plane (closed after the test)."""
-    from kubernetes import client, config
+    from kubernetes import config
 
     api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
     try:

@@ -22,6 +22,7 @@ start raises ``ClusterError`` with the tail of its log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -136,7 +137,11 @@ class LocalCluster:
 
     def env(self) -> dict[str, str]:
         """Environment for child tools: KUBECONFIG and the binaries first on PATH."""
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{self.bin_dir}:{os.environ['PATH']}",
+        }
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -169,7 +174,8 @@ class LocalCluster:
         self._wait_http("etcd", f"{etcd_url}/health")
         self._spawn("kube-apiserver", [
             "kube-apiserver", "--etcd-servers", etcd_url,
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", str(p["apiserver"]),
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(p["apiserver"]),
             "--tls-cert-file", str(pki / "server.crt"), "--tls-private-key-file", str(pki / "server.key"),
             "--client-ca-file", str(pki / "ca.crt"),
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
@@ -209,7 +215,9 @@ class LocalCluster:
                 "metadata": {
                     "name": name,
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {"type": "kwok", "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true"},
+                    "labels": {
+                        "type": "kwok", "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
+                    },
                 },
                 "status": {
                     "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250",
@@ -249,7 +257,11 @@ class LocalCluster:
     def _wait_http(self, name: str, url: str, pki: Path | None = None, insecure: bool = False) -> None:
         ctx = None
         if url.startswith("https"):
-            ctx = ssl.create_default_context(cafile=str(pki / "ca.crt")) if pki else ssl.create_default_context()
+            ctx = (
+                ssl.create_default_context(cafile=str(pki / "ca.crt"))
+                if pki
+                else ssl.create_default_context()
+            )
             if pki:
                 ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
             if insecure:
@@ -289,19 +301,15 @@ class LocalCluster:
 
 def stop_pids(named_pids: list[tuple[str, int]], timeout: float = 10.0) -> None:
     for _, pid in reversed(named_pids):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + timeout
     for _, pid in named_pids:
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.05)
         if _alive(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _alive(pid: int) -> bool:

@@ -185,9 +185,7 @@ def hash_token_blocks(token_ids: Sequence[int], page_size: int, parent: int | No
     prev = parent if parent is not None else 0
     for start in range(0, len(token_ids) - page_size + 1, page_size):
         block = token_ids[start : start + page_size]
-        digest = hashlib.blake2b(
-            struct.pack(f"<q{len(block)}I", prev, *block), digest_size=8
-        ).digest()
+        digest = hashlib.blake2b(struct.pack(f"<q{len(block)}I", prev, *block), digest_size=8).digest()
         prev = int.from_bytes(digest, "little") & MAX_ROOM
         hashes.append(prev)
     return hashes

@@ -1,0 +1,169 @@
+{{/*
+Names, labels and shared RBAC rules. Every resource of the chart uses these helpers, so names and
+labels are the same everywhere.
+*/}}
+
+{{- define "dynamo-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release-qualified name: <release>-dynamo-operator, or the release name when it already contains it. */}}
+{{- define "dynamo-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dynamo-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every resource. Call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "dynamo-operator.labels" -}}
+helm.sh/chart: {{ include "dynamo-operator.chart" .ctx }}
+{{ include "dynamo-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: dynamo-sglang
+{{- end }}
+
+{{/* The immutable subset used in selectors. Call with (dict "ctx" $ "component" "operator"). */}}
+{{- define "dynamo-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dynamo-operator.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "dynamo-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dynamo-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create=false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "dynamo-operator.natsName" -}}
+{{- printf "%s-nats" (include "dynamo-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The NATS address the operator writes onto every pod of a graph. */}}
+{{- define "dynamo-operator.natsAddress" -}}
+{{- if .Values.nats.enabled }}
+{{- printf "nats://%s.%s.svc:%d" (include "dynamo-operator.natsName" .) .Release.Namespace (int .Values.nats.service.port) }}
+{{- else }}
+{{- required "nats.externalAddress is required when nats.enabled=false (e.g. nats://nats.nats.svc:4222)" .Values.nats.externalAddress }}
+{{- end }}
+{{- end }}
+
+{{- define "dynamo-operator.image" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{- define "dynamo-operator.runtimeImage" -}}
+{{- printf "%s:%s" .Values.runtime.image.repository (default .Chart.AppVersion .Values.runtime.image.tag) }}
+{{- end }}
+
+{{/* The namespaces the operator watches in "namespaces" scope (default: the release namespace). */}}
+{{- define "dynamo-operator.watchNamespaces" -}}
+{{- if .Values.operator.watch.namespaces }}
+{{- .Values.operator.watch.namespaces | uniq | join "," }}
+{{- else }}
+{{- .Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/*
+Namespaced permissions: exactly the verbs and resources the operator uses. Shared by the ClusterRole
+(scope=cluster) and the per-namespace Roles (scope=namespaces).
+*/}}
+{{- define "dynamo-operator.namespacedRules" -}}
+# The custom resource: kopf watches it, patches its status and its own progress annotations/finalizers.
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeployments"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeployments/status"]
+  verbs: ["get", "patch", "update"]
+# Children carry ownerReferences with blockOwnerDeletion, which needs update on the owner's finalizers
+# where the OwnerReferencesPermissionEnforcement admission plugin is on.
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeployments/finalizers"]
+  verbs: ["update"]
+# Rendered children: created, converged and pruned on every reconcile.
+- apiGroups: ["apps"]
+  resources: ["deployments", "statefulsets"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# ConfigMaps and PersistentVolumeClaims come from spec.pvcs and the rendered graph.
+- apiGroups: [""]
+  resources: ["services", "configmaps", "persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# Pods are only observed (status aggregation) and deleted to restart a whole multinode group.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "delete"]
+# Kubernetes Events for every decision and error.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/*
+Cluster-scoped reads every mode needs: kopf scans and watches CRDs (and the operator detects the
+LeaderWorkerSet CRD); with a list of namespaces kopf also watches namespaces to follow them appearing.
+*/}}
+{{- define "dynamo-operator.clusterReadRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{/*
+The operator's command-line flags: watch scope and liveness endpoint (see `dynamo-operator --help`).
+*/}}
+{{- define "dynamo-operator.args" -}}
+{{- if eq .Values.operator.watch.scope "cluster" }}
+- --all-namespaces
+{{- else }}
+{{- range splitList "," (include "dynamo-operator.watchNamespaces" .) }}
+- --namespace={{ . }}
+{{- end }}
+{{- end }}
+- --liveness-port={{ .Values.operator.healthPort }}
+{{- end }}
+
+{{/*
+The operator's configuration, as the environment variables dynamo_operator.settings reads.
+*/}}
+{{- define "dynamo-operator.env" -}}
+- name: DYN_OPERATOR_NATS_URL
+  value: {{ include "dynamo-operator.natsAddress" . | quote }}
+- name: DYN_OPERATOR_FRONTEND_IMAGE
+  value: {{ include "dynamo-operator.runtimeImage" . | quote }}
+- name: DYN_OPERATOR_WORKER_IMAGE
+  value: {{ include "dynamo-operator.runtimeImage" . | quote }}
+- name: DYN_OPERATOR_IMAGE_PULL_POLICY
+  value: {{ .Values.runtime.image.pullPolicy | quote }}
+- name: DYN_OPERATOR_RDMA_RESOURCE_NAME
+  value: {{ .Values.runtime.rdmaResourceName | quote }}
+- name: DYN_OPERATOR_GROUP_BACKEND
+  value: {{ .Values.runtime.groupBackend | quote }}
+- name: DYN_OPERATOR_POD_LOG_FORMAT
+  value: {{ .Values.runtime.logFormat | quote }}
+- name: DYN_OPERATOR_LOG_LEVEL
+  value: {{ .Values.operator.logLevel | quote }}
+- name: DYN_OPERATOR_LOG_FORMAT
+  value: {{ .Values.operator.logFormat | quote }}
+{{- end }}

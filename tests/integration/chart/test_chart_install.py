@@ -1,0 +1,140 @@
+"""`helm install` of the chart into the real local control plane, then the operator run as a local
+process with the chart's own ServiceAccount (a token from the TokenRequest API: RBAC is enforced, so
+the chart's least-privilege rules are proven sufficient) and the chart's operator configuration;
+examples/disagg.yaml reaches Ready (kwok plays the pods), its pods get the chart's NATS address, and
+`helm uninstall` leaves nothing of the release behind but the CRD.
+
+The operator Deployment is installed with 0 replicas because no image registry is reachable here."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.chart.helm import CHART, find, helm
+from tests.integration.operator.conftest import OperatorProcess, wait_until
+from tests.support.cluster import REPO, LocalCluster
+
+pytestmark = pytest.mark.integration
+
+CRD = "dynamographdeployments.nvidia.com"
+ENV_PREFIX = "DYN_OPERATOR_"
+# Flags the test's OperatorProcess sets itself (its own scope and a free liveness port).
+OWN_FLAGS = ("--namespace", "--all-namespaces", "--liveness-port")
+
+
+def token_kubeconfig(cluster: LocalCluster, namespace: str, service_account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as ``service_account`` (TokenRequest API, 1 hour)."""
+    token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=1h").strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [
+            {"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": service_account}}
+        ],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def operator_flags(deployment: dict) -> list[str]:
+    """The chart's operator configuration (args + DYN_OPERATOR_* env) as command-line flags."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    flags = [a for a in container["args"] if not a.startswith(OWN_FLAGS)]
+    for env in container["env"]:
+        if env["name"].startswith(ENV_PREFIX):
+            flags.append(f"--{env['name'][len(ENV_PREFIX) :].lower().replace('_', '-')}={env['value']}")
+    return flags
+
+
+def release_leftovers(cluster: LocalCluster, namespace: str, release: str) -> list[str]:
+    selector = f"app.kubernetes.io/instance={release}"
+    kinds = "all,configmaps,serviceaccounts,roles,rolebindings,persistentvolumeclaims"
+    names = cluster.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name").split()
+    names += cluster.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name").split()
+    return names
+
+
+def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_namespace: str, tmp_path: Path):
+    ns = k8s_namespace
+    release = f"dyn-{uuid.uuid4().hex[:6]}"
+    env = kube_cluster.env()
+    bins = kube_cluster.bin_dir
+    install = helm(
+        bins, "install", release, str(CHART), "--namespace", ns, "--wait", "--timeout", "120s",
+        "--set", "operator.replicas=0", "--set", "operator.watch.scope=namespaces",
+        env=env,
+    )  # fmt: skip
+    assert "kubectl apply -n" in install.stdout and "examples/disagg.yaml" in install.stdout  # NOTES.txt
+    uninstalled = False
+    op: OperatorProcess | None = None
+    try:
+        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+        manifests = [
+            d
+            for d in yaml.safe_load_all(helm(bins, "get", "manifest", release, "-n", ns, env=env).stdout)
+            if d
+        ]
+        (deployment,) = find(manifests, "Deployment")
+        (service_account,) = find(manifests, "ServiceAccount")
+        sa = service_account["metadata"]["name"]
+        (nats_statefulset,) = find(manifests, "StatefulSet")
+        nats_name = nats_statefulset["metadata"]["name"]
+        kube_cluster.kubectl("rollout", "status", f"statefulset/{nats_name}", "-n", ns, "--timeout=60s")
+
+        # Least privilege, seen by the API server: what the operator needs, and not more.
+        who = f"--as=system:serviceaccount:{ns}:{sa}"
+        can = lambda *a: kube_cluster.kubectl("auth", "can-i", *a, who, check=False).strip()  # noqa: E731
+        assert can("patch", "dynamographdeployments.nvidia.com/status", "-n", ns) == "yes"
+        assert can("delete", "pods", "-n", ns) == "yes"
+        assert can("list", "secrets", "-n", ns) == "no"
+        assert can("create", "deployments", "-n", "default") == "no"
+
+        kubeconfig = token_kubeconfig(kube_cluster, ns, sa, tmp_path / "operator-kubeconfig")
+        op = OperatorProcess(
+            kubeconfig, ns, tmp_path / "operator.log", tuple(operator_flags(deployment))
+        ).start()
+
+        kube_cluster.kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "disagg.yaml"))
+        kube_cluster.kubectl("wait", "-n", ns, "--for=condition=Ready", "dgd/sglang-disagg", "--timeout=120s")
+
+        nats_address = f"nats://{release}-dynamo-operator-nats.{ns}.svc:4222"
+        deployments = json.loads(kube_cluster.kubectl("get", "deployments", "-n", ns, "-o", "json"))["items"]
+        graph = [d for d in deployments if d["metadata"]["name"].startswith("sglang-disagg-")]
+        assert graph, "the operator created no Deployments for sglang-disagg"
+        for child in graph:
+            main = child["spec"]["template"]["spec"]["containers"][0]
+            assert {"name": "NATS_SERVER", "value": nats_address} in main["env"], child["metadata"]["name"]
+
+        kube_cluster.kubectl("delete", "-n", ns, "dgd/sglang-disagg", "--timeout=60s")
+        op.stop()
+        log = (tmp_path / "operator.log").read_text()
+        op = None
+        # kopf degrades quietly without a permission (a warning, not an error): none may be missing.
+        for sign in ("Not enough permissions", "Forbidden", "forbidden"):
+            assert sign not in log, f"the chart's RBAC lacks a permission the operator uses:\n{log}"
+
+        helm(bins, "uninstall", release, "--namespace", ns, "--wait", "--timeout", "120s", env=env)
+        uninstalled = True
+        wait_until(
+            lambda: not release_leftovers(kube_cluster, ns, release), "the release's objects to be gone"
+        )
+        # The CRD stays on purpose (README.md, "Upgrading the CRD").
+        assert (
+            kube_cluster.kubectl("get", "crd", CRD, "-o", "name").strip()
+            == f"customresourcedefinition.apiextensions.k8s.io/{CRD}"
+        )
+    finally:
+        if op is not None:
+            print(op.log_tail())
+            op.stop()
+        if not uninstalled:
+            helm(bins, "uninstall", release, "--namespace", ns, env=env, check=False)

@@ -1,0 +1,167 @@
+"""The Helm chart renders what users install: it lints and validates (helm lint, kubeconform -strict
+against Kubernetes' and our CRD's schemas, hadolint), its values schema refuses bad values with a
+message naming the value, RBAC is least-privilege in both scopes, every container is hardened and
+pinned, and the operator accepts the configuration the chart gives it (its real settings parser)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from dynamo_operator.settings import parse_settings
+
+from tests.integration.chart.helm import CHART, find, template, template_error
+from tests.support.cluster import REPO, bin_dir
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def bins():
+    return bin_dir()
+
+
+def test_lint_script_passes():
+    result = subprocess.run(
+        ["bash", str(REPO / "hack" / "lint-chart.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[lint-chart] ok" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        (["nats.enabled=false"], "externalAddress"),
+        (["operator.replicas=2"], "replicas"),
+        (["operator.image.tag=latest"], "tag"),
+        (["operator.watch.scope=everywhere"], "scope"),
+        (["operator.resourcez.requests.cpu=1"], "resourcez"),
+        (["runtime.groupBackend=slurm"], "groupBackend"),
+    ],
+)
+def test_values_schema_refuses_bad_values(bins, values, named):
+    assert named in template_error(bins, *values)
+
+
+def test_cluster_scope_binds_one_cluster_role(bins):
+    objs = template(bins)
+    assert not find(objs, "Role") and not find(objs, "RoleBinding")
+    (role,) = find(objs, "ClusterRole")
+    (binding,) = find(objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (sa,) = find(objs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "dynamo"}
+    ]
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert {
+        "dynamographdeployments",
+        "dynamographdeployments/status",
+        "deployments",
+        "statefulsets",
+    } <= resources
+    assert {"services", "pods", "leaderworkersets", "events", "customresourcedefinitions"} <= resources
+    # Least privilege: nothing the operator does not use.
+    assert not resources & {"secrets", "nodes", "clusterroles", "roles", "*"}
+    assert all("*" not in rule["verbs"] for rule in role["rules"])
+    (pods,) = [rule for rule in role["rules"] if rule["resources"] == ["pods"]]
+    assert sorted(pods["verbs"]) == ["delete", "get", "list", "watch"]
+
+
+def test_namespace_scope_writes_only_in_the_watched_namespaces(bins):
+    objs = template(bins, "operator.watch.scope=namespaces", "operator.watch.namespaces={team-a,team-b}")
+    roles = find(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in find(objs, "RoleBinding")) == ["team-a", "team-b"]
+    (cluster_role,) = find(objs, "ClusterRole")
+    cluster_verbs = {v for rule in cluster_role["rules"] for v in rule["verbs"]}
+    assert cluster_verbs == {"get", "list", "watch"}  # reads of CRDs and namespaces only
+    (deployment,) = find(objs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+
+
+def test_namespace_scope_defaults_to_the_release_namespace(bins):
+    objs = template(bins, "operator.watch.scope=namespaces", namespace="inference")
+    assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == ["inference"]
+
+
+def test_every_container_is_hardened_and_pinned(bins):
+    objs = template(bins, "nats.persistence.enabled=true")
+    workloads = find(objs, "Deployment") + find(objs, "StatefulSet")
+    assert len(workloads) == 2
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            name, _, tag = container["image"].rpartition(":")
+            assert name and tag and tag != "latest", container["image"]
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+            assert "livenessProbe" in container
+        labels = workload["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version"):
+            assert labels[key]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_operator_liveness_probe_targets_its_healthz(bins):
+    (deployment,) = find(template(bins, "operator.healthPort=8181"), "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8181} in container["ports"]
+    assert "--liveness-port=8181" in container["args"]
+
+
+def _operator_settings(objs: list[dict]):
+    (deployment,) = find(objs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    environ = {e["name"]: e["value"] for e in container["env"]}
+    return parse_settings(container["args"], environ)
+
+
+def test_operator_accepts_the_chart_configuration(bins):
+    settings = _operator_settings(
+        template(bins, "runtime.rdmaResourceName=example.com/hca", "runtime.groupBackend=lws", namespace="ml")
+    )
+    assert settings.all_namespaces
+    assert settings.nats_url == "nats://t-dynamo-operator-nats.ml.svc:4222"
+    assert settings.worker_image == settings.frontend_image == "ghcr.io/dynamo-sglang/dynamo-sglang:0.1.0"
+    assert settings.rdma_resource_name == "example.com/hca"
+    assert settings.group_backend == "lws"
+    assert settings.pod_log_format == "json"
+    assert settings.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+
+
+def test_external_nats_replaces_the_bundled_server(bins):
+    objs = template(bins, "nats.enabled=false", "nats.externalAddress=nats://nats.messaging.svc:4222")
+    assert not find(objs, "StatefulSet") and not find(objs, "Service") and not find(objs, "ConfigMap")
+    assert _operator_settings(objs).nats_url == "nats://nats.messaging.svc:4222"
+
+
+def test_bundled_nats_runs_jetstream_behind_its_service(bins):
+    objs = template(bins)
+    (sts,) = find(objs, "StatefulSet")
+    (config,) = find(objs, "ConfigMap")
+    assert "jetstream {" in config["data"]["nats.conf"]
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("nats:")
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz?js-enabled-only=true"
+    services = {s["metadata"]["name"]: s for s in find(objs, "Service")}
+    assert sts["spec"]["serviceName"] in services
+    assert services[sts["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    assert "t-dynamo-operator-nats" in services
+
+
+def test_chart_crd_is_the_generated_crd():
+    chart_copy = CHART / "crds" / "nvidia.com_dynamographdeployments.yaml"
+    generated = REPO / "crds" / "nvidia.com_dynamographdeployments.yaml"
+    assert chart_copy.read_text() == generated.read_text(), (
+        "charts/dynamo-operator/crds/ is stale: run `python -m dynamo_operator.api.crdgen`"
+    )
