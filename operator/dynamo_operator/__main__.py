@@ -1,0 +1,106 @@
+"""``python -m dynamo_operator`` / ``dynamo-operator``: run the operator (kopf, in-process).
+
+Start-up: read settings (flags and ``DYN_OPERATOR_*``), connect to the API server, resolve the
+multinode group backend (``auto``: LeaderWorkerSet when its CRD is installed), then run kopf scoped
+to the given namespaces (or the whole cluster), standalone unless ``--peering`` is given, with the
+liveness endpoint ``GET /healthz``. SIGTERM/SIGINT stop it gracefully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Literal
+
+import aiohttp
+import kopf
+
+from dynamo_operator.reconcile import handlers  # noqa: F401  (importing registers the kopf handlers)
+from dynamo_operator.reconcile.controller import Controller
+from dynamo_operator.reconcile.kube import LWS_CRD_NAME, Credentials, Kube, KubeError, load_credentials
+from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
+
+logger = logging.getLogger("dynamo_operator")
+
+__all__ = ["main", "resolve_group_backend"]
+
+
+async def resolve_group_backend(kube: Kube, wanted: str) -> Literal["lws", "statefulset"]:
+    """``auto`` becomes ``lws`` when the LeaderWorkerSet CRD is installed and established."""
+    if wanted == "lws":
+        return "lws"
+    if wanted == "statefulset":
+        return "statefulset"
+    installed = await kube.crd_established(LWS_CRD_NAME)
+    logger.info(
+        "Detected group backend=%s (CRD %s %s)",
+        "lws" if installed else "statefulset",
+        LWS_CRD_NAME,
+        "is installed" if installed else "is not installed",
+    )
+    return "lws" if installed else "statefulset"
+
+
+def _configure_logging(settings: OperatorSettings) -> None:
+    fmt = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL
+    kopf.configure(debug=settings.log_level == "DEBUG", log_format=fmt)
+    logging.getLogger().setLevel(settings.log_level)
+    # kopf reports every handled watch event at INFO; ours say what changed in the world instead.
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
+
+
+async def run(settings: OperatorSettings, creds: Credentials) -> None:
+    async with Kube(creds) as kube:
+        backend = await resolve_group_backend(kube, settings.group_backend)
+        config = settings.operator_config(backend)
+        controller = Controller(
+            kube=kube,
+            config=config,
+            workers=settings.workers,
+            resync_interval_s=settings.resync_interval_s,
+            not_ready_recheck_s=settings.not_ready_recheck_s,
+        )
+        scope = "all namespaces" if settings.all_namespaces else "namespaces " + ",".join(settings.namespace)
+        logger.info("Starting operator scope=%s server=%s", scope, creds.server)
+        await kopf.operator(
+            clusterwide=settings.all_namespaces,
+            namespaces=list(settings.namespace),
+            standalone=settings.peering is None,
+            peering_name=settings.peering,
+            liveness_endpoint=settings.liveness_endpoint,
+            memo=kopf.Memo(controller=controller, credentials=creds),
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"dynamo-operator: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings)
+    try:
+        creds = load_credentials(settings.kubeconfig, settings.use_in_cluster())
+    except Exception as exc:  # the kubernetes config loader raises several unrelated types
+        print(
+            f"dynamo-operator: cannot load Kubernetes credentials ({exc}); pass --kubeconfig PATH, set "
+            "KUBECONFIG, or run in a pod with a service account",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        asyncio.run(run(settings, creds))
+    except (aiohttp.ClientError, KubeError, OSError) as exc:
+        print(
+            f"dynamo-operator: cannot use the Kubernetes API at {creds.server} ({exc}); check the kubeconfig "
+            "and that the operator's account may read customresourcedefinitions",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""The I/O half of the operator: kopf handlers, the Kubernetes client, the reconcile loop.
+
+Pure deciding helpers (``plan``, ``status``, ``conditions``, ``groups``, ``workqueue``) are kept apart
+from the modules that do I/O (``kube``: the only one that talks to the API; ``controller``: the visit;
+``restarts``: multinode group restarts; ``handlers``: every kopf decorator).
+"""

@@ -1,0 +1,87 @@
+"""Every kopf decorator of the operator, in one place. Handlers only route: they never decide.
+
+- DynamoGraphDeployment watch (including the initial listing at start-up, i.e. resume): queue a visit.
+- Watches on our children (Deployments, StatefulSets, LeaderWorkerSets, Services; filtered by our
+  managed-by label): queue a visit of the owning graph, so a deleted or edited child is restored and
+  status follows the children promptly.
+- Pod watch (same label): multinode group restarts (StatefulSet backend).
+
+Only ``on.event`` handlers are used: they keep no progress in the objects (no kopf annotations, no
+finalizers), so deleting a graph never waits for the operator. The visit itself is
+:meth:`dynamo_operator.reconcile.controller.Controller.reconcile`; ``memo.controller`` is set by
+``dynamo_operator.__main__``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from dynamo_operator.api.models import GROUP, PLURAL, VERSION
+from dynamo_operator.reconcile.kube import LWS
+from dynamo_operator.render import labels
+
+logger = logging.getLogger(__name__)
+
+OURS = {labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
+_LWS_GROUP = LWS.api_version.split("/")[0]
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.enabled = False  # we post our own Events, on transitions only
+    settings.networking.request_timeout = 60
+    settings.watching.client_timeout = 600
+    settings.watching.server_timeout = 300
+    memo.controller.start()
+    logger.info(
+        "Started reconcile workers count=%d group_backend=%s",
+        memo.controller.workers,
+        memo.controller.config.group_backend,
+    )
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.stop()
+
+
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    creds = memo.credentials
+    token = creds.token()
+    return kopf.ConnectionInfo(
+        server=creds.server,
+        ca_path=creds.ca_path,
+        insecure=not creds.verify_ssl,
+        token=token,
+        scheme="Bearer" if token else None,
+        certificate_path=creds.cert_path,
+        private_key_path=creds.key_path,
+    )
+
+
+@kopf.on.probe(id="reconcile_queue")
+def reconcile_queue(memo: kopf.Memo, **_: Any) -> int:
+    """Reported by GET /healthz: graphs waiting for or in a visit."""
+    return memo.controller.queue.pending()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def graph_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.graph_event(type, body)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OURS)
+@kopf.on.event("apps", "v1", "statefulsets", labels=OURS)
+@kopf.on.event("v1", "services", labels=OURS)
+@kopf.on.event(_LWS_GROUP, "v1", "leaderworkersets", labels=OURS)
+async def child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.child_event(body)
+
+
+@kopf.on.event("v1", "pods", labels=OURS)
+async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.pod_event(type, body)

@@ -1,0 +1,164 @@
+"""Status of a graph from its OBSERVED children (never from what was desired). Pure.
+
+Per service: ``replicas`` (pods, or groups for multinode services, as the children declare them),
+``readyReplicas`` and ``updatedReplicas``. A multinode group counts as ready only when every
+workload object of the group (LeaderWorkerSet, or the group's StatefulSets) has all its pods ready
+at its current generation; the graph is Ready only when every service has as many ready and
+updated replicas as the spec asks for, and no extra ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dynamo_operator.reconcile.conditions import READY, Cond
+
+WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
+
+STATE_PENDING = "pending"
+STATE_SUCCESSFUL = "successful"
+STATE_FAILED = "failed"
+
+
+class WorkloadLike(Protocol):
+    kind: str
+    name: str
+
+
+class GroupLike(Protocol):
+    name: str
+    workloads: tuple[WorkloadLike, ...]
+
+
+class PlanLike(Protocol):
+    """What status needs from a render ``ServicePlan``: the structure, never the counts to report."""
+
+    kind: str
+    replicas: int
+    nodes_per_replica: int
+    children: tuple[str, ...]
+    groups: tuple[GroupLike, ...]
+
+
+@dataclass(frozen=True)
+class ServiceCounts:
+    kind: str
+    replicas: int
+    ready: int
+    updated: int
+    desired: int
+    names: tuple[str, ...] = field(default=())
+
+    @property
+    def is_ready(self) -> bool:
+        return self.replicas == self.desired and self.ready == self.desired and self.updated == self.desired
+
+    def as_status(self) -> dict:
+        status = {
+            "componentKind": self.kind,
+            "replicas": self.replicas,
+            "readyReplicas": self.ready,
+            "updatedReplicas": self.updated,
+        }
+        if self.names:
+            status["componentName"] = self.names[0]
+            if len(self.names) > 1:
+                status["componentNames"] = list(self.names)
+        return status
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _current(obj: dict) -> bool:
+    """The child's controller has seen its latest spec (observedGeneration caught up)."""
+    observed = obj.get("status", {}).get("observedGeneration")
+    generation = obj.get("metadata", {}).get("generation")
+    return observed is None if generation is None else _int(observed) >= generation
+
+
+def workload_counts(obj: dict) -> tuple[int, int, int]:
+    """(desired, ready, updated) pods (or LWS groups) of one workload object, as observed."""
+    spec_replicas = obj.get("spec", {}).get("replicas", 1)
+    status = obj.get("status", {}) or {}
+    if not _current(obj):
+        return _int(spec_replicas), 0, 0
+    return _int(spec_replicas), _int(status.get("readyReplicas")), _int(status.get("updatedReplicas"))
+
+
+def _workload_state(obj: dict | None) -> tuple[bool, bool]:
+    """(all pods ready, all pods updated) of one observed workload; a missing one is neither."""
+    if obj is None:
+        return False, False
+    desired, ready, updated = workload_counts(obj)
+    return ready >= desired, updated >= desired
+
+
+def service_counts(
+    name: str,
+    plan: PlanLike,
+    children: Iterable[dict],
+    *,
+    component_label: str,
+    group_label: str,
+) -> ServiceCounts:
+    """Aggregate the observed workload children of one service, using the plan only for structure
+    (which objects belong to which group)."""
+    mine = {
+        c["metadata"]["name"]: c
+        for c in children
+        if c.get("kind") == plan.kind
+        and (c.get("metadata", {}).get("labels") or {}).get(component_label) == name
+    }
+    names = tuple(sorted(mine))
+    if plan.groups:
+        replicas = len({(c["metadata"].get("labels") or {}).get(group_label) or n for n, c in mine.items()})
+        ready = updated = 0
+        for group in plan.groups:
+            states = [_workload_state(mine.get(w.name)) for w in group.workloads]
+            ready += all(r for r, _ in states)
+            updated += all(u for _, u in states)
+        return ServiceCounts(plan.kind, replicas, ready, updated, plan.replicas, names)
+    replicas = ready = updated = 0
+    for c in mine.values():
+        desired, r, u = workload_counts(c)
+        replicas += desired
+        ready += min(r, desired)
+        updated += min(u, desired)
+    return ServiceCounts(plan.kind, replicas, ready, updated, plan.replicas, names)
+
+
+def all_counts(
+    plans: Mapping[str, PlanLike], children: Iterable[dict], *, component_label: str, group_label: str
+) -> dict[str, ServiceCounts]:
+    children = list(children)
+    return {
+        name: service_counts(name, plan, children, component_label=component_label, group_label=group_label)
+        for name, plan in sorted(plans.items())
+    }
+
+
+def ready_condition(counts: Mapping[str, ServiceCounts]) -> Cond:
+    """Ready=True when every service is ready; otherwise a message naming what is missing."""
+    waiting = [
+        f"{name} {c.ready}/{c.desired} {'groups' if c.kind != 'Deployment' else 'replicas'} ready"
+        + (f" ({c.replicas} exist)" if c.replicas != c.desired else "")
+        for name, c in counts.items()
+        if not c.is_ready
+    ]
+    if not waiting:
+        return Cond(READY, "True", "AllServicesReady", f"All {len(counts)} services are ready")
+    return Cond(
+        READY,
+        "False",
+        "ServicesNotReady",
+        "Waiting for " + ", ".join(waiting) + "; see `kubectl get pods -l "
+        "app.kubernetes.io/managed-by` and the Events of the pods for why they are not ready",
+    )
+
+
+def services_status(counts: Mapping[str, ServiceCounts]) -> dict[str, dict]:
+    return {name: c.as_status() for name, c in counts.items()}

@@ -1,0 +1,214 @@
+"""Fixtures for operator integration tests on the real local control plane: the CRDs installed once,
+the operator run as a real subprocess (``python -m dynamo_operator``) scoped to the test's namespace,
+and a small kubectl helper that polls the state of the world with deadlines."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dynamo_worker.runtime.nats_server import free_port
+
+from tests.support.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = REPO / "examples"
+LWS_CRD = Path(__file__).with_name("lws-crd.yaml")
+DGD_CRD = "dynamographdeployments.nvidia.com"
+LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
+WAIT_S = 60.0
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+def example(name: str) -> dict:
+    """An example manifest as a dict (a fresh copy each call)."""
+    return copy.deepcopy(yaml.safe_load((EXAMPLES / name).read_text()))
+
+
+@dataclass
+class Kubectl:
+    """kubectl against the local control plane, in one namespace, returning parsed JSON."""
+
+    cluster: LocalCluster
+    namespace: str
+
+    def run(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        return self.cluster.kubectl("-n", self.namespace, *args, input=input, check=check)
+
+    def apply(self, manifest: dict) -> None:
+        self.run("apply", "-f", "-", input=json.dumps(manifest))
+
+    def get(self, kind: str, name: str) -> dict | None:
+        out = self.run("get", kind, name, "-o", "json", "--ignore-not-found")
+        return json.loads(out) if out.strip() else None
+
+    def list(self, kind: str, selector: str | None = None) -> list[dict]:
+        args = ["get", kind, "-o", "json"] + (["-l", selector] if selector else [])
+        return json.loads(self.run(*args))["items"]
+
+    def patch(self, kind: str, name: str, patch: Any, type_: str = "merge") -> None:
+        self.run("patch", kind, name, "--type", type_, "-p", json.dumps(patch))
+
+    def delete(self, kind: str, name: str, *args: str) -> None:
+        self.run("delete", kind, name, *args)
+
+    def events(self, name: str, reason: str | None = None) -> list[dict]:
+        items = self.list("events")
+        return [
+            e
+            for e in items
+            if e["involvedObject"].get("name") == name and (reason is None or e.get("reason") == reason)
+        ]
+
+    def condition(self, dgd: str, type_: str = "Ready") -> dict | None:
+        obj = self.get("dgd", dgd)
+        conds = ((obj or {}).get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == type_), None)
+
+    def wait_ready(self, dgd: str, timeout: float = WAIT_S) -> dict:
+        """``kubectl wait --for=condition=Ready``, then the DGD."""
+        self.run("wait", "--for=condition=Ready", f"dgd/{dgd}", f"--timeout={int(timeout)}s")
+        obj = self.get("dgd", dgd)
+        assert obj is not None
+        return obj
+
+
+@pytest.fixture(scope="session")
+def dgd_crd(kube_cluster: LocalCluster) -> None:
+    """The DynamoGraphDeployment CRD from crds/, applied once per session and Established."""
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{DGD_CRD}", "--timeout=60s")
+
+
+@pytest.fixture
+def kc(kube_cluster: LocalCluster, k8s_namespace: str, dgd_crd: None) -> Kubectl:
+    return Kubectl(kube_cluster, k8s_namespace)
+
+
+@pytest.fixture
+def lws_crd(kube_cluster: LocalCluster) -> Iterator[None]:
+    """A minimal LeaderWorkerSet CRD (no LWS controller runs here), removed after the test so that
+    other tests see a cluster without it."""
+    kube_cluster.kubectl("apply", "-f", str(LWS_CRD))
+    kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{LWS_CRD_NAME}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        kube_cluster.kubectl(
+            "delete", "crd", LWS_CRD_NAME, "--ignore-not-found", "--timeout=60s", check=False
+        )
+
+
+@dataclass
+class OperatorProcess:
+    """``python -m dynamo_operator --namespace NS`` as a subprocess; start/stop/restart it."""
+
+    kubeconfig: Path
+    namespace: str
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    proc: subprocess.Popen | None = None
+    port: int = 0
+    _log: Any = field(default=None, repr=False)
+
+    def start(self, timeout: float = 30.0) -> OperatorProcess:
+        assert self.proc is None, "already running"
+        self.port = free_port()
+        self._log = self.log_path.open("ab")
+        cmd = [
+            sys.executable, "-m", "dynamo_operator",
+            "--namespace", self.namespace,
+            "--kubeconfig", str(self.kubeconfig),
+            "--liveness-host", "127.0.0.1",
+            "--liveness-port", str(self.port),
+            "--not-ready-recheck-s", "5",
+            *self.extra_args,
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_OPERATOR_")}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"operator not live after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture
+def operator_factory(
+    kube_cluster: LocalCluster, k8s_namespace: str, dgd_crd: None, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start operators for the test's namespace with extra flags; all are stopped after the test
+    (and their log tail printed when the test failed)."""
+    started: list[OperatorProcess] = []
+
+    def start(*extra_args: str) -> OperatorProcess:
+        op = OperatorProcess(kube_cluster.kubeconfig, k8s_namespace, tmp_path / "operator.log", extra_args)
+        started.append(op)
+        return op.start()
+
+    try:
+        yield start
+    finally:
+        for op in started:
+            op.stop()
+        if started:
+            sys.stderr.write(f"--- operator log tail ({started[0].log_path}) ---\n{started[0].log_tail()}\n")
+
+
+@pytest.fixture
+def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
+    """The operator for this namespace, with the group backend detected (auto)."""
+    return operator_factory()

@@ -1,0 +1,146 @@
+"""Status aggregation from observed children: per-service counts, multinode groups ready only when all
+their workloads are, stale observedGeneration counts as not ready, and the Ready condition's message."""
+
+from dataclasses import dataclass
+
+from dynamo_operator.reconcile.status import all_counts, ready_condition, services_status
+
+COMPONENT = "nvidia.com/dynamo-component"
+GROUP = "nvidia.com/dynamo-group"
+
+
+@dataclass(frozen=True)
+class W:
+    kind: str
+    name: str
+    pods: int
+
+
+@dataclass(frozen=True)
+class G:
+    name: str
+    workloads: tuple[W, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    kind: str
+    replicas: int
+    nodes_per_replica: int = 1
+    children: tuple[str, ...] = ()
+    groups: tuple[G, ...] = ()
+
+
+def workload(kind, name, service, *, replicas, ready, updated=None, generation=1, observed=1, group=None):
+    labels = {COMPONENT: service}
+    if group:
+        labels[GROUP] = group
+    return {
+        "kind": kind,
+        "metadata": {"name": name, "labels": labels, "generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": ready if updated is None else updated,
+        },
+    }
+
+
+def counts(plans, children):
+    return all_counts(plans, children, component_label=COMPONENT, group_label=GROUP)
+
+
+def test_deployments_ready_and_not_ready():
+    plans = {"frontend": Plan("Deployment", 1), "decode": Plan("Deployment", 2)}
+    children = [
+        workload("Deployment", "g-frontend", "frontend", replicas=1, ready=1),
+        workload("Deployment", "g-decode", "decode", replicas=2, ready=1),
+        {"kind": "Service", "metadata": {"name": "g-frontend", "labels": {COMPONENT: "frontend"}}},
+    ]
+    c = counts(plans, children)
+    assert services_status(c) == {
+        "decode": {
+            "componentKind": "Deployment",
+            "componentName": "g-decode",
+            "replicas": 2,
+            "readyReplicas": 1,
+            "updatedReplicas": 1,
+        },
+        "frontend": {
+            "componentKind": "Deployment",
+            "componentName": "g-frontend",
+            "replicas": 1,
+            "readyReplicas": 1,
+            "updatedReplicas": 1,
+        },
+    }
+    cond = ready_condition(c)
+    assert (cond.status, cond.reason) == ("False", "ServicesNotReady")
+    assert "decode 1/2 replicas ready" in cond.message and "frontend" not in cond.message
+
+
+def test_all_ready():
+    plans = {"frontend": Plan("Deployment", 1)}
+    cond = ready_condition(
+        counts(plans, [workload("Deployment", "g-frontend", "frontend", replicas=1, ready=1)])
+    )
+    assert (cond.status, cond.reason) == ("True", "AllServicesReady")
+
+
+def test_stale_generation_is_not_ready():
+    plans = {"decode": Plan("Deployment", 1)}
+    child = workload("Deployment", "g-decode", "decode", replicas=1, ready=1, generation=2, observed=1)
+    c = counts(plans, [child])
+    assert c["decode"].ready == 0 and not c["decode"].is_ready
+
+
+def test_missing_child_is_not_ready():
+    c = counts({"decode": Plan("Deployment", 1)}, [])
+    assert (c["decode"].replicas, c["decode"].ready) == (0, 0)
+    assert "decode 0/1 replicas ready (0 exist)" in ready_condition(c).message
+
+
+def group(i: int) -> G:
+    return G(f"g-decode-{i}", (W("StatefulSet", f"g-decode-{i}", 1), W("StatefulSet", f"g-decode-{i}-w", 1)))
+
+
+def test_statefulset_group_ready_only_when_every_workload_is():
+    plans = {"decode": Plan("StatefulSet", 2, nodes_per_replica=2, groups=(group(0), group(1)))}
+    children = [
+        workload("StatefulSet", "g-decode-0", "decode", replicas=1, ready=1, group="g-decode-0"),
+        workload("StatefulSet", "g-decode-0-w", "decode", replicas=1, ready=1, group="g-decode-0"),
+        workload("StatefulSet", "g-decode-1", "decode", replicas=1, ready=1, group="g-decode-1"),
+        workload("StatefulSet", "g-decode-1-w", "decode", replicas=1, ready=0, group="g-decode-1"),
+    ]
+    c = counts(plans, children)["decode"]
+    assert (c.replicas, c.ready, c.updated, c.is_ready) == (2, 1, 1, False)
+    children[-1] = workload("StatefulSet", "g-decode-1-w", "decode", replicas=1, ready=1, group="g-decode-1")
+    c = counts(plans, children)["decode"]
+    assert (c.replicas, c.ready, c.is_ready) == (2, 2, True)
+    assert c.as_status()["componentNames"] == ["g-decode-0", "g-decode-0-w", "g-decode-1", "g-decode-1-w"]
+
+
+def test_extra_group_being_removed_keeps_service_not_ready():
+    plans = {"decode": Plan("StatefulSet", 1, nodes_per_replica=2, groups=(group(0),))}
+    children = [
+        workload("StatefulSet", n, "decode", replicas=1, ready=1, group=g)
+        for n, g in (
+            ("g-decode-0", "g-decode-0"),
+            ("g-decode-0-w", "g-decode-0"),
+            ("g-decode-1", "g-decode-1"),
+        )
+    ]
+    c = counts(plans, children)["decode"]
+    assert (c.replicas, c.ready, c.is_ready) == (2, 1, False)
+
+
+def test_lws_group():
+    lws_group = G("g-decode-0", (W("LeaderWorkerSet", "g-decode-0", 2),))
+    plans = {"decode": Plan("LeaderWorkerSet", 1, nodes_per_replica=2, groups=(lws_group,))}
+    child = workload("LeaderWorkerSet", "g-decode-0", "decode", replicas=1, ready=0, group="g-decode-0")
+    del child["status"]["observedGeneration"], child["metadata"]["generation"]
+    assert counts(plans, [child])["decode"].ready == 0
+    child["status"]["readyReplicas"] = child["status"]["updatedReplicas"] = 1
+    assert counts(plans, [child])["decode"].is_ready
