@@ -167,11 +167,15 @@ class Preprocessor:
             ) from None
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode(prompt, add_special_tokens=True).ids
+        return self._encode(prompt, add_special_tokens=True)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # encode_batch gives the same ids as encode but releases the GIL while it works, so a long
+        # prompt tokenized in a thread leaves the event loop free.
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def check_ids(self, ids: Sequence[int]) -> None:
         vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)

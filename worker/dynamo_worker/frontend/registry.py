@@ -27,6 +27,8 @@ from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent, Instan
 
 log = logging.getLogger(__name__)
 
+CARD_LOAD_ATTEMPTS = 3
+
 __all__ = ["CardLoader", "ModelEntry", "ModelRegistry"]
 
 CardLoader = Callable[[InstanceRecord], Awaitable[Preprocessor]]
@@ -101,8 +103,7 @@ class ModelRegistry:
 
     async def _load(self, entry: ModelEntry, record: InstanceRecord) -> None:
         try:
-            async with asyncio.timeout(self._load_timeout_s):
-                entry.preprocessor = await self._load_card(record)
+            entry.preprocessor = await self._load_with_retries(record)
             entry.card_checksum = record.model_card_checksum
             entry.load_error = None
             log.info("Serving model model=%s workers=%d", entry.name, len(entry.workers))
@@ -117,6 +118,21 @@ class ModelRegistry:
         finally:
             self._loads.pop(entry.name, None)
             self._changed.set()  # a failed load is retried when the next worker of the model registers
+
+    async def _load_with_retries(self, record: InstanceRecord) -> Preprocessor:
+        """A card being published while it is read can fail one read; try a few times, each bounded."""
+        for attempt in range(1, CARD_LOAD_ATTEMPTS + 1):
+            try:
+                async with asyncio.timeout(self._load_timeout_s):
+                    return await self._load_card(record)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if attempt == CARD_LOAD_ATTEMPTS:
+                    raise
+                log.warning("Retrying model card load model=%s attempt=%d error=%s", record.model, attempt, e)
+                await asyncio.sleep(attempt)
+        raise AssertionError("unreachable")
 
     async def run(self, events: AsyncIterator[InstanceEvent]) -> None:
         """Apply discovery events (``InstanceWatcher.events()``) until the iterator ends or is cancelled."""

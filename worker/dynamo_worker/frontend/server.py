@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 __all__ = ["OpenAIServer"]
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# Prompts at least this long (characters) are tokenized in a thread: a few milliseconds of tokenizing
+# would otherwise stall every stream this frontend relays. Shorter ones cost less than the hop.
+THREAD_TOKENIZE_CHARS = 4096
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -71,6 +74,13 @@ async def _openai_errors(
         log.exception("Unhandled error method=%s path=%s", request.method, request.path)
         error = ApiError("Internal error in the frontend; see its log.", code="internal_error")
         return _json(error.body(), status=500)
+
+
+async def _tokenize(chars: int, encode: Callable[..., list[int]], *args: Any) -> list[int]:
+    """``encode(*args)``, in a thread when the text is ``chars`` >= ``THREAD_TOKENIZE_CHARS`` long."""
+    if chars < THREAD_TOKENIZE_CHARS:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
 
 
 @dataclass
@@ -212,7 +222,9 @@ class OpenAIServer:
             {"role": m.role, "content": m.text() or "", **({"name": m.name} if m.name else {})}
             for m in req.messages
         ]
-        ids = pre.encode_chat(messages, req.add_generation_prompt)
+        ids = await _tokenize(
+            sum(len(m["content"]) for m in messages), pre.encode_chat, messages, req.add_generation_prompt
+        )
         return self._job("chat", req, entry, ids, req.token_limit(), "messages", default_max=None)
 
     async def _completion(self, body: bytes) -> _Job:
@@ -222,7 +234,7 @@ class OpenAIServer:
         assert pre is not None
         prompt = req.prompt_text_or_ids()
         if isinstance(prompt, str):
-            ids = pre.encode_prompt(prompt)
+            ids = await _tokenize(len(prompt), pre.encode_prompt, prompt)
         else:
             pre.check_ids(prompt)
             ids = prompt
@@ -333,6 +345,9 @@ class OpenAIServer:
         finish: str | None = None
         texts: list[str] = []
         last_token_at: float | None = None
+        # SSE events not sent yet. Mid-stream an event is sent at once; the events after the finish
+        # reason wait for the end of the stream, so it ends in one write instead of four.
+        pending: list[bytes] = []
 
         async def emit(text: str) -> None:
             nonlocal response
@@ -345,9 +360,12 @@ class OpenAIServer:
                 )
                 await response.prepare(http_request)
                 if job.kind == "chat":
-                    await response.write(shaper.sse(shaper.chunk(None, None, role=True)))
+                    pending.append(shaper.sse(shaper.chunk(None, None, role=True)))
             if text or finish is not None:
-                await response.write(shaper.sse(shaper.chunk(text, finish)))
+                pending.append(shaper.sse(shaper.chunk(text, finish)))
+            if finish is None and pending:
+                await response.write(b"".join(pending))
+                pending.clear()
 
         try:
             async with contextlib.aclosing(self.dispatcher.generate(job.entry, job.generate)) as chunks:
@@ -380,8 +398,7 @@ class OpenAIServer:
             log.warning(
                 "Stream failed after it started status=%d code=%s message=%s", e.status, e.code, e.message
             )
-            await response.write(shaper.sse(e.body()))
-            await response.write_eof()
+            await response.write_eof(b"".join(pending) + shaper.sse(e.body()))
             return response
         except ConnectionResetError:
             self.metrics.errors.labels("client_disconnected").inc()
@@ -402,9 +419,9 @@ class OpenAIServer:
             await emit("")
         assert response is not None
         if job.include_usage:
-            await response.write(shaper.sse(shaper.usage_chunk(usage)))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            pending.append(shaper.sse(shaper.usage_chunk(usage)))
+        pending.append(b"data: [DONE]\n\n")
+        await response.write_eof(b"".join(pending))
         return response
 
 

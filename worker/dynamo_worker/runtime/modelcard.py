@@ -15,6 +15,7 @@ same model publish once. ``InstanceRecord.model_card_checksum`` points at it; th
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
@@ -165,14 +166,28 @@ async def publish_model_card(
             except nats.js.errors.ObjectNotFoundError:
                 pass
             for f in card.files:
-                await store.put(f"{card.checksum}/{f}", (Path(model_dir) / f).read_bytes())
-            await store.put(f"{card.checksum}/{CARD_OBJECT}", card.model_dump_json().encode())
+                await _put_once(store, f"{card.checksum}/{f}", (Path(model_dir) / f).read_bytes())
+            await _put_once(store, f"{card.checksum}/{CARD_OBJECT}", card.model_dump_json().encode())
     except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
         raise ModelCardError(f"could not publish the model card of {name}: {NO_JETSTREAM}") from None
     except (nats.errors.Error, TimeoutError) as e:
         raise ModelCardError(f"could not publish the model card of {name} to NATS: {e!r}") from None
     log.info("Published model card name=%s checksum=%s files=%s", name, card.checksum[:12], list(card.files))
     return card
+
+
+async def _put_once(store: ObjectStore, name: str, data: bytes) -> None:
+    """Put ``name`` unless an object with the same content is already there. Workers of one model
+    (prefill and decode start together) publish the same card at once; re-putting an object purges the
+    chunks of the copy a frontend may be reading at that moment, which then never completes."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+    try:
+        info = await store.get_info(name)
+        if not info.deleted and (info.digest or "").partition("=")[2] == digest:  # "SHA-256=<b64>"
+            return
+    except nats.js.errors.ObjectNotFoundError:
+        pass
+    await store.put(name, data)
 
 
 async def fetch_model_card(
