@@ -14,7 +14,7 @@ from typing import Literal
 from dynamo_operator.api import contract
 from pydantic import BaseModel, ConfigDict, Field
 
-from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
+from dynamo_worker.runtime.settings import add_model_arguments, cache_root, settings_from_args
 
 __all__ = ["RunSettings", "parse_args"]
 
@@ -74,7 +74,7 @@ class RunSettings(BaseModel):
         json_schema_extra={"env": "DYN_RUN_LOG_DIR", "metavar": "DIR"},
     )
     cache_dir: Path = Field(
-        Path.home() / ".cache" / "dynamo-sglang",
+        default_factory=cache_root,
         description="Where the generated tiny model is kept between runs.",
         json_schema_extra={"env": "DYN_RUN_CACHE_DIR", "metavar": "DIR"},
     )

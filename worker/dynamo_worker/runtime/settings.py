@@ -23,6 +23,7 @@ import time
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -43,6 +44,16 @@ M = TypeVar("M", bound=BaseModel)
 
 class SettingsError(ValueError):
     """A flag or environment variable has a value the process cannot run with."""
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """The project's cache folder (tiny model, SGLang source for the compatibility check, binaries):
+    ``$DYNAMO_CACHE``, else ``$XDG_CACHE_HOME/dynamo-sglang``, else ``~/.cache/dynamo-sglang``; the same
+    rule as ``hack/*.sh``."""
+    env = os.environ if env is None else env
+    if env.get("DYNAMO_CACHE"):
+        return Path(env["DYNAMO_CACHE"])
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynamo-sglang"
 
 
 def new_instance_id() -> str:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynamo_worker.runtime.settings import cache_root
 from dynamo_worker.sglang import uses
 from dynamo_worker.sglang.uses import Use
 
@@ -32,7 +33,6 @@ __all__ = ["CompatError", "SourceIndex", "check", "fetch_sglang_source", "main"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE = Path.home() / ".cache" / "dynamo-sglang"
 PIP_TIMEOUT_S = 600
 
 
@@ -40,8 +40,9 @@ class CompatError(RuntimeError):
     """SGLang's source could not be obtained; the message says how to provide it."""
 
 
-def fetch_sglang_source(version: str = uses.SGLANG_VERSION, cache_dir: Path = DEFAULT_CACHE) -> Path:
+def fetch_sglang_source(version: str = uses.SGLANG_VERSION, cache_dir: Path | None = None) -> Path:
     """A folder holding ``sglang/`` (Python files only) of the pinned version, fetched once."""
+    cache_dir = cache_dir or cache_root()
     dest = cache_dir / f"sglang-{version}-src"
     if (dest / "sglang" / "__init__.py").is_file():
         return dest
@@ -257,7 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sglang-src", type=Path, help="a folder containing sglang/ (default: fetch the pin)"
     )
     parser.add_argument(
-        "--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the pinned wheel is kept"
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where the pinned wheel is kept (default: the project cache folder)",
     )
     args = parser.parse_args(argv)
     try:
