@@ -84,10 +84,11 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 (scope=cluster) and the per-namespace Roles (scope=namespaces).
 */}}
 {{- define "dynamo-operator.namespacedRules" -}}
-# The custom resource: kopf watches it, patches its status and its own progress annotations/finalizers.
+# The custom resource: watched only (the operator uses kopf event handlers, which write no progress
+# annotations or finalizers on it); status is written through the subresource.
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments/status"]
   verbs: ["get", "patch", "update"]
@@ -100,9 +101,9 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# ConfigMaps and PersistentVolumeClaims come from spec.pvcs and the rendered graph.
+# Services of the graph, and PersistentVolumeClaims from spec.pvcs.
 - apiGroups: [""]
-  resources: ["services", "configmaps", "persistentvolumeclaims"]
+  resources: ["services", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]

@@ -58,7 +58,6 @@ STATEFULSET = ResourceType("apps/v1", "StatefulSet", "statefulsets")
 SERVICE = ResourceType("v1", "Service", "services")
 POD = ResourceType("v1", "Pod", "pods")
 EVENT = ResourceType("v1", "Event", "events")
-CONFIGMAP = ResourceType("v1", "ConfigMap", "configmaps")
 PVC = ResourceType("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 LWS = ResourceType("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
 CRD = ResourceType(
@@ -67,7 +66,7 @@ CRD = ResourceType(
 
 KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
     (t.api_version, t.kind): t
-    for t in (DGD, DEPLOYMENT, STATEFULSET, SERVICE, POD, EVENT, CONFIGMAP, PVC, LWS, CRD)
+    for t in (DGD, DEPLOYMENT, STATEFULSET, SERVICE, POD, EVENT, PVC, LWS, CRD)
 }
 
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"

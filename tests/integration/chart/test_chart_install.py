@@ -93,7 +93,8 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         # Least privilege, seen by the API server: what the operator needs, and not more.
         who = f"--as=system:serviceaccount:{ns}:{sa}"
         can = lambda *a: kube_cluster.kubectl("auth", "can-i", *a, who, check=False).strip()  # noqa: E731
-        assert can("patch", "dynamographdeployments.nvidia.com/status", "-n", ns) == "yes"
+        assert can("patch", "dynamographdeployments.nvidia.com", "--subresource=status", "-n", ns) == "yes"
+        assert can("patch", "dynamographdeployments.nvidia.com", "-n", ns) == "no"  # spec is the user's
         assert can("delete", "pods", "-n", ns) == "yes"
         assert can("list", "secrets", "-n", ns) == "no"
         assert can("create", "deployments", "-n", "default") == "no"
