@@ -65,8 +65,7 @@ CRD = ResourceType(
 )
 
 KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
-    (t.api_version, t.kind): t
-    for t in (DGD, DEPLOYMENT, STATEFULSET, SERVICE, POD, EVENT, PVC, LWS, CRD)
+    (t.api_version, t.kind): t for t in (DGD, DEPLOYMENT, STATEFULSET, SERVICE, POD, EVENT, PVC, LWS, CRD)
 }
 
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
