@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -96,23 +97,7 @@ class OpenAITarget:
 
     async def send(self, spec: RequestSpec) -> RequestResult:
         data = orjson.dumps(self.body(spec))
-        result = RequestResult(start=time.perf_counter())
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self.session.post(self.endpoint, data=data, headers=self.headers) as response:
-                    if response.status != 200:
-                        await _http_error(response, result)
-                    else:
-                        await self._read_sse(response, result)
-        except TimeoutError:
-            result.error, result.error_message = "timeout", f"no complete answer within {self.timeout_s}s"
-        except aiohttp.ClientConnectorError as e:
-            result.error, result.error_message = "connect", str(e)
-        except (aiohttp.ClientError, ConnectionError) as e:
-            result.error, result.error_message = "stream_broken", str(e) or type(e).__name__
-        finally:
-            result.end = time.perf_counter()
-        return result
+        return await _post(self.session, self.endpoint, data, self.headers, self.timeout_s, self._read_sse)
 
     async def _read_sse(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
         chunks_with_output = 0
@@ -194,26 +179,9 @@ class RequestPlaneTarget:
         )
 
     async def send(self, spec: RequestSpec) -> RequestResult:
+        headers = {"Content-Type": "application/json"}
         data = self.body(spec)
-        result = RequestResult(start=time.perf_counter())
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self.session.post(
-                    self.url, data=data, headers={"Content-Type": "application/json"}
-                ) as response:
-                    if response.status != 200:
-                        await _http_error(response, result)
-                    else:
-                        await self._read_ndjson(response, result)
-        except TimeoutError:
-            result.error, result.error_message = "timeout", f"no complete answer within {self.timeout_s}s"
-        except aiohttp.ClientConnectorError as e:
-            result.error, result.error_message = "connect", str(e)
-        except (aiohttp.ClientError, ConnectionError) as e:
-            result.error, result.error_message = "stream_broken", str(e) or type(e).__name__
-        finally:
-            result.end = time.perf_counter()
-        return result
+        return await _post(self.session, self.url, data, headers, self.timeout_s, self._read_ndjson)
 
     async def _read_ndjson(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
         tokens = 0
@@ -238,3 +206,31 @@ class RequestPlaneTarget:
                 result.cached_tokens = int(usage.get("cached_tokens") or 0)  # omitted when 0
                 return
         result.error, result.error_message = "incomplete", "the stream ended without a finish_reason"
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    data: bytes,
+    headers: dict[str, str],
+    timeout_s: float,
+    read: Callable[[aiohttp.ClientResponse, RequestResult], Awaitable[None]],
+) -> RequestResult:
+    """POST one request and time it; ``read`` consumes a 200 stream. Failures land in the result."""
+    result = RequestResult(start=time.perf_counter())
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, data=data, headers=headers) as response:
+                if response.status != 200:
+                    await _http_error(response, result)
+                else:
+                    await read(response, result)
+    except TimeoutError:
+        result.error, result.error_message = "timeout", f"no complete answer within {timeout_s}s"
+    except aiohttp.ClientConnectorError as e:
+        result.error, result.error_message = "connect", str(e)
+    except (aiohttp.ClientError, ConnectionError) as e:
+        result.error, result.error_message = "stream_broken", str(e) or type(e).__name__
+    finally:
+        result.end = time.perf_counter()
+    return result
