@@ -1,12 +1,14 @@
 """dynamo-run end to end: examples/agg.yaml and examples/disagg.yaml served on the mocker as local
 processes, driven by the official openai client: streaming chat, completions and usage counts; killing
-the decode process makes requests fail with a clear error and dynamo-run reports it; SIGTERM stops
-every process dynamo-run started (checked by PID and process group)."""
+the decode process makes requests fail with a clear error and dynamo-run reports it (keeping its log);
+SIGTERM stops every process dynamo-run started (checked by PID and process group) and leaves no
+temporary file, even of a process that was killed."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,16 +30,21 @@ STOP_S = 40.0
 class DynamoRun:
     """``dynamo-run MANIFEST`` as a subprocess on a free port, its output collected line by line."""
 
-    def __init__(self, manifest: Path, tmp: Path, cache: Path) -> None:
+    def __init__(self, manifest: Path, tmp: Path, cache: Path, *, log_dir: bool = True) -> None:
         self.port = free_port()
         self.lines: list[str] = []
         self._lock = threading.Lock()
         argv = [
             str(Path(sys.executable).parent / "dynamo-run"), str(manifest), "--engine", "mocker",
-            "--port", str(self.port), "--log-dir", str(tmp / "logs"), "--cache-dir", str(cache),
+            "--port", str(self.port), "--cache-dir", str(cache),
             "--startup-timeout", str(STARTUP_S), "--grace-period", "5",
         ]  # fmt: skip
+        if log_dir:
+            argv += ["--log-dir", str(tmp / "logs")]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_"))}
+        self.tmpdir = tmp / "tmp"  # every temporary file of the run lands here, to check it is removed
+        self.tmpdir.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(self.tmpdir)
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
         )
@@ -129,8 +136,8 @@ def cache_dir(tmp_path_factory) -> Path:
 def dynamo_run(tmp_path, cache_dir):
     runs: list[DynamoRun] = []
 
-    def start(example: str) -> DynamoRun:
-        run = DynamoRun(ROOT / "examples" / example, tmp_path, cache_dir)
+    def start(example: str, *, log_dir: bool = True) -> DynamoRun:
+        run = DynamoRun(ROOT / "examples" / example, tmp_path, cache_dir, log_dir=log_dir)
         runs.append(run)
         run.wait_for(r"Serving namespace=", STARTUP_S + 30)
         return run
@@ -180,6 +187,8 @@ def stop_and_check_nothing_left(run: DynamoRun) -> None:
     left = {name: pid for name, pid in pids.items() if alive(pid) or group_members(pid)}
     assert left == {}, f"still running after SIGTERM: {left}\n{run.output()}"
     assert "Stopped" in run.output()
+    left_files = [p.name for p in run.tmpdir.iterdir() if not p.name.startswith("dynamo-run-logs-")]
+    assert left_files == [], "temporary files left behind"
 
 
 def test_agg_serves_chat_and_completions_and_sigterm_leaves_nothing(dynamo_run):
@@ -214,5 +223,19 @@ def test_a_dead_frontend_stops_everything_with_exit_1(dynamo_run):
     os.killpg(pids["Frontend"], signal.SIGKILL)
     assert run.proc.wait(STOP_S) == 1, run.output()
     assert "Frontend (the frontend) exited with signal SIGKILL" in run.output()
+    assert list(run.tmpdir.iterdir()) == []  # what the killed frontend could not clean up is gone too
     left = {name: pid for name, pid in pids.items() if alive(pid) or group_members(pid)}
     assert left == {}, f"still running after the frontend died: {left}\n{run.output()}"
+
+
+def test_the_temporary_log_folder_outlives_a_run_in_which_a_worker_died(dynamo_run):
+    run = dynamo_run("agg.yaml", log_dir=False)
+    logs = Path(run.wait_for(r"logs:\s+(\S+)", 5)[1])
+    try:
+        os.killpg(run.started_pids()["decode-0"], signal.SIGKILL)
+        run.wait_for(r"decode-0 EXITED with signal SIGKILL", 30)
+        stop_and_check_nothing_left(run)
+        assert f"Kept the logs in {logs}" in run.output()
+        assert (logs / "decode-0.log").is_file()  # where the EXITED report pointed
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)

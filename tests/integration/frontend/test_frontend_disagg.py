@@ -1,7 +1,8 @@
 """Disaggregated serving end to end: with 1 prefill + 1 decode mocker the frontend sends both legs
 concurrently with one bootstrap room and streams the decode leg; when the prefill leg fails the decode
 leg is cancelled and the client gets an error in bounded time; with only decode workers left the
-answer is 503 naming the missing prefill workers (never a silent decode-only request)."""
+answer is 503 naming the missing prefill workers (never a silent decode-only request); a killed prefill or
+decode worker that discovery still lists is skipped for another worker of its role."""
 
 from __future__ import annotations
 
@@ -109,3 +110,26 @@ async def test_decode_killed_mid_stream_errors_not_hangs(mockers, frontend_facto
     while fe.server.inflight:
         assert time.monotonic() < deadline, "the frontend kept the request in flight"
         await asyncio.sleep(0.05)
+
+
+async def test_dead_decode_worker_still_in_discovery_is_skipped(mockers, frontend_factory, wait_workers):
+    p, d1, d2 = mockers("prefill"), mockers("decode"), mockers("decode")
+    fe = await frontend_factory()
+    await wait_workers(fe, 3, mockers=[p, d1, d2])
+    d1.kill()  # its record lives until the TTL expires; requests must go to the other decode worker
+    async with client(fe) as c:
+        for _ in range(4):
+            r = await c.completions.create(model=MODEL, prompt="hi", max_tokens=3)
+            assert r.choices[0].finish_reason in ("length", "stop")
+    assert counter(d2.metrics(), "length") + counter(d2.metrics(), "stop") == 4
+
+
+async def test_dead_prefill_worker_still_in_discovery_is_skipped(mockers, frontend_factory, wait_workers):
+    p1, p2, d = mockers("prefill"), mockers("prefill"), mockers("decode")
+    fe = await frontend_factory()
+    await wait_workers(fe, 3, mockers=[p1, p2, d])
+    p1.kill()
+    async with client(fe) as c:
+        for _ in range(4):
+            r = await c.completions.create(model=MODEL, prompt="hi", max_tokens=3)
+            assert r.choices[0].finish_reason in ("length", "stop")

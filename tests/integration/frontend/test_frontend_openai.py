@@ -162,6 +162,10 @@ async def test_models_lists_served_model(served):
     _fe, c = served
     models = await c.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    assert (await c.models.retrieve(MODEL)) == models.data[0]
+    with pytest.raises(openai.NotFoundError) as e:
+        await c.models.retrieve("nope")
+    assert e.value.body["code"] == "model_not_found" and MODEL in e.value.message
 
 
 async def test_no_workers_is_503(frontend_factory):

@@ -92,3 +92,18 @@ def test_tables_show_every_figure_and_the_ratio_of_two_runs():
     assert ttft.split()[-1] == "0.50x"
     hit = next(row for row in comparison.splitlines() if "cache hit rate" in row)
     assert hit.split()[-1] == "-"  # b's rate is 0: no ratio
+
+
+def test_the_table_names_each_error_type_with_the_servers_message():
+    report = summarize(
+        [
+            RequestResult(start=0.0, end=0.1, error="http_404", error_message="model 'nope' is not served"),
+            RequestResult(start=0.0, end=0.2, error="http_404", error_message="model 'nope' is not served"),
+            RequestResult(start=0.0, end=0.3, error="connect", error_message=""),
+        ]
+    )
+    assert report.error_examples == {"connect": "", "http_404": "model 'nope' is not served"}
+    table = format_report(report)
+    assert "error http_404: model 'nope' is not served" in table
+    assert "error connect: (no message)" in table
+    assert report.to_dict()["error_examples"]["http_404"] == "model 'nope' is not served"

@@ -1,12 +1,16 @@
-"""The HTTP layer without workers: request validation (400 naming the field, malformed JSON), unknown
-models (404), models whose workers are gone or unreachable (503/502), decode-only fleets (503 with the
-reason), the over-limit answer (503 overloaded), /v1/models, /health and /live, and /metrics. A real
-aiohttp server on 127.0.0.1 with the real registry, router and request-plane client; the worker
-addresses point at closed ports."""
+"""The HTTP layer without real workers: request validation (400 naming the field, malformed JSON),
+unknown models (404), models whose workers are gone or unreachable (503/502), decode-only fleets (503
+with the reason, neither listed nor healthy), a worker ending a request early (an error, never "stop"),
+the over-limit answer (503 overloaded), /v1/models, /health and /live, and /metrics. A real aiohttp
+server on 127.0.0.1 with the real registry, router and request-plane client; the worker addresses point
+at closed ports, except one real request-plane server with a scripted engine (neither the mocker nor
+SGLang can be made to end a request early on demand)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -14,12 +18,12 @@ from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.frontend.registry import ModelRegistry
-from dynamo_worker.frontend.server import OpenAIServer
-from dynamo_worker.protocol import InstanceRecord
+from dynamo_worker.frontend.server import MAX_BODY_BYTES, OpenAIServer
+from dynamo_worker.protocol import GenerateChunk, GenerateRequest, InstanceRecord
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceRemoved
 from dynamo_worker.runtime.nats_server import free_port
-from dynamo_worker.runtime.request_plane import RequestClient
+from dynamo_worker.runtime.request_plane import RequestClient, RequestServer
 
 
 def record(worker_id: str, role: str = "agg", model: str = "tiny") -> InstanceRecord:
@@ -59,7 +63,7 @@ async def api(model_dir):
 async def add(registry: ModelRegistry, rec: InstanceRecord) -> None:
     registry.apply(InstanceAdded(rec))
     async with asyncio.timeout(10):
-        while rec.model not in registry.served():
+        while (entry := registry.get(rec.model)) is None or entry.preprocessor is None:
             await registry.wait_changed()
 
 
@@ -90,6 +94,7 @@ async def test_models_and_health_follow_discovery(api):
     await add(registry, rec)
     models = await (await http.get("/v1/models")).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert models["data"][0]["created"] > 1_700_000_000  # a unix time, as OpenAI's
     assert (await http.get("/health")).status == 200
     registry.apply(InstanceRemoved(rec.instance_id, rec))
     assert (await (await http.get("/v1/models")).json())["data"] == []
@@ -113,6 +118,15 @@ async def test_models_and_health_follow_discovery(api):
         ({**CHAT, "logprobs": True}, "logprobs"),
         ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
         ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
+        ({**CHAT, "functions": [{"name": "f"}]}, "functions"),
+        ({**CHAT, "function_call": "auto"}, "function_call"),
+        ({**CHAT, "logit_bias": {"5": 100}}, "logit_bias"),
+        ({**CHAT, "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+        (
+            {**CHAT, "messages": [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function"}]}]},
+            "messages[0].tool_calls",
+        ),
         ({**CHAT, "max_completion_tokens": 10**6}, "max_completion_tokens"),
         ({**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}, "messages"),
     ],
@@ -136,6 +150,7 @@ async def test_bad_chat_fields_are_400_naming_the_field(api, body, param):
         ({"model": "tiny", "prompt": ""}, "prompt"),
         ({"model": "tiny", "prompt": []}, "prompt"),
         ({"model": "tiny", "prompt": [[]]}, "prompt"),
+        ({"model": "tiny", "prompt": "hi", "logit_bias": {"5": 100}}, "logit_bias"),
     ],
 )
 async def test_bad_completion_fields_are_400(api, body, param):
@@ -169,6 +184,19 @@ async def test_decode_only_fleet_is_503_never_decode_alone(api):
     r = await http.post("/v1/chat/completions", json=CHAT)
     err = (await r.json())["error"]
     assert r.status == 503 and err["code"] == "no_prefill_workers" and "prefill" in err["message"]
+
+
+@pytest.mark.parametrize("roles", [("prefill",), ("decode",), ("prefill", "prefill")])
+async def test_model_that_cannot_be_served_is_not_listed_nor_healthy(api, roles):
+    http, registry, _ = api
+    for i, role in enumerate(roles):
+        await add(registry, record(str(i) * 16, role=role))
+    assert (await (await http.get("/v1/models")).json())["data"] == []
+    r = await http.get("/health")
+    assert r.status == 503 and "prefill and decode" in (await r.json())["reason"]
+    await add(registry, record("a" * 16, role="decode" if "prefill" in roles else "prefill"))
+    assert [m["id"] for m in (await (await http.get("/v1/models")).json())["data"]] == ["tiny"]
+    assert (await http.get("/health")).status == 200
 
 
 async def test_over_max_inflight_is_refused_at_once(api):
@@ -221,3 +249,56 @@ async def test_new_model_card_is_loaded_when_a_worker_brings_one(model_dir):
             await registry.wait_changed()
     assert loads == ["c1", "c2"]
     await registry.close()
+
+
+async def test_worker_cancelling_on_its_own_is_an_error_not_a_stop(api):
+    """A worker's ``cancelled`` finish means the output was cut short: the client must not see a
+    normal ``stop`` (whole response: 502; stream: an error event and no [DONE])."""
+
+    async def cancels(_: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        yield GenerateChunk(token_ids=[5, 6])
+        yield GenerateChunk(finish_reason="cancelled")
+
+    worker = RequestServer(cancels)
+    port = await worker.start()
+    try:
+        http, registry, _ = api
+        rec = record("a" * 16).model_copy(update={"address": f"127.0.0.1:{port}"})
+        await add(registry, rec)
+        r = await http.post("/v1/chat/completions", json=CHAT)
+        err = (await r.json())["error"]
+        assert r.status == 502 and err["code"] == "worker_cancelled", err
+        r = await http.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        body = await r.text()
+        assert r.status == 200 and '"code":"worker_cancelled"' in body and "[DONE]" not in body
+        assert '"finish_reason":"stop"' not in body
+    finally:
+        await worker.stop()
+
+
+async def test_body_that_never_arrives_is_408_and_frees_its_slot(api):
+    http, registry, server = api
+    await add(registry, record("a" * 16))
+    server.body_read_timeout_s = 0.5
+    reader, writer = await asyncio.open_connection("127.0.0.1", http.port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        async with asyncio.timeout(10):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408")
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    async with asyncio.timeout(10):
+        await server.idle.wait()
+
+
+async def test_oversized_body_is_413_naming_the_limit(api):
+    http, _, _ = api
+    r = await http.post("/v1/completions", data=io.BytesIO(b"x" * (MAX_BODY_BYTES + 1)))
+    err = (await r.json())["error"]
+    assert r.status == 413 and "32 MiB" in err["message"]

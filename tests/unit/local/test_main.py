@@ -1,13 +1,17 @@
 """dynamo-run's command line refuses what cannot run before starting anything: an invalid manifest (the
-operator's validation messages), too few GPUs for SGLang, a busy port; each exits 2 naming the fix."""
+operator's validation messages), SGLang that is not installed or has too few GPUs, a busy port, a
+--model-dir that is not a folder; each exits 2 naming the fix."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 WORKER = """
 apiVersion: nvidia.com/v1alpha1
@@ -63,3 +67,32 @@ def test_a_busy_port_exits_2_naming_the_flag(tmp_path):
         )
     assert done.returncode == 2
     assert f"Port {port} on 127.0.0.1 is not free" in done.stdout and "--port" in done.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed here")
+def test_sglang_that_is_not_installed_exits_2_before_starting_anything(tmp_path):
+    done = dynamo_run(
+        tmp_path, WORKER.replace("REPLICAS", "1"), "--engine", "sglang", env={"CUDA_VISIBLE_DEVICES": "0"}
+    )
+    assert done.returncode == 2
+    assert "--engine sglang needs SGLang" in done.stdout
+    assert "pip install 'dynamo-sglang[sglang]'" in done.stdout and "--engine mocker" in done.stdout
+    assert "Started" not in done.stdout  # no nats-server, no process
+
+
+def test_a_model_dir_that_is_not_a_folder_exits_2_before_starting_anything(tmp_path):
+    missing = tmp_path / "no-such-model"
+    done = dynamo_run(
+        tmp_path, WORKER.replace("REPLICAS", "1"), "--engine", "mocker", "--model-dir", str(missing)
+    )
+    assert done.returncode == 2
+    assert f"--model-dir {missing} is not a folder" in done.stdout and "drop the flag" in done.stdout
+    assert "Started" not in done.stdout
+
+
+def test_help_lists_the_engine_choices(capsys):
+    from dynamo_worker.local.settings import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "--engine {auto,mocker,sglang}" in capsys.readouterr().out

@@ -267,3 +267,12 @@ def test_an_sglang_command_without_a_gpu_limit_is_refused_on_sglang():
     (problem,) = e.value.problems
     assert (problem.field, problem.reason) == ("spec.services.Engine.resources.limits.gpu", "MissingGpuLimit")
     assert str(e.value).startswith("spec.services.Engine.resources.limits.gpu: an SGLang worker needs GPUs")
+
+
+def test_sglang_prefill_workers_choose_their_own_bootstrap_port():
+    """Our SGLang worker picks a free port itself and retries when SGLang could not bind it; a port
+    chosen by dynamo-run would sit unbound (and could be taken) while the weights load."""
+    workers = plan(engine="sglang", gpus=("0", "1", "2")).processes[1:]
+    assert [w.name for w in workers] == ["prefill-0", "prefill-1", "decode-0"]
+    assert all("--disaggregation-bootstrap-port" not in w.argv for w in workers)
+    assert all("--disaggregation-mode" in w.argv for w in workers)

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from dynamo_worker.local.plan import ProcessSpec
@@ -114,3 +115,15 @@ def test_the_frontend_worker_gauges_are_summed_and_absent_means_unknown():
     )
     assert workers_seen(text) == 3
     assert workers_seen("dynamo_frontend_requests_total 3.0\n") is None
+
+
+def test_children_inherit_this_environment_under_the_plans_variables(supervisor, monkeypatch):
+    """What the user exported (HF_TOKEN, HOME, PATH, ...) reaches the workers; the plan's values win."""
+    monkeypatch.setenv("R3_EXPORTED", "from-the-shell")
+    monkeypatch.setenv("DYN_NAMESPACE", "from-the-shell")
+    code = "import os; print('env', os.environ.get('R3_EXPORTED'), os.environ['DYN_NAMESPACE'], flush=True)"
+    child_spec = spec("decode-0", code)
+    supervisor.start([replace(child_spec, env={**child_spec.env, "DYN_NAMESPACE": "from-the-plan"})])
+    child = supervisor.children[0]
+    child.proc.wait(30)
+    assert "env from-the-shell from-the-plan" in child.tail_text()

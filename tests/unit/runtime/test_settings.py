@@ -68,3 +68,19 @@ def test_aliases_choices_and_switches():
     with pytest.raises(SystemExit):
         parser.parse_args(["--hidden", "1"])
     assert "tp" in parser.format_help()
+
+
+class _Required(BaseModel):
+    url: str = Field(description="Where to send requests.", json_schema_extra={"env": "DEMO_URL"})
+    mode: Literal["a", "b"] = Field("a", description="A mode.")
+
+
+def test_required_fields_and_choices_read_plainly_in_help_and_errors():
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser, _Required)
+    text = " ".join(parser.format_help().split())
+    assert "Where to send requests. [env DEMO_URL] (required)" in text
+    assert "PydanticUndefined" not in text
+    assert "--mode {a,b}" in text
+    with pytest.raises(SettingsError, match=r"--url / DEMO_URL is required"):
+        settings_from_args(_Required, parser.parse_args([]), {})

@@ -85,3 +85,13 @@ def test_the_fakes_bootstrap_host_is_sglangs(sglang_src):
     index = compat.SourceIndex(sglang_src)
     node = index.top_level("sglang.srt.disaggregation.utils")["FAKE_BOOTSTRAP_HOST"]
     assert isinstance(node, ast.Assign) and node.value.value == FAKE_BOOTSTRAP_HOST
+
+
+def test_a_corrupt_cached_wheel_is_named_with_the_fix_and_leaves_no_staging_folder(tmp_path):
+    wheel = tmp_path / "dl" / f"sglang-{uses.SGLANG_VERSION}-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"an interrupted download")
+    with pytest.raises(compat.CompatError, match="delete it so that the next run downloads it again") as e:
+        compat.fetch_sglang_source(cache_dir=tmp_path)
+    assert str(wheel) in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dl"]

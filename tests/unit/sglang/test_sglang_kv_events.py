@@ -58,3 +58,49 @@ async def test_relay_receives_what_an_sglang_style_publisher_sends():
         await relay.stop()
         pub.close(linger=0)
     assert got[0] == BlockStored(parent_hash=None, block_hashes=[5], token_ids=[1, 2])
+
+
+async def test_relay_tracks_sequence_numbers_per_dp_rank(caplog):
+    """With --dp-size 2 SGLang runs one publisher per rank, each numbering its batches from 0; their
+    interleaving is not a loss. A real gap in one rank's numbers is."""
+    zmq = pytest.importorskip("zmq")
+    msgspec = pytest.importorskip("msgspec")
+    from dynamo_worker.runtime.nats_server import free_port
+
+    ports = [free_port(), free_port()]
+    pubs = [zmq.Context.instance().socket(zmq.PUB) for _ in ports]
+    for pub, port in zip(pubs, ports, strict=True):
+        pub.bind(f"tcp://127.0.0.1:{port}")
+    got: list = []
+    arrived = asyncio.Event()
+
+    def sink(events) -> None:
+        got.extend(events)
+        arrived.set()
+
+    relay = KvEventRelay([f"tcp://127.0.0.1:{port}" for port in ports], sink)
+    relay.start()
+
+    def batch(rank: int, block: int) -> bytes:
+        return msgspec.msgpack.encode([1.0, [["BlockStored", [block], None, [1, 2], 2, None, None]], rank])
+
+    seq = 0
+    try:
+        async with asyncio.timeout(10):
+            while {e.block_hashes[0] for e in got} != {100, 101}:  # until both publishers are joined
+                for rank, pub in enumerate(pubs):
+                    pub.send_multipart([b"", seq.to_bytes(8, "big"), batch(rank, 100 + rank)])
+                seq += 1
+                await asyncio.sleep(0.05)
+            for rank, pub in enumerate(pubs):
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), batch(rank, 200 + rank)])
+            pubs[0].send_multipart([b"", (seq + 5).to_bytes(8, "big"), batch(0, 300)])  # rank 0 lost 4
+            while not {200, 201, 300} <= {e.block_hashes[0] for e in got}:
+                arrived.clear()
+                await arrived.wait()
+    finally:
+        await relay.stop()
+        for pub in pubs:
+            pub.close(linger=0)
+    lost = [r.getMessage() for r in caplog.records if "Lost SGLang KV events" in r.getMessage()]
+    assert lost == [f"Lost SGLang KV events dp_rank=0 from seq={seq + 1} to seq={seq + 4}"]

@@ -27,10 +27,14 @@ class BenchSettings(BaseModel):
         None, description="Sent as 'Authorization: Bearer'.", json_schema_extra={"env": "OPENAI_API_KEY"}
     )
     api: Literal["chat", "completions"] = Field(
-        "chat", description="chat: /v1/chat/completions; completions: /v1/completions (messages joined)."
+        "chat",
+        description="chat: /v1/chat/completions; completions: /v1/completions (messages joined).",
+        json_schema_extra={"metavar": "{chat,completions}"},
     )
     mode: Literal["closed", "open"] = Field(
-        "closed", description="closed: --concurrency senders back to back; open: Poisson arrivals at --rate."
+        "closed",
+        description="closed: --concurrency senders back to back; open: Poisson arrivals at --rate.",
+        json_schema_extra={"metavar": "{closed,open}"},
     )
     concurrency: int = Field(8, ge=1, le=10000, description="Closed loop: requests in flight at once.")
     rate: float = Field(10.0, gt=0, description="Open loop: mean arrivals per second.")
@@ -44,6 +48,7 @@ class BenchSettings(BaseModel):
         "random",
         description="random: one user message of --input-len words; shared-prefix: --num-prefixes "
         "system prompts x --users-per-prefix users, --turns turns each, conversations growing per turn.",
+        json_schema_extra={"metavar": "{random,shared-prefix}"},
     )
     input_len: str = Field(
         "fixed:128",

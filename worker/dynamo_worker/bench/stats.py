@@ -98,6 +98,7 @@ class Report:
     itl_ms: Distribution | None
     tpot_ms: Distribution | None
     e2e_ms: Distribution | None
+    error_examples: dict[str, str] = field(default_factory=dict)  # the first message of each type
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,6 +108,10 @@ def summarize(results: Sequence[RequestResult]) -> Report:
     """The report of one run. Latencies and throughput count completed requests only."""
     ok = [r for r in results if r.ok]
     errors = dict(sorted(Counter(r.error for r in results if r.error is not None).items()))
+    examples: dict[str, str] = {}
+    for r in results:
+        if r.error is not None:
+            examples.setdefault(r.error, r.error_message)
     duration = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
     out_tokens = sum(r.output_tokens for r in ok)
     reported = [r for r in ok if r.prompt_tokens is not None]
@@ -137,6 +142,7 @@ def summarize(results: Sequence[RequestResult]) -> Report:
         itl_ms=Distribution.of_seconds(itl),
         tpot_ms=Distribution.of_seconds(tpot),
         e2e_ms=Distribution.of_seconds([r.end - r.start for r in ok]),
+        error_examples={k: examples[k] for k in errors},
     )
 
 
@@ -170,11 +176,12 @@ def _cell(v: float | str | None) -> str:
 
 
 def format_report(report: Report, title: str = "") -> str:
-    """A two-column table of one run."""
+    """A two-column table of one run, then one server message per error type (what to fix)."""
     rows = _rows(report)
     width = max(len(k) for k, _ in rows)
     lines = [title] if title else []
     lines += [f"  {k:<{width}}  {_cell(v):>12}" for k, v in rows]
+    lines += [f"  error {k}: {msg or '(no message)'}" for k, msg in report.error_examples.items()]
     return "\n".join(lines)
 
 

@@ -197,22 +197,22 @@ class Dispatcher:
                         raise error
                     first = False
                     yield chunk
-        except (WorkerUnreachable, WorkerRejected) as e:
-            error = _from_plane_error(e, "aggregated")
-            if first and (isinstance(e, WorkerUnreachable) or e.error_type in _RETRYABLE_REJECTIONS):
-                raise _Retryable(worker.instance_id, error) from None
-            raise error from None
         except RequestPlaneError as e:
-            raise _from_plane_error(e, "aggregated") from None
+            raise _retryable_or_error(e, "aggregated", worker, first) from None
 
     async def _prefill_leg(self, worker: InstanceRecord, request: GenerateRequest) -> None:
+        first = True
         try:
             async with contextlib.aclosing(self._stream(worker, request)) as chunks:
                 async for chunk in chunks:
                     if chunk.error is not None:
-                        raise _from_worker_error(chunk.error, worker.address)
+                        error = _from_worker_error(chunk.error, worker.address)
+                        if first and chunk.error.type in _RETRYABLE_REJECTIONS:
+                            raise _Retryable(worker.instance_id, error)
+                        raise error
+                    first = False
         except RequestPlaneError as e:
-            raise _from_plane_error(e, "prefill") from None
+            raise _retryable_or_error(e, "prefill", worker, first) from None
 
     async def _disagg(
         self, prefill: InstanceRecord, decode: InstanceRecord, request: GenerateRequest
@@ -248,6 +248,7 @@ class Dispatcher:
             self._prefill_leg(prefill, prefill_request), name=f"prefill-{request.request_id}"
         )
         decode_stream = self._stream(decode, decode_request)
+        first = True  # no decode chunk yet: a worker that cannot be reached may be replaced
         try:
             while True:
                 next_chunk = asyncio.ensure_future(anext(decode_stream))
@@ -260,14 +261,18 @@ class Dispatcher:
                 except StopAsyncIteration:
                     break
                 except RequestPlaneError as e:
-                    raise _from_plane_error(e, "decode") from None
+                    raise _retryable_or_error(e, "decode", decode, first) from None
                 finally:
                     if not next_chunk.done():
                         next_chunk.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await next_chunk
                 if chunk.error is not None:
-                    raise _from_worker_error(chunk.error, decode.address)
+                    error = _from_worker_error(chunk.error, decode.address)
+                    if first and chunk.error.type in _RETRYABLE_REJECTIONS:
+                        raise _Retryable(decode.instance_id, error)
+                    raise error
+                first = False
                 yield chunk
                 if chunk.finish_reason is not None:
                     break
@@ -275,8 +280,22 @@ class Dispatcher:
             await decode_stream.aclose()
             if not prefill_task.done():
                 prefill_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ApiError):
+            with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
                 await prefill_task
+
+
+def _retryable_or_error(
+    e: RequestPlaneError, role: str, worker: InstanceRecord, first: bool
+) -> _Retryable | ApiError:
+    """A worker that could not be reached, or refused before any work, may be replaced by another of
+    its role (``_Retryable``); any other failure is the client's error."""
+    error = _from_plane_error(e, role)
+    if first and (
+        isinstance(e, WorkerUnreachable)
+        or (isinstance(e, WorkerRejected) and e.error_type in _RETRYABLE_REJECTIONS)
+    ):
+        return _Retryable(worker.instance_id, error)
+    return error
 
 
 class _Retryable(Exception):

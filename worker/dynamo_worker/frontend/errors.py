@@ -4,6 +4,7 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
 
     ApiError
     +-- InvalidRequest (400, type invalid_request_error; ``param`` names the offending field)
+    |   +-- RequestTimeout (408: the request body did not arrive in time)
     +-- ModelNotFound (404, type invalid_request_error, code model_not_found)
     +-- ServiceUnavailable (503, type service_unavailable; code says why: no_workers, no_prefill_workers,
     |                       overloaded, model_loading)
@@ -23,6 +24,7 @@ __all__ = [
     "ApiError",
     "InvalidRequest",
     "ModelNotFound",
+    "RequestTimeout",
     "ServiceUnavailable",
     "UpstreamError",
     "from_validation_error",
@@ -54,6 +56,10 @@ class ApiError(Exception):
 class InvalidRequest(ApiError):
     status = 400
     type = "invalid_request_error"
+
+
+class RequestTimeout(InvalidRequest):
+    status = 408
 
 
 class ModelNotFound(ApiError):

@@ -3,8 +3,9 @@
 ``parse_request`` turns malformed JSON, wrong types, out-of-range values and unsupported options into
 ``InvalidRequest`` naming the field (``param``), e.g. ``messages[0].role`` or ``n``. Fields OpenAI
 defines that we do not know are ignored, as OpenAI-compatible servers do; options we know but cannot
-honour (``n`` > 1, ``logprobs``, ``tools``, ``response_format`` other than text, ``echo``, ``best_of``,
-``suffix``) are refused, never silently dropped.
+honour (``n`` > 1, ``logprobs``, ``logit_bias``, ``tools``/``functions``/``function_call`` and a
+message's ``tool_calls``, ``audio``, ``response_format`` other than text, ``stream_options`` without
+``stream``, ``echo``, ``best_of``, ``suffix``) are refused, never silently dropped.
 
 Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``.
@@ -14,7 +15,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dynamo_worker.frontend.errors import InvalidRequest, from_validation_error
 
@@ -40,6 +49,17 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: Any = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _tool_calls(cls, v: Any) -> Any:
+        if v:
+            raise ValueError(
+                "tool calling is not supported by this server, so earlier tool calls cannot be replayed; "
+                "leave 'tool_calls' unset"
+            )
+        return v
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
@@ -73,6 +93,7 @@ class _Sampling(_Body):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: Any = None
+    logit_bias: Any = None
     user: str | None = None
 
     @field_validator("top_k")
@@ -103,6 +124,20 @@ class _Sampling(_Body):
             raise ValueError("logprobs are not supported by this server; leave 'logprobs' unset")
         return v
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream=true; set 'stream' or drop it")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("logit_bias is not supported by this server; leave 'logit_bias' unset")
+        return v
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -117,6 +152,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     top_logprobs: Any = None
     tools: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
     response_format: Any = None
     add_generation_prompt: bool = True
 
@@ -127,11 +165,25 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("logprobs are not supported by this server; leave 'top_logprobs' unset")
         return v
 
-    @field_validator("tools")
+    @field_validator("tools", "functions")
     @classmethod
-    def _tools(cls, v: Any) -> Any:
+    def _tools(cls, v: Any, info: ValidationInfo) -> Any:
         if v:
-            raise ValueError("tool calling is not supported by this server; leave 'tools' unset")
+            raise ValueError(f"tool calling is not supported by this server; leave '{info.field_name}' unset")
+        return v
+
+    @field_validator("function_call")
+    @classmethod
+    def _function_call(cls, v: Any) -> Any:
+        if v not in (None, "none"):
+            raise ValueError("tool calling is not supported by this server; leave 'function_call' unset")
+        return v
+
+    @field_validator("audio")
+    @classmethod
+    def _audio(cls, v: Any) -> Any:
+        if v is not None:
+            raise ValueError("audio output is not supported by this server; leave 'audio' unset")
         return v
 
     @field_validator("response_format")

@@ -1,8 +1,9 @@
 """Which models are served, by which workers: discovery events in, a lookup for each request out.
 
-A model is *served* while at least one of its workers is registered and its tokenizer is loaded (from
-the worker's model card). The first worker of a model triggers one card fetch; workers that go away
-take the model off ``/v1/models`` when they were its last. The preprocessor stays cached, so a model
+A model is *served* while its registered workers can complete a request (an aggregated worker, or a
+prefill and a decode worker) and its tokenizer is loaded (from the worker's model card). The first
+worker of a model triggers one card fetch; workers that go away take the model off ``/v1/models`` when
+the rest cannot serve it alone. The preprocessor stays cached, so a model
 whose workers are all gone answers 503 (known, nobody serving) rather than 404 (never heard of). A worker
 that registers with a different model card (an updated tokenizer) makes the frontend load that card;
 requests use the previous one until it is loaded.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -41,9 +43,16 @@ class ModelEntry:
     preprocessor: Preprocessor | None = None
     card_checksum: str | None = None  # of the model card the preprocessor was loaded from
     load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))  # first seen (/v1/models "created")
 
     def by_role(self, role: Role) -> list[InstanceRecord]:
         return [w for w in self.workers.values() if w.role == role]
+
+    def can_serve(self) -> bool:
+        """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker
+        (``dispatch.plan_roles`` answers 503 for any other mix)."""
+        roles = {w.role for w in self.workers.values()}
+        return "agg" in roles or {"prefill", "decode"} <= roles
 
 
 class ModelRegistry:
@@ -153,7 +162,8 @@ class ModelRegistry:
         return self._models.get(model)
 
     def served(self) -> list[str]:
-        return sorted(n for n, e in self._models.items() if e.workers and e.preprocessor is not None)
+        """Models a request can be served for now (listed by /v1/models; /health is ready with one)."""
+        return sorted(n for n, e in self._models.items() if e.can_serve() and e.preprocessor is not None)
 
     async def wait_changed(self) -> None:
         self._changed.clear()
@@ -164,7 +174,7 @@ class ModelRegistry:
         entry = self._models.get(model)
         if entry is None:
             served = self.served()
-            if not served:
+            if not any(e.workers for e in self._models.values()):
                 raise ServiceUnavailable(
                     f"No worker is registered in namespace '{self.namespace}', so model '{model}' cannot be "
                     "served. Start a worker for it (or check the frontend's --namespace / --nats-server).",

@@ -27,7 +27,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dynamo_worker.frontend.dispatch import Dispatcher
-from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable
+from dynamo_worker.frontend.errors import (
+    ApiError,
+    InvalidRequest,
+    ModelNotFound,
+    RequestTimeout,
+    ServiceUnavailable,
+    UpstreamError,
+)
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
 from dynamo_worker.frontend.preprocess import Preprocessor
@@ -44,7 +51,11 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 # would otherwise stall every stream this frontend relays. Shorter ones cost less than the hop.
 THREAD_TOKENIZE_CHARS = 4096
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+# A client that sends its body this slowly holds an in-flight slot; past the bound it gets a 408.
+BODY_READ_TIMEOUT_S = 30.0
+# Worker finish reasons as OpenAI's. "error" chunks never get here (the dispatcher raises them), and a
+# "cancelled" one is an error too: the output was cut short, which "stop" would hide from the client.
+_FINISH = {"stop": "stop", "length": "length"}
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -67,7 +78,10 @@ async def _openai_errors(
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        error = ApiError(f"{e.reason}: {request.method} {request.path}", code=str(e.status))
+        message = f"{e.reason}: {request.method} {request.path}"
+        if e.status == 413:
+            message += f"; the request body may be at most {MAX_BODY_BYTES // 2**20} MiB, send a shorter one"
+        error = ApiError(message, code=str(e.status))
         error.type = "invalid_request_error" if e.status < 500 else "internal_error"
         return _json(error.body(), status=e.status)
     except Exception:  # a bug: map it to OpenAI's shape and log it, never leak a traceback
@@ -114,6 +128,7 @@ class OpenAIServer:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_inflight = max_inflight
+        self.body_read_timeout_s = BODY_READ_TIMEOUT_S
         self.inflight = 0
         self.idle = asyncio.Event()  # set while no request is in flight
         self.idle.set()
@@ -123,6 +138,7 @@ class OpenAIServer:
         app.router.add_post("/v1/chat/completions", self._endpoint("chat", self._chat))
         app.router.add_post("/v1/completions", self._endpoint("completion", self._completion))
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
         app.router.add_get("/live", self._live)
         app.router.add_get("/metrics", self._metrics)
@@ -130,11 +146,19 @@ class OpenAIServer:
 
     # --- small endpoints ----------------------------------------------------------------------
 
+    def _model_card(self, name: str) -> dict[str, Any]:
+        entry = self.registry.get(name)
+        created = entry.created if entry is not None else 0
+        return {"id": name, "object": "model", "created": created, "owned_by": "dynamo"}
+
     async def _models(self, _: web.Request) -> web.Response:
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "dynamo"} for m in self.registry.served()
-        ]
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": [self._model_card(m) for m in self.registry.served()]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        name, served = request.match_info["model"], self.registry.served()
+        if name not in served:
+            return _error_response(ModelNotFound(name, served))
+        return _json(self._model_card(name))
 
     async def _health(self, _: web.Request) -> web.Response:
         served = self.registry.served()
@@ -144,8 +168,8 @@ class OpenAIServer:
             {
                 "status": "unhealthy",
                 "models": [],
-                "reason": f"no model is served yet: no worker with a loaded model card in namespace "
-                f"'{self.registry.namespace}'",
+                "reason": "no model can be served yet: no aggregated worker, or prefill and decode pair, "
+                f"with a loaded model card in namespace '{self.registry.namespace}'",
             },
             status=503,
         )
@@ -180,7 +204,7 @@ class OpenAIServer:
             self.idle.clear()
             model = ""
             try:
-                job = await prepare(await http_request.read())
+                job = await prepare(await self._read_body(http_request))
                 model = job.model
                 self.metrics.inflight.labels(model).inc()
                 try:
@@ -203,6 +227,16 @@ class OpenAIServer:
                     self.metrics.duration.labels(model).observe(time.monotonic() - started)
 
         return handler
+
+    async def _read_body(self, http_request: web.Request) -> bytes:
+        try:
+            async with asyncio.timeout(self.body_read_timeout_s):
+                return await http_request.read()
+        except TimeoutError:
+            raise RequestTimeout(
+                f"The request body did not arrive within {self.body_read_timeout_s:g}s; send it whole.",
+                code="request_timeout",
+            ) from None
 
     def _fail(self, endpoint: str, model: str, error: ApiError) -> web.Response:
         self.metrics.errors.labels(error.code or error.type).inc()
@@ -386,7 +420,13 @@ class OpenAIServer:
                         if delta.text:
                             await emit(delta.text)
                     if chunk.finish_reason is not None:
-                        finish = _FINISH.get(chunk.finish_reason, "stop")
+                        if chunk.finish_reason not in _FINISH:
+                            raise UpstreamError(
+                                f"The worker ended the request early (finish_reason={chunk.finish_reason}) "
+                                "without being asked to; retry it.",
+                                code="worker_cancelled",
+                            )
+                        finish = _FINISH[chunk.finish_reason]
                         if chunk.usage is not None:
                             cached_tokens = min(chunk.usage.cached_tokens, len(job.prompt_ids))
                         await emit(out.finish())

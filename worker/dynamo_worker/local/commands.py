@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ModuleCommand",
+    "drop_flag",
     "parse_module_command",
     "set_flag",
 ]
@@ -59,6 +60,11 @@ def parse_module_command(command: Sequence[str], args: Sequence[str]) -> ModuleC
 
 def set_flag(args: Sequence[str], name: str, value: str, *aliases: str) -> tuple[str, ...]:
     """``args`` with every occurrence of ``name`` (or an alias) removed and ``name value`` appended."""
+    return (*drop_flag(args, name, *aliases), name, value)
+
+
+def drop_flag(args: Sequence[str], name: str, *aliases: str) -> tuple[str, ...]:
+    """``args`` without any occurrence of ``name`` (or an alias) and its value."""
     names = (name, *aliases)
     out: list[str] = []
     skip = False
@@ -72,4 +78,4 @@ def set_flag(args: Sequence[str], name: str, value: str, *aliases: str) -> tuple
         if any(a.startswith(n + "=") for n in names):
             continue
         out.append(a)
-    return (*out, name, value)
+    return tuple(out)

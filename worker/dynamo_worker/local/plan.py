@@ -24,7 +24,8 @@ Command mapping (the only place it is decided):
 
 Per worker process, ``--host`` becomes the advertise host, ``--port`` a free port (SGLang derives its
 internal ports from it), and a prefill's ``--disaggregation-bootstrap-port`` a free port (decode
-workers learn it from discovery), so replicas on one machine never collide.
+workers learn it from discovery), so replicas on one machine never collide. An SGLang worker gets no
+``--disaggregation-bootstrap-port``: it picks a free one itself and checks that SGLang bound it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dynamo_operator.api import contract as c
 from dynamo_operator.api.sglang_args import flag_value
 from dynamo_operator.api.validation import Problem
 
-from dynamo_worker.local.commands import parse_module_command, set_flag
+from dynamo_worker.local.commands import drop_flag, parse_module_command, set_flag
 
 __all__ = [
     "Engine",
@@ -345,7 +346,11 @@ def _worker(
     args = set_flag(sglang_args, "--host", ADVERTISE_HOST)
     args = set_flag(args, "--port", str(free_port()))
     mode = flag_value(args, "--disaggregation-mode")
-    if mode == "prefill" or flag_value(args, "--disaggregation-bootstrap-port") is not None:
+    if module == c.SGLANG_MODULE:
+        # Our SGLang worker picks a free bootstrap port itself, checks that SGLang bound it (another
+        # one on conflict) and publishes it; one chosen here would sit unbound while weights load.
+        args = drop_flag(args, "--disaggregation-bootstrap-port")
+    elif mode == "prefill" or flag_value(args, "--disaggregation-bootstrap-port") is not None:
         args = set_flag(args, "--disaggregation-bootstrap-port", str(free_port()))
     if module == c.MOCKER_MODULE and model_dir is not None:
         args = set_flag(args, "--model-dir", model_dir)

@@ -12,7 +12,8 @@
    (and 503 once no worker of the model is left). dynamo-run does not restart it, so a failure stays
    visible; restart dynamo-run to get it back. The frontend or NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
-   temporary state (NATS store; the log folder unless a process failed or --log-dir was given).
+   temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
+   --log-dir was given).
    A second Ctrl-C kills at once.
 """
 
@@ -27,6 +28,7 @@ import socket
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
@@ -104,6 +106,7 @@ class _Run:
         self.supervisor: Supervisor | None = None
         self.signals = 0
         self.nats_port = 0  # chosen in prepare(), before the plan that points every process at it
+        self.process_died = False  # one exited while serving: its log must outlive the run
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals += 1
@@ -128,6 +131,13 @@ class _Run:
                 self.settings.port,
                 self.settings.host,
                 busy,
+            )
+            return None
+        if self.settings.model_dir is not None and not self.settings.model_dir.is_dir():
+            log.error(
+                "--model-dir %s is not a folder; pass the folder holding the model's tokenizer (and, for "
+                "SGLang, its weights), or drop the flag",
+                self.settings.model_dir,
             )
             return None
         facts = probe_host(self.settings.cuda_visible_devices)
@@ -156,6 +166,13 @@ class _Run:
         except PlanError as e:
             log.error("%s cannot run here:\n%s", self.manifest, e)
             return None
+        if choice.engine == "sglang" and not facts.sglang_importable:
+            log.error(
+                "--engine sglang needs SGLang, which %s cannot import; install it with pip install "
+                "'dynamo-sglang[sglang]' (pins sglang==0.5.17, needs CUDA GPUs), or run with --engine mocker",
+                sys.executable,
+            )
+            return None
         for note in (*notes, *plan.notes):
             log.info("Note: %s", note)
         self.nats_port = nats_port
@@ -164,12 +181,16 @@ class _Run:
     def serve(self, plan: Plan, engine: str) -> int:
         log_dir = self.settings.log_dir or Path(tempfile.mkdtemp(prefix="dynamo-run-logs-"))
         keep_logs = self.settings.log_dir is not None
+        # The children's temporary files (the frontend's model cards, SGLang's IPC sockets) go to a
+        # folder of this run, removed at the end even when a child was killed before cleaning up.
+        run_tmp = Path(tempfile.mkdtemp(prefix="dynamo-run-tmp-"))
+        processes = [replace(p, env={**p.env, "TMPDIR": str(run_tmp)}) for p in plan.processes]
         nats = NatsServer(port=self.nats_port, command_prefix=die_with_parent_prefix())
         status = EXIT_FAILED
         try:
             nats.start()
             self.supervisor = Supervisor(log_dir, self.console, grace_s=self.settings.grace_period + 5.0)
-            self.supervisor.start(plan.processes)
+            self.supervisor.start(processes)
             if not self.supervisor.wait_ready(self.settings.startup_timeout_for(engine), self.stopping):
                 status = EXIT_OK
                 return status
@@ -184,7 +205,8 @@ class _Run:
             if self.supervisor is not None:
                 self.supervisor.stop()
             nats.stop()
-            if status == EXIT_OK and not keep_logs:
+            shutil.rmtree(run_tmp, ignore_errors=True)
+            if status == EXIT_OK and not keep_logs and not self.process_died:
                 shutil.rmtree(log_dir, ignore_errors=True)
             elif not keep_logs:
                 log.info("Kept the logs in %s", log_dir)
@@ -200,6 +222,7 @@ class _Run:
                 if child.reported_exit:
                     continue
                 child.reported_exit = True
+                self.process_died = True
                 if child.spec.kind == "frontend":
                     log.error(
                         "%s (the frontend) exited with %s; nothing can serve requests, stopping everything. "

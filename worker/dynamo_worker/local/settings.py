@@ -47,7 +47,7 @@ class RunSettings(BaseModel):
         "auto",
         description="Engine of the SGLang workers: auto picks sglang when it is importable and GPUs are "
         "visible, else the mocker.",
-        json_schema_extra={"env": "DYN_RUN_ENGINE"},
+        json_schema_extra={"env": "DYN_RUN_ENGINE", "metavar": "{auto,mocker,sglang}"},
     )
     port: int = Field(
         contract.FRONTEND_PORT,

@@ -5,7 +5,8 @@ started too: SIGTERM to the group, a grace period, then SIGKILL to the group. On
 gets SIGTERM when dynamo-run itself dies (``PR_SET_PDEATHSIG`` through util-linux ``setpriv``), so a
 killed dynamo-run leaves no orphaned workers (the signal follows the thread that spawned the child:
 call ``start`` from the main thread). Each child's stdout and stderr go to ``<log-dir>/<name>.log``
-and, prefixed with its name, to the terminal.
+and, prefixed with its name, to the terminal. A child's environment is dynamo-run's own (as a pod's
+starts from its image's) with the plan's variables on top.
 
 Exceptions (all ``SupervisorError``): ``ProcessDied`` (a child exited while it was needed; carries its
 last log lines), ``StartupTimeout`` (not ready within the bound; names what each is waiting for).
@@ -167,7 +168,7 @@ class Supervisor:
         for spec in specs:
             proc = subprocess.Popen(
                 [*prefix, *spec.argv],
-                env=dict(spec.env),
+                env={**os.environ, **spec.env},  # this shell's (PATH, HOME, HF_TOKEN, ...), then the pod's
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -352,7 +352,7 @@ class RequestClient:
                     )
             except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
                 # before TimeoutError: aiohttp's connect timeout is a TimeoutError too
-                raise WorkerUnreachable(address, f"could not connect: {e!r}") from None
+                raise WorkerUnreachable(address, f"could not connect: {e or type(e).__name__}") from None
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
                 raise WorkerUnreachable(address, f"connection closed before an answer: {e!r}") from None
             except TimeoutError:

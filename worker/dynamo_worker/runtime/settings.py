@@ -119,7 +119,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel],
         help_text = info.description or ""
         if env:
             help_text += f" [env {env}]"
-        if info.default_factory is None:
+        if info.is_required():
+            help_text += " (required)"
+        elif info.default_factory is None:
             help_text += f" (default: {default!r})"
         flags = _field_flags(name, extra)
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
@@ -128,8 +130,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel],
         else:
             choices = _literal_choices(info.annotation)
             if choices:
-                kwargs["choices"] = choices
-            kwargs["metavar"] = extra.get("metavar") or name.upper()
+                kwargs["choices"] = choices  # argparse shows them as the metavar
+            else:
+                kwargs["metavar"] = extra.get("metavar") or name.upper()
         group.add_argument(*flags, **kwargs)
 
 
@@ -165,7 +168,10 @@ def settings_from_args(
             info = model.model_fields.get(field)
             extra = info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
             where = " / ".join([*_field_flags(field, extra), *([extra["env"]] if extra.get("env") else [])])
-            problems.append(f"{where or field}: {err['msg']} (got {err.get('input')!r})")
+            if err["type"] == "missing":
+                problems.append(f"{where or field} is required")
+            else:
+                problems.append(f"{where or field}: {err['msg']} (got {err.get('input')!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None
 
 

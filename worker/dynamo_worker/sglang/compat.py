@@ -64,14 +64,20 @@ def fetch_sglang_source(version: str = uses.SGLANG_VERSION, cache_dir: Path | No
             raise CompatError(f"pip downloaded no sglang-{version} wheel into {downloads}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".sglang-{version}-", dir=cache_dir))
-    with zipfile.ZipFile(wheels[-1]) as wheel:
-        wheel.extractall(
-            staging, [n for n in wheel.namelist() if n.startswith("sglang/") and n.endswith(".py")]
-        )
-    if dest.exists():  # another run finished first
-        shutil.rmtree(staging)
-        return dest
-    staging.rename(dest)
+    try:
+        with zipfile.ZipFile(wheels[-1]) as wheel:
+            wheel.extractall(
+                staging, [n for n in wheel.namelist() if n.startswith("sglang/") and n.endswith(".py")]
+            )
+        staging.rename(dest)
+    except (zipfile.BadZipFile, OSError) as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if (dest / "sglang" / "__init__.py").is_file():  # another run finished first
+            return dest
+        raise CompatError(
+            f"could not unpack {wheels[-1]} ({e}); delete it so that the next run downloads it again, "
+            "or pass --sglang-src DIR (a folder that contains sglang/)"
+        ) from None
     return dest
 
 

@@ -185,6 +185,14 @@ async def stream_request(
         yield _invalid(str(e))
         return
     finished = False
+
+    def abort_unless_finished() -> None:
+        nonlocal finished
+        if not finished:
+            finished = True
+            log.info("Aborting SGLang request rid=%s (caller went away)", rid)
+            engine.tokenizer_manager.abort_request(rid)
+
     try:
         try:
             outputs = await call_async_generate(engine, kwargs)
@@ -193,31 +201,38 @@ async def stream_request(
             yield _invalid(str(e))
             return
         async with contextlib.aclosing(_validated(outputs)) as stream:
-            async for out in stream:
-                if isinstance(out, GenerateChunk):  # refused before it was queued
+            try:
+                async for out in stream:
+                    if isinstance(out, GenerateChunk):  # refused before it was queued
+                        finished = True
+                        yield out
+                        return
+                    meta = out.get("meta_info") or {}
+                    reason, error = finish_from_meta(meta)
+                    tokens = chunk_tokens(list(out.get("output_ids") or ()), meta)
+                    if reason is None:
+                        if tokens:
+                            yield GenerateChunk(token_ids=tokens)
+                        continue
                     finished = True
-                    yield out
+                    if error is not None:
+                        log.warning(
+                            "SGLang aborted request rid=%s type=%s: %s", rid, error.type, error.message
+                        )
+                        yield GenerateChunk(finish_reason="error", error=error)
+                    else:
+                        usage = usage_from_meta(meta)
+                        yield GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage)
                     return
-                meta = out.get("meta_info") or {}
-                reason, error = finish_from_meta(meta)
-                tokens = chunk_tokens(list(out.get("output_ids") or ()), meta)
-                if reason is None:
-                    if tokens:
-                        yield GenerateChunk(token_ids=tokens)
-                    continue
-                finished = True
-                if error is not None:
-                    log.warning("SGLang aborted request rid=%s type=%s: %s", rid, error.type, error.message)
-                    yield GenerateChunk(finish_reason="error", error=error)
-                else:
-                    yield GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage_from_meta(meta))
-                return
+            except BaseException:  # cancelled or closed by the caller (GeneratorExit), or a failure
+                # Abort while SGLang's generator is still open: closing it first makes SGLang drop
+                # the request on its own in 0.5.17, but the explicit abort is what its API promises.
+                abort_unless_finished()
+                raise
         finished = True
         yield GenerateChunk(
             finish_reason="error",
             error=WorkerError(type="engine_error", message="SGLang ended the stream without a finish reason"),
         )
     finally:
-        if not finished:
-            log.info("Aborting SGLang request rid=%s (caller went away)", rid)
-            engine.tokenizer_manager.abort_request(rid)
+        abort_unless_finished()

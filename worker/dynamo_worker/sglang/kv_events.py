@@ -74,7 +74,8 @@ class KvEventRelay:
         import msgspec
 
         decoder = msgspec.msgpack.Decoder()
-        last_seq: dict[bytes, int] = {}
+        # Each dp rank's publisher numbers its batches on its own; the batch names its rank.
+        last_seq: dict[tuple[bytes, Any], int] = {}
         while True:
             frames = await self._socket.recv_multipart()
             if len(frames) < 3:
@@ -82,15 +83,22 @@ class KvEventRelay:
                 continue
             topic, seq_bytes, payload = frames[-3:]
             seq = int.from_bytes(seq_bytes, "big", signed=True)
-            previous = last_seq.get(topic)
-            if previous is not None and seq != previous + 1:
-                log.warning("Lost SGLang KV events from seq=%s to seq=%s", previous + 1, seq - 1)
-            last_seq[topic] = seq
             try:
-                events = events_from_batch(decoder.decode(payload))
+                batch = decoder.decode(payload)
+                events = events_from_batch(batch)
             except (msgspec.DecodeError, IndexError, TypeError, ValueError) as e:
                 log.warning("Ignored an undecodable SGLang KV event batch seq=%s error=%r", seq, e)
                 continue
+            publisher = (topic, batch[2] if len(batch) > 2 else None)
+            previous = last_seq.get(publisher)
+            if previous is not None and seq != previous + 1:
+                log.warning(
+                    "Lost SGLang KV events dp_rank=%s from seq=%s to seq=%s",
+                    publisher[1],
+                    previous + 1,
+                    seq - 1,
+                )
+            last_seq[publisher] = seq
             if events:
                 self.relayed += len(events)
                 self._sink(events)
