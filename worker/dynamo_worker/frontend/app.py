@@ -91,7 +91,8 @@ class Frontend:
         if s.router_mode == "kv":
             self._subs = await feed_router(self.nc, s.namespace, self.router)
         self._watcher = await InstanceWatcher(self.nc, s.namespace).start()
-        self._tasks.append(asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery"))
+        self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
+        self._tasks.append(self.discovery)
         dispatcher = Dispatcher(
             self.router,
             self.client,
@@ -165,7 +166,18 @@ async def run_frontend(settings: FrontendSettings, *, stop: asyncio.Event | None
             log.error("Frontend failed to start: %s", e)
             await frontend.stop(drain_s=0)
             return 1
-        await stop.wait()
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({stopped, frontend.discovery}, return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():  # the discovery watch ended: serving a frozen worker list would be wrong
+            stopped.cancel()
+            error = None if frontend.discovery.cancelled() else frontend.discovery.exception()
+            log.error(
+                "Discovery watch ended (%s): the frontend can no longer see workers come and go; "
+                "exiting so that it is restarted",
+                error or "the watch stream closed",
+            )
+            await frontend.stop(drain_s=0)
+            return 1
         log.info("Shutting down frontend")
         await frontend.stop()
         return 0
