@@ -91,34 +91,32 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
   verbs: ["get", "list", "watch"]
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # Children carry ownerReferences with blockOwnerDeletion, which needs update on the owner's finalizers
 # where the OwnerReferencesPermissionEnforcement admission plugin is on.
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments/finalizers"]
   verbs: ["update"]
-# Rendered children: created, converged and pruned on every reconcile.
+# Rendered children: created and converged by server-side apply (create + patch), pruned (delete).
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Services of the graph, and PersistentVolumeClaims from spec.pvcs.
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# Pods are only observed (status aggregation) and deleted to restart a whole multinode group.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Pods are observed, and to restart a whole multinode group they are marked (an annotation, patch)
+# and deleted.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
-# Kubernetes Events for every decision and error.
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Kubernetes Events (core/v1, each posted once) for every decision and error.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/*

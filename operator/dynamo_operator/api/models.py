@@ -330,8 +330,8 @@ class ServiceSpec(_Model):
 class GraphSpec(_Model):
     services: dict[str, ServiceSpec] = Field(default_factory=dict, description="Service name -> component.")
     envs: list[EnvVar] = Field(default_factory=list, description="Env vars for every service.")
-    backend_framework: BackendFramework | None = Field(
-        None, description="sglang (the only backend this operator renders); sglang when unset."
+    backend_framework: BackendFramework = Field(
+        "sglang", description="sglang, the only backend this operator renders (the default)."
     )
     pvcs: list[PVC] = Field(default_factory=list, description="Volumes services mount by name.")
     dynamo_graph: str | None = Field(None, description="Ignored (older Dynamo manifests).")
@@ -353,7 +353,7 @@ class ServiceStatus(_Model):
     component_kind: str | None = Field(None, description="Deployment, StatefulSet or LeaderWorkerSet.")
     component_name: str | None = Field(None, description="The child's name (the first, for groups).")
     component_names: list[str] | None = Field(None, description="Every child, for multinode groups.")
-    replicas: Annotated[int, Field(ge=0)] | None = Field(None, description="Desired pods or groups.")
+    replicas: Annotated[int, Field(ge=0)] | None = Field(None, description="Pods (or groups) that exist.")
     ready_replicas: Annotated[int, Field(ge=0)] | None = Field(None, description="Ready pods or groups.")
     updated_replicas: Annotated[int, Field(ge=0)] | None = None
     available_replicas: Annotated[int, Field(ge=0)] | None = None

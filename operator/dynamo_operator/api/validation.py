@@ -73,7 +73,7 @@ def _check_graph(dgd: DynamoGraphDeployment, comps: list[Component]) -> list[Pro
             )
         )
     framework = dgd.spec.backend_framework
-    if framework not in (None, "sglang"):
+    if framework != "sglang":
         problems.append(
             Problem(
                 "spec.backendFramework",

@@ -55,6 +55,14 @@ TRANSPORT = "Transport"
 MAX_BACKOFF_S = 300.0
 # API answers that a retry cannot fix: the object itself is wrong (or forbidden).
 _CLIENT_ERRORS = frozenset({400, 403, 422})
+# Server-side apply answers 500 (not 422) when a field has the wrong type, e.g. a string where
+# extraPodSpec needs a list: the object is wrong, so no retry can fix it either.
+_TYPED_PATCH_ERROR = "failed to create typed patch object"
+
+
+def is_rejection(exc: KubeError) -> bool:
+    """Whether the API server rejected the object itself (fix the spec) rather than failed to serve."""
+    return exc.status in _CLIENT_ERRORS or (exc.status == 500 and _TYPED_PATCH_ERROR in exc.message)
 
 
 def _now() -> str:
@@ -66,7 +74,9 @@ def problems_from_validation(exc: ValidationError) -> tuple[Problem, ...]:
     result = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
-        result.append(Problem(field=path, reason="InvalidField", message=f"{path}: {err['msg']}"))
+        got = repr(err.get("input"))[:80]
+        message = f"{err['msg']} (got {got}); set a valid value for this field."
+        result.append(Problem(field=path, reason="InvalidField", message=message))
     return tuple(result)
 
 
@@ -94,18 +104,13 @@ def transport_condition(notices: tuple[Notice, ...]) -> Cond | None:
 
 
 def ready_condition(counts: Mapping[str, status.ServiceCounts], graph: str) -> Cond:
-    cond = status.ready_condition(counts)
-    if cond.status == "True":
-        return cond
-    return Cond(
-        cond.type,
-        cond.status,
-        cond.reason,
-        cond.message.replace(
-            "`kubectl get pods -l app.kubernetes.io/managed-by`",
-            f"`kubectl get pods -l {labels.GRAPH}={label_value(graph)}`",
-        ),
-    )
+    return status.ready_condition(counts, f"{labels.GRAPH}={label_value(graph)}")
+
+
+def lost_readiness(current: list[dict], ready: Cond) -> bool:
+    """Whether a Ready graph is no longer ready (e.g. a pod crashed): worth a Warning Event."""
+    old = conditions.find(current, READY)
+    return ready.status != "True" and old is not None and old.get("status") == "True"
 
 
 def status_patch(current: dict, new: dict) -> dict | None:
@@ -257,6 +262,13 @@ class Controller:
             rendered.services, applied, component_label=labels.COMPONENT, group_label=labels.GROUP
         )
         cond = ready_condition(counts, name)
+        current = raw.get("status") or {}
+        if lost_readiness(current.get("conditions") or [], cond):
+            # Normal when the user's own change (a new generation) is rolling out; else something broke.
+            changed_spec = current.get("observedGeneration") != meta.get("generation")
+            await self.kube.post_event(
+                raw, type_="Normal" if changed_spec else "Warning", reason=cond.reason, message=cond.message
+            )
         state = status.STATE_SUCCESSFUL if cond.status == "True" else status.STATE_PENDING
         await self._write_status(raw, rendered, cond, counts=counts, state=state)
         return cond.status == "True"
@@ -293,7 +305,7 @@ class Controller:
             try:
                 after = await self.kube.apply(obj)
             except KubeError as exc:
-                if exc.status not in _CLIENT_ERRORS:
+                if not is_rejection(exc):
                     raise
                 logger.warning(
                     "Could not apply %s name=%s error=%s", obj["kind"], obj["metadata"]["name"], exc

@@ -18,7 +18,7 @@ import json
 import logging
 import ssl
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,10 +297,6 @@ class Kube:
             return False
         return True
 
-    async def create(self, obj: dict) -> dict:
-        rt = resource_type(obj["apiVersion"], obj["kind"])
-        return await self._request("POST", rt.path(obj["metadata"].get("namespace")), body=obj)
-
     async def post_event(
         self, involved: dict, *, type_: str, reason: str, message: str, component: str = FIELD_MANAGER
     ) -> None:
@@ -342,7 +338,3 @@ class Kube:
 
 def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
-def types_for(kinds: Iterable[tuple[str, str]]) -> list[ResourceType]:
-    return [resource_type(api_version, kind) for api_version, kind in kinds]

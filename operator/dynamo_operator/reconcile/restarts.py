@@ -13,7 +13,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dynamo_operator.reconcile.groups import owner_statefulset, pods_to_restart, restart_mark, restart_trigger
-from dynamo_operator.reconcile.kube import DGD, POD, STATEFULSET, Kube, KubeError, label_selector
+from dynamo_operator.reconcile.kube import (
+    DGD,
+    POD,
+    STATEFULSET,
+    Conflict,
+    Kube,
+    KubeError,
+    NotFound,
+    label_selector,
+)
 from dynamo_operator.render import labels
 
 logger = logging.getLogger(__name__)
@@ -89,8 +98,11 @@ class GroupRestarter:
         """Mark pod ``name`` (only the incarnation ``uid``) as deleted by a restart; False if gone."""
         try:
             await self.kube.patch_merge(POD, namespace, name, restart_mark(trigger_uid, uid))
-        except KubeError as exc:  # gone, or a newer pod of that name (uid precondition)
+        except (NotFound, Conflict) as exc:  # gone, or a newer pod of that name (uid precondition)
             logger.debug("Pod not marked for restart pod=%s error=%s", name, exc)
+            return False
+        except KubeError as exc:  # e.g. 403: the operator's role lacks patch on pods
+            logger.warning("Could not mark pod for a group restart pod=%s error=%s", name, exc)
             return False
         return True
 

@@ -1,10 +1,11 @@
 """Status of a graph from its OBSERVED children (never from what was desired). Pure.
 
-Per service: ``replicas`` (pods, or groups for multinode services, as the children declare them),
-``readyReplicas`` and ``updatedReplicas``. A multinode group counts as ready only when every
-workload object of the group (LeaderWorkerSet, or the group's StatefulSets) has all its pods ready
-at its current generation; the graph is Ready only when every service has as many ready and
-updated replicas as the spec asks for, and no extra ones.
+Per service: ``replicas`` (the pods that exist, old ones of a rollout included, or the groups of
+multinode services), ``readyReplicas`` and ``updatedReplicas``. A multinode group counts as ready
+only when every workload object of the group (LeaderWorkerSet, or the group's StatefulSets) has
+all its pods ready at its current generation; the graph is Ready only when every service has as
+many ready and updated replicas as the spec asks for, and no extra ones (old pods of a rollout or
+a scale-down still count as extra).
 """
 
 from __future__ import annotations
@@ -80,21 +81,32 @@ def _current(obj: dict) -> bool:
     return observed is None if generation is None else _int(observed) >= generation
 
 
-def workload_counts(obj: dict) -> tuple[int, int, int]:
-    """(desired, ready, updated) pods (or LWS groups) of one workload object, as observed."""
+def workload_counts(obj: dict) -> tuple[int, int, int, int]:
+    """(desired, existing, ready, updated) pods (or LWS groups) of one workload object, as observed.
+
+    ``existing`` counts every pod the controller reports, old template included: during a rolling
+    update or a scale-down it exceeds ``desired``, and the old pods may be the ready ones."""
     spec_replicas = obj.get("spec", {}).get("replicas", 1)
     status = obj.get("status", {}) or {}
+    existing = _int(status.get("replicas"))
     if not _current(obj):
-        return _int(spec_replicas), 0, 0
-    return _int(spec_replicas), _int(status.get("readyReplicas")), _int(status.get("updatedReplicas"))
+        return _int(spec_replicas), existing, 0, 0
+    return (
+        _int(spec_replicas),
+        existing,
+        _int(status.get("readyReplicas")),
+        _int(status.get("updatedReplicas")),
+    )
 
 
 def _workload_state(obj: dict | None) -> tuple[bool, bool]:
-    """(all pods ready, all pods updated) of one observed workload; a missing one is neither."""
+    """(all pods ready, all pods updated) of one observed workload; a missing one is neither, and
+    neither is one that still has pods beyond those it wants (a rollout or scale-down in progress)."""
     if obj is None:
         return False, False
-    desired, ready, updated = workload_counts(obj)
-    return ready >= desired, updated >= desired
+    desired, existing, ready, updated = workload_counts(obj)
+    settled = existing <= desired
+    return settled and ready >= desired, settled and updated >= desired
 
 
 def service_counts(
@@ -124,8 +136,8 @@ def service_counts(
         return ServiceCounts(plan.kind, replicas, ready, updated, plan.replicas, names)
     replicas = ready = updated = 0
     for c in mine.values():
-        desired, r, u = workload_counts(c)
-        replicas += desired
+        desired, existing, r, u = workload_counts(c)
+        replicas += existing
         ready += min(r, desired)
         updated += min(u, desired)
     return ServiceCounts(plan.kind, replicas, ready, updated, plan.replicas, names)
@@ -141,8 +153,9 @@ def all_counts(
     }
 
 
-def ready_condition(counts: Mapping[str, ServiceCounts]) -> Cond:
-    """Ready=True when every service is ready; otherwise a message naming what is missing."""
+def ready_condition(counts: Mapping[str, ServiceCounts], pod_selector: str = "") -> Cond:
+    """Ready=True when every service is ready; otherwise a message naming what is missing and the
+    ``kubectl get pods -l <pod_selector>`` that shows why."""
     waiting = [
         f"{name} {c.ready}/{c.desired} {'groups' if c.kind != 'Deployment' else 'replicas'} ready"
         + (f" ({c.replicas} exist)" if c.replicas != c.desired else "")
@@ -151,12 +164,13 @@ def ready_condition(counts: Mapping[str, ServiceCounts]) -> Cond:
     ]
     if not waiting:
         return Cond(READY, "True", "AllServicesReady", f"All {len(counts)} services are ready")
+    where = f"`kubectl get pods -l {pod_selector}`" if pod_selector else "the graph's pods"
     return Cond(
         READY,
         "False",
         "ServicesNotReady",
-        "Waiting for " + ", ".join(waiting) + "; see `kubectl get pods -l "
-        "app.kubernetes.io/managed-by` and the Events of the pods for why they are not ready",
+        "Waiting for " + ", ".join(waiting) + f"; see {where} and the Events of the pods for why they "
+        "are not ready",
     )
 
 

@@ -69,8 +69,13 @@ def test_cluster_scope_binds_one_cluster_role(bins):
     # Least privilege: nothing the operator does not use.
     assert not resources & {"secrets", "nodes", "clusterroles", "roles", "*"}
     assert all("*" not in rule["verbs"] for rule in role["rules"])
+    # server-side apply and merge patches only: no PUT, except where blockOwnerDeletion needs it
+    updates = [rule["resources"] for rule in role["rules"] if "update" in rule["verbs"]]
+    assert updates == [["dynamographdeployments/finalizers"]]
+    (events,) = [rule for rule in role["rules"] if rule["resources"] == ["events"]]
+    assert (events["apiGroups"], events["verbs"]) == ([""], ["create"])  # core/v1 Events, posted once
     (pods,) = [rule for rule in role["rules"] if rule["resources"] == ["pods"]]
-    assert sorted(pods["verbs"]) == ["delete", "get", "list", "watch"]
+    assert sorted(pods["verbs"]) == ["delete", "get", "list", "patch", "watch"]  # group restarts
 
 
 def test_namespace_scope_writes_only_in_the_watched_namespaces(bins):

@@ -89,6 +89,16 @@ def test_example_reaches_ready_with_owned_children(
     assert operator.alive()
 
 
+def test_backend_defaults_to_sglang_in_kubectl_get(kc: Kubectl, operator: OperatorProcess):
+    """A Dynamo manifest may omit backendFramework: the CRD defaults it, so the BACKEND column says so."""
+    dgd = example("agg.yaml")
+    del dgd["spec"]["backendFramework"]
+    kc.apply(dgd)
+    kc.wait_ready("sglang-agg")
+    row = kc.run("get", "dgd", "sglang-agg").splitlines()[1]
+    assert row.split()[:3] == ["sglang-agg", "True", "sglang"]
+
+
 def test_scaling_a_service_leaves_others_untouched(kc: Kubectl, operator: OperatorProcess):
     kc.apply(example("disagg.yaml"))
     kc.wait_ready("sglang-disagg")
@@ -186,6 +196,27 @@ def test_invalid_spec_is_reported_and_then_fixed(kc: Kubectl, operator: Operator
     kc.apply(example("agg.yaml"))  # the fix
     kc.wait_ready("sglang-agg")
     assert len(kc.events("sglang-agg", "MissingGpuLimit")) == 1  # reported once, not on every visit
+
+
+def test_object_the_apiserver_rejects_is_reported_and_then_fixed(kc: Kubectl, operator: OperatorProcess):
+    """A wrong type under extraPodSpec passes the CRD schema (it preserves unknown fields) and
+    server-side apply answers it with a 500, not a 422: still a spec error, reported as such."""
+    dgd = example("agg.yaml")
+    dgd["spec"]["services"]["decode"]["extraPodSpec"]["tolerations"] = "not-a-list"
+    kc.apply(dgd)
+    cond = wait_until(
+        lambda: (c := kc.condition("sglang-agg")) and c["status"] == "False" and c,
+        "Ready=False on the rejected object",
+    )
+    assert cond["reason"] == "ApplyFailed"
+    assert "Deployment sglang-agg-decode" in cond["message"] and "tolerations" in cond["message"]
+    assert kc.get("dgd", "sglang-agg")["status"]["state"] == "failed"
+    events = wait_until(lambda: kc.events("sglang-agg", "ApplyFailed"), "a Warning Event")
+    assert events[0]["type"] == "Warning"
+    assert operator.alive()
+
+    kc.apply(example("agg.yaml"))  # the fix
+    kc.wait_ready("sglang-agg")
 
 
 def test_operator_restart_converges_without_duplicates(

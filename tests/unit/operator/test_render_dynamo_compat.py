@@ -133,3 +133,22 @@ def test_worker_module_annotation_swaps_modules():
     ]
     swapped = [n.service for n in rendered.notices if n.reason == "ModuleSwapped"]
     assert swapped == ["decode", "prefill"], "the frontend sets no command: it runs ours already"
+
+
+def test_dynamo_module_in_our_image_is_warned_about():
+    """Dropping Dynamo's image but keeping `-m dynamo.sglang` would crash-loop: a warning names the fix."""
+    body = yaml.safe_load(DYNAMO_DISAGG_MULTINODE)
+    for service in body["spec"]["services"].values():
+        ((service.get("extraPodSpec") or {}).get("mainContainer") or {}).pop("image", None)
+    rendered = render(DynamoGraphDeployment.model_validate(body), OperatorConfig())
+    foreign = {n.service: n for n in rendered.notices if n.reason == "ForeignModule"}
+    assert sorted(foreign) == ["decode", "prefill"], "the frontend sets no command: it runs ours already"
+    assert foreign["decode"].warning
+    assert 'nvidia.com/dynamo-worker-module: "dynamo_worker.sglang"' in foreign["decode"].message
+
+    kept_image = render(
+        DynamoGraphDeployment.model_validate(yaml.safe_load(DYNAMO_DISAGG_MULTINODE)), OperatorConfig()
+    )
+    assert "ForeignModule" not in {n.reason for n in kept_image.notices}
+    annotated = render(_dgd({"nvidia.com/dynamo-worker-module": "dynamo_worker.sglang"}), OperatorConfig())
+    assert "ForeignModule" not in {n.reason for n in annotated.notices}

@@ -25,7 +25,10 @@ def _dgd(replicas: int = 1, nodes: int = 2, gpu: str = "4", args: list[str] = AR
                         "multinode": {"nodeCount": nodes},
                         "resources": {"limits": {"gpu": gpu}},
                         "extraPodSpec": {
-                            "mainContainer": {"command": ["python3", "-m", "dynamo.sglang"], "args": args}
+                            "mainContainer": {
+                                "command": ["python3", "-m", "dynamo_worker.sglang"],
+                                "args": args,
+                            }
                         },
                     },
                 }

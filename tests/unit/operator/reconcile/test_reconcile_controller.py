@@ -6,6 +6,7 @@ import pytest
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.reconcile.controller import (
     invalid_condition,
+    lost_readiness,
     problems_from_validation,
     ready_condition,
     status_patch,
@@ -51,6 +52,9 @@ def test_problems_from_validation_name_the_path():
     problems = problems_from_validation(err.value)
     assert problems[0].field == "spec.services.decode.replicas"
     assert problems[0].reason == "InvalidField"
+    cond = invalid_condition(problems)
+    assert cond.message.count("spec.services.decode.replicas") == 1, "the path is named once"
+    assert "(got -1); set a valid value" in cond.message
 
 
 def test_ready_condition_points_at_the_graph_pods():
@@ -66,3 +70,13 @@ def test_status_patch():
         "status": {"state": "successful", "services": {"a": {"replicas": 1}, "gone": None}}
     }
     assert status_patch({**new, "extra": 1}, new) is None
+
+
+def test_losing_readiness_is_worth_a_warning_once():
+    """Ready True -> False (a pod crashed, a node went away) posts a Warning; staying False does not."""
+    waiting = ready_condition({"decode": ServiceCounts("Deployment", 1, 0, 0, 1)}, "g")
+    was_ready = [{"type": "Ready", "status": "True", "reason": "AllServicesReady", "message": "m"}]
+    assert lost_readiness(was_ready, waiting)
+    assert not lost_readiness([{"type": "Ready", "status": "False"}], waiting)
+    assert not lost_readiness([], waiting)
+    assert not lost_readiness(was_ready, ready_condition({}, "g"))

@@ -96,6 +96,20 @@ def test_stale_generation_is_not_ready():
     assert c["decode"].ready == 0 and not c["decode"].is_ready
 
 
+def test_rolling_update_is_not_ready_while_old_pods_remain():
+    """A new template rolling out: the old pod is the ready one, the new pod exists but is not ready."""
+    plans = {"decode": Plan("Deployment", 1)}
+    child = workload("Deployment", "g-decode", "decode", replicas=1, ready=1, updated=1)
+    child["status"]["replicas"] = 2  # old pod (ready) + new pod (updated, starting)
+    c = counts(plans, [child])
+    assert services_status(c)["decode"]["replicas"] == 2
+    cond = ready_condition(c)
+    assert cond.status == "False"
+    assert "decode 1/1 replicas ready (2 exist)" in cond.message
+    child["status"]["replicas"] = 1  # the old pod is gone
+    assert ready_condition(counts(plans, [child])).status == "True"
+
+
 def test_missing_child_is_not_ready():
     c = counts({"decode": Plan("Deployment", 1)}, [])
     assert (c["decode"].replicas, c["decode"].ready) == (0, 0)
