@@ -13,8 +13,6 @@ from dynamo_operator.api.models import DynamoGraphDeployment, ServiceSpec
 from dynamo_operator.api.sglang_args import SglangArgs, parse_args
 
 __all__ = [
-    "DEFAULT_FRONTEND_COMMAND",
-    "DEFAULT_WORKER_COMMAND",
     "WORKER_TYPES",
     "Component",
     "components",
@@ -23,8 +21,6 @@ __all__ = [
 Kind = Literal["frontend", "worker", "generic"]
 Role = Literal["agg", "prefill", "decode"]
 WORKER_TYPES = ("worker", "prefill", "decode")
-DEFAULT_FRONTEND_COMMAND = contract.FRONTEND_COMMAND
-DEFAULT_WORKER_COMMAND = contract.WORKER_COMMAND
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ def components(dgd: DynamoGraphDeployment) -> list[Component]:
         kind = _kind(spec.component_type)
         main = spec.extra_pod_spec.main_container if spec.extra_pod_spec else None
         user = main.model_dump(by_alias=True, exclude_none=True) if main else {}
-        default = {"frontend": DEFAULT_FRONTEND_COMMAND, "worker": DEFAULT_WORKER_COMMAND}.get(kind or "")
+        default = {"frontend": contract.FRONTEND_COMMAND, "worker": contract.WORKER_COMMAND}.get(kind or "")
         command = user.get("command") or (list(default) if default else [])
         view = {"command": list(command), "args": list(user.get("args") or [])}
         out.append(
