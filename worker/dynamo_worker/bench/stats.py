@@ -146,9 +146,9 @@ def summarize(results: Sequence[RequestResult]) -> Report:
     )
 
 
-def _rows(report: Report) -> list[tuple[str, float | str | None]]:
-    rows: list[tuple[str, float | str | None]] = [
-        ("requests completed", float(report.completed)),
+def _rows(report: Report) -> list[tuple[str, int | float | str | None]]:
+    rows: list[tuple[str, int | float | str | None]] = [
+        ("requests completed", report.completed),
         ("errors", ", ".join(f"{k}={v}" for k, v in report.errors.items()) or "0"),
         ("duration s", report.duration_s),
         ("requests/s", report.requests_per_s),
@@ -167,11 +167,11 @@ def _rows(report: Report) -> list[tuple[str, float | str | None]]:
     return rows
 
 
-def _cell(v: float | str | None) -> str:
+def _cell(v: int | float | str | None) -> str:
     if v is None:
         return "-"
-    if isinstance(v, str):
-        return v
+    if isinstance(v, str | int):
+        return str(v)
     return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
 
 
@@ -194,7 +194,7 @@ def format_comparison(a_label: str, a: Report, b_label: str, b: Report, title: s
     lines.append(f"  {'':<{width}}  {a_label:>{cw}}  {b_label:>{cw}}  {'ratio':>8}")
     for (k, va), (_, vb) in zip(ra, rb, strict=True):
         ratio = "-"
-        if isinstance(va, float) and isinstance(vb, float) and vb != 0:
+        if isinstance(va, int | float) and isinstance(vb, int | float) and vb != 0:
             ratio = f"{va / vb:.2f}x"
         lines.append(f"  {k:<{width}}  {_cell(va):>{cw}}  {_cell(vb):>{cw}}  {ratio:>8}")
     return "\n".join(lines)
