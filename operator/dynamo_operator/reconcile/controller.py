@@ -30,6 +30,7 @@ from dynamo_operator.reconcile.kube import (
     DGD,
     FIELD_MANAGER,
     LWS,
+    POD,
     SERVICE,
     STATEFULSET,
     Kube,
@@ -103,8 +104,10 @@ def transport_condition(notices: tuple[Notice, ...]) -> Cond | None:
     return Cond(TRANSPORT, "True", reason, "; ".join(n.message for n in stated))
 
 
-def ready_condition(counts: Mapping[str, status.ServiceCounts], graph: str) -> Cond:
-    return status.ready_condition(counts, f"{labels.GRAPH}={label_value(graph)}")
+def ready_condition(
+    counts: Mapping[str, status.ServiceCounts], graph: str, problems: Mapping[str, str] | None = None
+) -> Cond:
+    return status.ready_condition(counts, f"{labels.GRAPH}={label_value(graph)}", problems)
 
 
 def lost_readiness(current: list[dict], ready: Cond) -> bool:
@@ -186,11 +189,16 @@ class Controller:
             self.queue.add(key)
 
     async def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """A pod of ours changed: restart its multinode group if it failed or was deleted.
+        """A pod of ours changed: restart its multinode group if it failed or was deleted, and visit
+        its graph when the pod is stuck (unschedulable, image pull, crash loop), so the Ready message
+        says why promptly.
 
-        Status needs no visit per pod event: the pods' workloads (Deployments, StatefulSets, LWS)
-        update their own status, and those changes are watched."""
-        await self.restarter.pod_event(event_type, dict(body))
+        Other pod changes need no visit: the pods' workloads (Deployments, StatefulSets, LWS) update
+        their own status, and those changes are watched."""
+        pod = dict(body)
+        await self.restarter.pod_event(event_type, pod)
+        if event_type != "DELETED" and status.pod_problem(pod) is not None:
+            self.child_event(pod)
 
     def _forget(self, key: Key) -> None:
         self._known.pop(key, None)
@@ -262,6 +270,10 @@ class Controller:
             rendered.services, applied, component_label=labels.COMPONENT, group_label=labels.GROUP
         )
         cond = ready_condition(counts, name)
+        if cond.status != "True":  # say why, when the pods' status states it
+            pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
+            problems = status.pod_problems(pods, component_label=labels.COMPONENT)
+            cond = ready_condition(counts, name, problems)
         current = raw.get("status") or {}
         if lost_readiness(current.get("conditions") or [], cond):
             # Normal when the user's own change (a new generation) is rolling out; else something broke.

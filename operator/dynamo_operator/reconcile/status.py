@@ -6,6 +6,11 @@ only when every workload object of the group (LeaderWorkerSet, or the group's St
 all its pods ready at its current generation; the graph is Ready only when every service has as
 many ready and updated replicas as the spec asks for, and no extra ones (old pods of a rollout or
 a scale-down still count as extra).
+
+When a graph is not Ready, the pods' own status says why when they are stuck: the scheduler's
+``Unschedulable`` message (e.g. ``0/2 nodes are available: 2 Insufficient nvidia.com/gpu``) or a
+container waiting on a reason that does not resolve by itself (image pull errors, crash loops, a
+missing Secret). The first stuck pod of each service is named in the Ready message, bounded.
 """
 
 from __future__ import annotations
@@ -153,12 +158,77 @@ def all_counts(
     }
 
 
-def ready_condition(counts: Mapping[str, ServiceCounts], pod_selector: str = "") -> Cond:
-    """Ready=True when every service is ready; otherwise a message naming what is missing and the
-    ``kubectl get pods -l <pod_selector>`` that shows why."""
+# Container waiting reasons that do not go away by waiting: the pod needs a fix (the image, the
+# command, a Secret or ConfigMap), each with the hint that names the fix.
+STUCK_WAITING = {
+    "ErrImagePull": "check the image name and tag and the imagePullSecrets",
+    "ImagePullBackOff": "check the image name and tag and the imagePullSecrets",
+    "InvalidImageName": "fix the image name",
+    "CrashLoopBackOff": "see `kubectl logs --previous` of the pod",
+    "CreateContainerConfigError": "create the missing Secret or ConfigMap, or fix the reference",
+    "CreateContainerError": "fix the container's command or mounts",
+    "RunContainerError": "fix the container's command or mounts",
+}
+UNSCHEDULABLE = ("PodScheduled", "False", "Unschedulable")  # (type, status, reason) of the condition
+UNSCHEDULABLE_HINT = "lower the service's resources or add nodes that can hold the pod"
+MAX_POD_MESSAGE = 200
+
+
+def _bounded(reason: str, message: str | None) -> str:
+    """``reason: message`` on one line, the message cut to ``MAX_POD_MESSAGE`` characters."""
+    text = " ".join((message or "").split())
+    if len(text) > MAX_POD_MESSAGE:
+        text = text[: MAX_POD_MESSAGE - 3].rstrip() + "..."
+    return f"{reason}: {text}" if text else reason
+
+
+def pod_problem(pod: dict) -> str | None:
+    """Why this pod is stuck, as its status states it (bounded, with the fix), or None when it is
+    not stuck (starting, running, or being deleted)."""
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    name = meta.get("name", "?")
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == UNSCHEDULABLE:
+            return f"pod {name} is {_bounded('Unschedulable', cond.get('message'))} ({UNSCHEDULABLE_HINT})"
+    if status.get("phase") == "Failed":
+        return f"pod {name} failed: {_bounded(status.get('reason') or 'Failed', status.get('message'))}"
+    containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+    for cs in containers:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in STUCK_WAITING:
+            detail = _bounded(reason, waiting.get("message"))
+            container = cs.get("name", "?")
+            return f"pod {name} container {container} is waiting: {detail} ({STUCK_WAITING[reason]})"
+    return None
+
+
+def pod_problems(pods: Iterable[dict], *, component_label: str) -> dict[str, str]:
+    """Per service, the problem of its first stuck pod (by name, so the message is stable)."""
+    result: dict[str, str] = {}
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        service = ((pod.get("metadata") or {}).get("labels") or {}).get(component_label)
+        if service and service not in result:
+            problem = pod_problem(pod)
+            if problem is not None:
+                result[service] = problem
+    return result
+
+
+def ready_condition(
+    counts: Mapping[str, ServiceCounts], pod_selector: str = "", problems: Mapping[str, str] | None = None
+) -> Cond:
+    """Ready=True when every service is ready; otherwise a message naming what is missing, why when a
+    pod of the service is stuck (``problems``, from :func:`pod_problems`), and the
+    ``kubectl get pods -l <pod_selector>`` that shows more."""
+    problems = problems or {}
     waiting = [
         f"{name} {c.ready}/{c.desired} {'groups' if c.kind != 'Deployment' else 'replicas'} ready"
         + (f" ({c.replicas} exist)" if c.replicas != c.desired else "")
+        + (f", {problems[name]}" if name in problems else "")
         for name, c in counts.items()
         if not c.is_ready
     ]
@@ -169,7 +239,7 @@ def ready_condition(counts: Mapping[str, ServiceCounts], pod_selector: str = "")
         READY,
         "False",
         "ServicesNotReady",
-        "Waiting for " + ", ".join(waiting) + f"; see {where} and the Events of the pods for why they "
+        "Waiting for " + "; ".join(waiting) + f"; see {where} and the Events of the pods for why they "
         "are not ready",
     )
 

@@ -295,3 +295,24 @@ def test_transport_is_stated_in_a_condition_and_an_event(kc: Kubectl, operator: 
     assert "IPC_LOCK" in main["securityContext"]["capabilities"]["add"]
     assert main["resources"]["limits"]["rdma/ib"] == "1"
     kc.wait_ready("sglang-disagg")
+
+
+def test_unschedulable_worker_is_explained_in_the_ready_message(kc: Kubectl, operator: OperatorProcess):
+    """A worker asking for 9 GPUs fits no node (2 kwok nodes of 8): the scheduler's reason shows up in
+    the graph's Ready message, naming the pod."""
+    dgd = example("agg.yaml")
+    dgd["spec"]["services"]["decode"]["resources"]["limits"]["gpu"] = "9"
+    kc.apply(dgd)
+
+    def explained() -> dict | None:
+        cond = kc.condition("sglang-agg")
+        message = (cond or {}).get("message", "")
+        # the frontend fits and becomes ready; the decode Deployment's status counts its pod
+        settled = "Frontend" not in message and "exist)" not in message
+        return cond if settled and "Insufficient nvidia.com/gpu" in message else None
+
+    cond = wait_until(explained, "the Ready message to name Insufficient nvidia.com/gpu (frontend ready)")
+    assert (cond["status"], cond["reason"]) == ("False", "ServicesNotReady")
+    assert "Waiting for decode 0/1 replicas ready" in cond["message"]
+    assert ", pod sglang-agg-decode-" in cond["message"]
+    assert " is Unschedulable: 0/" in cond["message"]

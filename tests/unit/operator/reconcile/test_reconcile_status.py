@@ -1,9 +1,18 @@
 """Status aggregation from observed children: per-service counts, multinode groups ready only when all
-their workloads are, stale observedGeneration counts as not ready, and the Ready condition's message."""
+their workloads are, stale observedGeneration counts as not ready, and the Ready condition's message,
+which names the first stuck pod of a service (unschedulable, image pull, crash loop, missing Secret)
+with the pod's reason."""
 
 from dataclasses import dataclass
 
-from dynamo_operator.reconcile.status import all_counts, ready_condition, services_status
+from dynamo_operator.reconcile.status import (
+    MAX_POD_MESSAGE,
+    all_counts,
+    pod_problem,
+    pod_problems,
+    ready_condition,
+    services_status,
+)
 
 COMPONENT = "nvidia.com/dynamo-component"
 GROUP = "nvidia.com/dynamo-group"
@@ -158,3 +167,89 @@ def test_lws_group():
     assert counts(plans, [child])["decode"].ready == 0
     child["status"]["readyReplicas"] = child["status"]["updatedReplicas"] = 1
     assert counts(plans, [child])["decode"].is_ready
+
+
+INSUFFICIENT = (
+    "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available: "
+    "2 No preemption victims found for incoming pod."
+)
+
+
+def pod(name, service="decode", *, conditions=(), waiting=None, phase="Pending", **extra_meta):
+    status = {"phase": phase, "conditions": list(conditions)}
+    if waiting is not None:
+        status["containerStatuses"] = [{"name": "main", "state": {"waiting": waiting}}]
+    return {"metadata": {"name": name, "labels": {COMPONENT: service}, **extra_meta}, "status": status}
+
+
+def unschedulable(message=INSUFFICIENT):
+    return {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+
+
+def test_unschedulable_pod_names_the_scheduler_message():
+    problem = pod_problem(pod("g-decode-abc", conditions=[unschedulable()]))
+    assert problem.startswith("pod g-decode-abc is Unschedulable: 0/2 nodes are available: 2 Insufficient")
+    assert "add nodes" in problem
+
+
+def test_stuck_containers_name_the_kubelet_reason_and_the_fix():
+    pull = pod("p", waiting={"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'})
+    assert pod_problem(pull) == (
+        'pod p container main is waiting: ImagePullBackOff: Back-off pulling image "nope:1" '
+        "(check the image name and tag and the imagePullSecrets)"
+    )
+    secret = pod(
+        "p", waiting={"reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}
+    )
+    assert 'CreateContainerConfigError: secret "hf-token" not found' in pod_problem(secret)
+    assert "Secret" in pod_problem(secret)
+    crash = pod("p", phase="Running", waiting={"reason": "CrashLoopBackOff"})
+    assert "is waiting: CrashLoopBackOff (see `kubectl logs --previous`" in pod_problem(crash)
+
+
+def test_pods_that_are_merely_starting_or_going_are_not_stuck():
+    assert pod_problem(pod("p", waiting={"reason": "ContainerCreating"})) is None
+    assert pod_problem(pod("p", conditions=[{"type": "PodScheduled", "status": "True"}])) is None
+    assert pod_problem(pod("p", phase="Running")) is None
+    going = pod("p", conditions=[unschedulable()], deletionTimestamp="2026-01-01T00:00:00Z")
+    assert pod_problem(going) is None
+
+
+def test_long_messages_are_bounded_to_one_line():
+    problem = pod_problem(pod("p", conditions=[unschedulable("x\n" * 500)]))
+    assert "\n" not in problem and "x x x... (lower the service's resources" in problem
+    assert len(problem) < MAX_POD_MESSAGE + 100
+
+
+def test_first_stuck_pod_per_service_is_chosen_by_name():
+    pods = [
+        pod("g-decode-b", conditions=[unschedulable("b")]),
+        pod("g-decode-a", phase="Running"),
+        pod("g-decode-c", conditions=[unschedulable("c")]),
+        pod("g-prefill-x", "prefill", waiting={"reason": "ErrImagePull"}),
+        {"metadata": {"name": "unlabelled"}, "status": {"conditions": [unschedulable()]}},
+    ]
+    problems = pod_problems(pods, component_label=COMPONENT)
+    assert problems == {
+        "decode": "pod g-decode-b is Unschedulable: b (lower the service's resources or add nodes "
+        "that can hold the pod)",
+        "prefill": "pod g-prefill-x container main is waiting: ErrImagePull (check the image name and "
+        "tag and the imagePullSecrets)",
+    }
+
+
+def test_ready_message_says_why_a_service_is_not_ready():
+    plans = {"decode": Plan("Deployment", 1), "frontend": Plan("Deployment", 1)}
+    children = [
+        workload("Deployment", "g-decode", "decode", replicas=1, ready=0),
+        workload("Deployment", "g-frontend", "frontend", replicas=1, ready=1),
+    ]
+    problems = pod_problems([pod("g-decode-abc", conditions=[unschedulable()])], component_label=COMPONENT)
+    problems["frontend"] = "ignored: the service is ready"
+    cond = ready_condition(counts(plans, children), "g=x", problems)
+    assert (cond.status, cond.reason) == ("False", "ServicesNotReady")
+    assert cond.message.startswith(
+        "Waiting for decode 0/1 replicas ready, pod g-decode-abc is Unschedulable: 0/2 nodes are available: "
+        "2 Insufficient nvidia.com/gpu."
+    )
+    assert "ignored" not in cond.message and "`kubectl get pods -l g=x`" in cond.message
