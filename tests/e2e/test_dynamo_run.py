@@ -148,7 +148,11 @@ def dynamo_run(tmp_path, cache_dir):
 
 
 def check_serving(run: DynamoRun) -> str:
-    client = run.client()
+    with run.client() as client:
+        return _check_serving(client)
+
+
+def _check_serving(client: openai.OpenAI) -> str:
     models = [m.id for m in client.models.list().data]
     assert models, "the frontend lists no model"
     model = models[0]
@@ -206,8 +210,8 @@ def test_disagg_serves_then_a_dead_decode_fails_requests_clearly_and_is_reported
 
     os.killpg(pids[decode], signal.SIGKILL)
     run.wait_for(rf"{decode} EXITED with signal SIGKILL", 30)
-    with pytest.raises(openai.APIStatusError) as e:
-        run.client().chat.completions.create(
+    with run.client() as client, pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "still there?"}], max_tokens=4
         )
     assert e.value.status_code in (500, 502, 503)
