@@ -185,7 +185,10 @@ class Dispatcher:
     def _stream(self, worker: InstanceRecord, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         return self.client.generate(worker.address, request, **self._timeouts)
 
-    async def _agg(self, worker: InstanceRecord, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def _agg(
+        self, worker: InstanceRecord, request: GenerateRequest, role: str = "aggregated"
+    ) -> AsyncIterator[GenerateChunk]:
+        """One leg's stream from ``worker``; a refusal before the first chunk is retryable elsewhere."""
         first = True
         try:
             async with contextlib.aclosing(self._stream(worker, request)) as chunks:
@@ -198,21 +201,12 @@ class Dispatcher:
                     first = False
                     yield chunk
         except RequestPlaneError as e:
-            raise _retryable_or_error(e, "aggregated", worker, first) from None
+            raise _retryable_or_error(e, role, worker, first) from None
 
     async def _prefill_leg(self, worker: InstanceRecord, request: GenerateRequest) -> None:
-        first = True
-        try:
-            async with contextlib.aclosing(self._stream(worker, request)) as chunks:
-                async for chunk in chunks:
-                    if chunk.error is not None:
-                        error = _from_worker_error(chunk.error, worker.address)
-                        if first and chunk.error.type in _RETRYABLE_REJECTIONS:
-                            raise _Retryable(worker.instance_id, error)
-                        raise error
-                    first = False
-        except RequestPlaneError as e:
-            raise _retryable_or_error(e, "prefill", worker, first) from None
+        async with contextlib.aclosing(self._agg(worker, request, "prefill")) as chunks:
+            async for _ in chunks:
+                pass
 
     async def _disagg(
         self, prefill: InstanceRecord, decode: InstanceRecord, request: GenerateRequest
