@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -39,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 GPU_NODES = ("kwok-gpu-0", "kwok-gpu-1")
 GPUS_PER_NODE = 8
+PORT_ATTEMPTS = 3
 
 
 class ClusterError(RuntimeError):
@@ -152,13 +154,23 @@ class LocalCluster:
         (self.dir / "logs").mkdir(exist_ok=True)
         pki = self.dir / "pki"
         make_pki(pki)
-        self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "kcm", "sched", "kwok")}
-        try:
-            self._start_all(pki)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            # Free ports are picked up front and bound later; a client's ephemeral port can take one
+            # in between (the apiserver's own connections draw from the same range). Start again on
+            # fresh ports, with an empty etcd, when that happens.
+            self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "kcm", "sched", "kwok")}
+            try:
+                self._start_all(pki)
+                return self
+            except ClusterError as e:
+                self.stop()
+                if "address already in use" not in str(e) or attempt == PORT_ATTEMPTS:
+                    raise
+                shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def _start_all(self, pki: Path) -> None:
         p = self.ports
