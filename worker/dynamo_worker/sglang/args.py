@@ -307,7 +307,11 @@ def parse_worker_args(
     settings = settings_from_args(SglangSettings, own, {})
     cli = sglang or load_sglang_cli()
     parser = _sglang_parser(cli)
-    if any(a == "--config" or a.startswith("--config=") for a in rest):
+    # SGLang's merger finds only "--config FILE"; "--config=FILE" would be parsed and ignored.
+    rest = [
+        p for a in rest for p in (["--config", a[len("--config=") :]] if a.startswith("--config=") else [a])
+    ]
+    if "--config" in rest:
         if cli.config_merger is None:
             raise WorkerArgsError(
                 f"SGLang {cli.version} has no config file merger (looked for "

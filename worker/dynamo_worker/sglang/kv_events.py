@@ -203,7 +203,7 @@ class KvEventRelay:
             log.debug("Dropped an undecodable SGLang KV event batch seq=%s count=%s", seq, self.undecodable)
 
     async def stop(self) -> None:
-        if self._task is not None:
+        if self._task is not None and not self._task.done():  # a task that ended has said why
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
