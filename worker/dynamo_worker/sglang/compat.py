@@ -144,7 +144,7 @@ def _kv_static_problems(index: SourceIndex) -> list[str]:
     out only fields we can do without."""
     module = uses.KV_EVENTS_MODULE
     problems: list[str] = []
-    for cls, wanted in uses.KV_EVENT_FIELDS.items():
+    for cls, wanted in uses.KV_EVENT_FIELDS.items():  # the batch may be an array or a map too
         where = f"{module}.{cls}"
         if index.find_class(module, cls) is None:
             problems.append(f"{where} does not exist (kv_events.py decodes it)")
@@ -162,10 +162,6 @@ def _kv_static_problems(index: SourceIndex) -> list[str]:
                 problems.append(
                     f"{where} puts its tag in {options['tag_field']!r}; kv_events.py reads 'type'"
                 )
-        elif not options.get("array_like"):
-            problems.append(
-                f"{where} is not array_like; kv_events.py decodes the batch as [ts, events, rank]"
-            )
         if options.get("array_like"):
             if tuple(names[: len(wanted)]) != wanted:
                 problems.append(

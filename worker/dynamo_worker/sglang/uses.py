@@ -29,9 +29,12 @@ from pathlib import Path
 __all__ = [
     "CONFIG_PARSER_MODULES",
     "DECLARED",
+    "FLAG_REPLACEMENTS",
     "KV_EVENTS_MODULE",
     "KV_EVENT_FIELDS",
+    "KV_EVENT_OPTIONAL",
     "ONE_OF",
+    "OPTIONAL_RESOLVED_FIELDS",
     "PACKAGE_DIR",
     "REMOVED_FLAGS",
     "RESOLVED_FIELDS",
