@@ -10,6 +10,7 @@ in for it: a parser with exactly the flags that release declares, and a read-onl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 
@@ -219,3 +220,16 @@ def test_the_plan_builds_a_new_server_args_for_a_changed_value(newest_cli):
     fresh = plan.build_server_args({"disaggregation_bootstrap_port": 1234})
     assert fresh.disaggregation_bootstrap_port == 1234 and fresh.model_path == "m"
     assert plan.server_args.disaggregation_bootstrap_port != 1234
+
+
+def test_sglangs_own_validation_of_the_values_is_a_clear_error_too(newest_cli):
+    class Validating(newest_cli.server_args_class):
+        @classmethod
+        def from_cli_args(cls, ns):
+            raise ValueError("page_size must be a power of two")  # as SGLang's validation raises
+
+    cli = dataclasses.replace(newest_cli, server_args_class=Validating)
+    with pytest.raises(
+        args.WorkerArgsError, match=f"SGLang {NEWEST} refused the server arguments: page_size"
+    ):
+        args.parse_worker_args(["--model-path", "m"], env={}, sglang=cli)

@@ -333,7 +333,10 @@ def parse_worker_args(
     def build_server_args(changes: Mapping[str, Any]) -> Any:
         return server_args_class.from_cli_args(argparse.Namespace(**{**vars(ns), **changes}))
 
-    server_args = build_server_args({})
+    try:
+        server_args = build_server_args({})
+    except (ValueError, AssertionError) as e:  # SGLang's own validation of the values
+        raise WorkerArgsError(f"SGLang {cli.version} refused the server arguments: {e}") from None
     return WorkerPlan(
         server_args=server_args,
         runtime=runtime,
