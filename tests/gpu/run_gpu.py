@@ -51,19 +51,32 @@ SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,16,64").split(",") if c]
 KILL_BOUND_S = float(os.environ.get("KILL_BOUND_S", 30))
 STARTUP_S = float(os.environ.get("STARTUP_S", 420))
 PROBES, PROBE_LEN, PROBE_OUT = int(os.environ.get("PROBES", 4)), 300, 24
+# GPUS=1: every engine shares GPU 0 (one-GPU machines), each with a small memory share and the same
+# KV capacity, so ours and native still compare like for like.
+GPUS = int(os.environ.get("GPUS", 2))
+MEM_FRACTION = os.environ.get("MEM_FRACTION", "0.80" if GPUS > 1 else "0.40")
+MAX_TOTAL_TOKENS = os.environ.get("MAX_TOTAL_TOKENS", "" if GPUS > 1 else "80000")
 MODEL = "llama8b-dummy"
 MODEL_DIR = Path(os.environ.get("MODEL_DIR") or "/tmp/dynamo-gpu-model")
 NAMESPACE = "gpu-proof"
 TOKEN = re.compile(r"w(\d+)")
 
 SGLANG_FLAGS = [
-    "--load-format", "dummy", "--random-seed", "1", "--page-size", "16", "--mem-fraction-static", "0.80",
+    "--load-format", "dummy", "--random-seed", "1", "--page-size", "16",
+    "--mem-fraction-static", MEM_FRACTION,
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
     "--cuda-graph-backend-prefill", "disabled", "--mm-feature-transport", "cpu", "--skip-server-warmup",
     "--context-length", "8192",
 ]  # fmt: skip
 if not GRAPHS:
     SGLANG_FLAGS += ["--cuda-graph-backend-decode", "disabled"]
+if MAX_TOTAL_TOKENS:
+    SGLANG_FLAGS += ["--max-total-tokens", MAX_TOTAL_TOKENS]
+
+
+def gpu(index: int) -> int:
+    """The GPU of the index-th engine: its own on a multi-GPU machine, GPU 0 when GPUS=1."""
+    return index if GPUS > 1 else 0
 
 
 def log(msg: str) -> None:
@@ -457,7 +470,7 @@ async def phase_agg() -> dict:
         worker, worker_sys = stack.start_worker("agg", 0, "--kv-events-config", kv_events)
         native = native_port = None
         if ENGINE == "sglang":
-            native, native_port = stack.start_native(1)
+            native, native_port = stack.start_native(gpu(1))
         frontend = stack.start_frontend()
         result["agg_ready_s"] = wait_http(worker, f"http://127.0.0.1:{worker_sys}/health")
         log(f"our agg worker ready in {result['agg_ready_s']:.0f}s")
@@ -549,7 +562,7 @@ async def phase_disagg(agg: dict | None) -> dict:
     try:
         stack.start_nats()
         prefill, prefill_sys = stack.start_worker("prefill", 0)  # no bootstrap port: the worker picks one
-        decode, decode_sys = stack.start_worker("decode", 1)
+        decode, decode_sys = stack.start_worker("decode", gpu(1))
         frontend = stack.start_frontend()
         result["prefill_ready_s"] = wait_http(prefill, f"http://127.0.0.1:{prefill_sys}/health")
         result["decode_ready_s"] = wait_http(decode, f"http://127.0.0.1:{decode_sys}/health")
