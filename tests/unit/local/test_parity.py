@@ -90,12 +90,13 @@ def graphs(draw) -> dict:
     }
 
 
-def on_this_machine(text: str, ports: dict[int, int]) -> str:
-    """The oracle's substitution: pod DNS names and 0.0.0.0 -> 127.0.0.1, this pod's ports -> local."""
-    text = re.sub(r"[\w.-]+\.svc\b", "127.0.0.1", text).replace("0.0.0.0", "127.0.0.1")
+def on_this_machine(text: str, ports: dict[int, int], peers: dict[str, dict[int, int]]) -> str:
+    """The oracle's substitution: a pod's DNS name and 0.0.0.0 -> 127.0.0.1, a port after a pod's DNS
+    name -> that pod's local port, any other port of this pod -> its local port."""
     for port, local in ports.items():
-        text = re.sub(rf"(?<!\d){port}(?!\d)", str(local), text)
-    return text
+        text = re.sub(rf"(?<![\d.]){port}(?!\d)", str(local), text)
+    text = re.sub(r"([\w.-]+\.svc):(\d+)", lambda m: f"127.0.0.1:{peers[m[1]].get(int(m[2]), m[2])}", text)
+    return re.sub(r"[\w.-]+\.svc\b", "127.0.0.1", text).replace("0.0.0.0", "127.0.0.1")
 
 
 def expanded(text: str, env: dict[str, str]) -> str:
@@ -149,6 +150,7 @@ def test_every_process_runs_its_pods_rendered_command_and_env(manifest, engine):
         machine=MACHINE,
     )
     pods = {p.name: p for p in pods_of(render(dgd, local_config(NATS)).objects)}
+    peers = {pods[p.pod].dns_name: dict(p.ports) for p in plan.processes if pods[p.pod].dns_name}
     services = manifest["spec"]["services"]
     ranks = sum(s.get("replicas", 1) * s.get("multinode", {}).get("nodeCount", 1) for s in services.values())
     assert len(plan.processes) == ranks  # one frontend pod (replicas 1), and every rank of every worker
@@ -160,7 +162,7 @@ def test_every_process_runs_its_pods_rendered_command_and_env(manifest, engine):
         env = {}
         for item in main["env"]:
             if "value" in item:
-                env[item["name"]] = on_this_machine(item["value"], ports)
+                env[item["name"]] = on_this_machine(item["value"], ports, peers)
             else:
                 env[item["name"]] = field(item["valueFrom"]["fieldRef"]["fieldPath"], proc.pod, "team")
         env = {name: expanded(value, env) for name, value in env.items()}
@@ -168,6 +170,6 @@ def test_every_process_runs_its_pods_rendered_command_and_env(manifest, engine):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(proc.gpus)
         assert dict(proc.env) == {**MACHINE, **env}
         words = engine_words([*main.get("command", []), *main.get("args", [])], engine)
-        assert list(proc.argv) == [expanded(on_this_machine(w, ports), env) for w in words]
+        assert list(proc.argv) == [expanded(on_this_machine(w, ports, peers), env) for w in words]
         if engine == "sglang" and proc.kind == "worker":
             assert len(proc.gpus) == int(main["resources"]["limits"]["nvidia.com/gpu"])

@@ -159,7 +159,9 @@ def test_sglang_with_too_few_gpus_says_how_many_are_needed_and_what_to_do():
 
 
 def test_sglang_model_dir_replaces_the_model_path():
-    decode, prefill0 = plan(engine="sglang", gpus=("0", "1", "2"), sglang_model_path="/models/q").processes[1:3]
+    decode, prefill0 = plan(engine="sglang", gpus=("0", "1", "2"), sglang_model_path="/models/q").processes[
+        1:3
+    ]
     assert prefill0.argv[prefill0.argv.index("--model-path") + 1] == "/models/q"
     assert prefill0.argv.count("--model-path") == 1
     assert "--model-path /models/q " in decode.argv[2] and "Qwen/Qwen3-0.6B --served" not in decode.argv[2]
@@ -188,8 +190,9 @@ def test_multinode_runs_each_rank_with_its_rank_and_the_leader_on_this_machine()
     assert [x.name for x in p.processes] == ["Frontend-0", "worker-0", "worker-0-1"]
     assert p.namespace == "team-big"
     leader, rank1 = p.processes[1:]
+    rendezvous = f"127.0.0.1:{leader.ports[c.DIST_INIT_PORT]}"  # the leader's port, in every rank
     for rank, proc in enumerate((leader, rank1)):
-        tail = ("--dist-init-addr", "127.0.0.1:29500", "--nnodes", "2", "--node-rank", str(rank))
+        tail = ("--dist-init-addr", rendezvous, "--nnodes", "2", "--node-rank", str(rank))
         assert proc.argv[-8:] == (*tail, "--model-dir", "/tiny")
         assert proc.env[c.ENV_NODE_RANK] == str(rank) and proc.env[c.ENV_LEADER_HOST] == "127.0.0.1"
     assert leader.health_url is not None and rank1.health_url is None  # only the leader is probed
