@@ -38,7 +38,7 @@ from dynamo_operator.api.sglang_args import flag_value
 from dynamo_operator.api.validation import Problem
 from dynamo_operator.backends import sglang as flags
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.render import labels, render
+from dynamo_operator.render import Rendered, labels, render
 
 from dynamo_worker.local.kubelet import LOOPBACK, Pod, localize, pods_of
 
@@ -177,78 +177,11 @@ def plan_graph(
     rendered = render(dgd, local_config(nats_url))
     if rendered.problems:
         raise PlanError(rendered.problems)
-    groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
-    problems: list[Problem] = []
-    notes: list[str] = []
-    runs: list[_Run] = []
-    replicas: dict[str, int] = {}
-    for pod in pods_of(rendered.objects):
-        service = pod.labels[labels.COMPONENT]
-        component_type = pod.labels.get(labels.COMPONENT_TYPE, "")
-        replica = replicas[service] = replicas.get(service, -1) + 1
-        module = _module(pod.main)
-        if module in FRONTEND_MODULES:
-            if any(r.kind == "frontend" for r in runs):
-                notes.append(f"{pod.name}: one frontend runs locally (one --port); skipped")
-                continue
-            container = _with_engine(pod.main, module, c.FRONTEND_MODULE, None)
-            runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
-        elif module in ENGINE_MODULES or module == c.MOCKER_MODULE:
-            target = c.MOCKER_MODULE if engine == "mocker" or module == c.MOCKER_MODULE else c.SGLANG_MODULE
-            model_dir = mocker_model_dir if target == c.MOCKER_MODULE else sglang_model_path
-            container = _with_engine(pod.main, module, target, model_dir)
-            need = _gpus(pod.main) if target == c.SGLANG_MODULE else 0
-            if target == c.SGLANG_MODULE and need == 0:
-                problems.append(
-                    Problem(
-                        f"spec.services.{service}.resources.limits.gpu",
-                        "MissingGpuLimit",
-                        "an SGLang worker needs GPUs: set resources.limits.gpu, or run with --engine mocker",
-                    )
-                )
-                continue
-            runs.append(_Run(pod, _label(pod, service, groups, replica), service, "worker", container, need))
-        elif component_type in WORKER_TYPES or component_type == "frontend":
-            shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
-            problems.append(
-                Problem(
-                    f"spec.services.{service}.extraPodSpec.mainContainer.command",
-                    "UnsupportedCommand",
-                    f"runs {shown!r}; dynamo-run runs services whose command is 'python3 -m "
-                    f"{c.DYNAMO_SGLANG_MODULE} ...' (or {c.SGLANG_MODULE}, {c.MOCKER_MODULE}, "
-                    f"{c.FRONTEND_MODULE}, {c.DYNAMO_FRONTEND_MODULE}); give the service such a command",
-                )
-            )
-            continue
-        else:
-            notes.append(
-                f"{pod.name}: componentType {component_type or '(unset)'} runs as given in Kubernetes; "
-                "not run locally (skipped)"
-            )
-            continue
-        others = [x.get("name", "?") for x in [*pod.spec.get("initContainers", []), *pod.spec["containers"]]]
-        others = [n for n in others if n != pod.main.get("name")]
-        if others:
-            notes.append(f"{pod.name}: containers {', '.join(others)} are not run locally; only main runs")
-    notes += [
-        f"{name}: replicas=0; nothing to run" for name, p in rendered.services.items() if p.replicas == 0
-    ]
-
-    needed = sum(r.gpus for r in runs)
-    if needed > len(gpus):
-        wanted = ", ".join(f"{r.label} needs {r.gpus}" for r in runs if r.gpus)
-        problems.append(
-            Problem(
-                "spec.services.*.resources.limits.gpu",
-                "NotEnoughGpus",
-                f"the graph needs {needed} GPUs on the SGLang engine ({wanted}) but "
-                f"{len(gpus)} are visible ({', '.join(gpus) or 'none'}); free GPUs, lower replicas, "
-                "or run with --engine mocker",
-            )
-        )
+    model_dirs = {c.MOCKER_MODULE: mocker_model_dir, c.SGLANG_MODULE: sglang_model_path}
+    runs, problems, notes = _select(rendered, engine, model_dirs)
+    problems += _gpu_problems(runs, gpus)
     if problems:
         raise PlanError(problems)
-
     ports = {
         r.pod.name: {
             number: http_port if r.kind == "frontend" and name == "http" else free_port()
@@ -258,45 +191,14 @@ def plan_graph(
     }
     peers = {r.pod.dns_name: ports[r.pod.name] for r in runs if r.pod.dns_name}
     url_host = LOOPBACK if http_host in ("0.0.0.0", "::", "") else http_host
-    processes: list[ProcessSpec] = []
-    served: list[str] = []
     free_gpus = list(gpus)
+    processes = []
     for r in runs:
-        pod = replace(r.pod, spec={**r.pod.spec, "containers": [r.container]})
-        local = localize(pod, ports[pod.name], peers)
-        for name in local.unread:
-            notes.append(f"{pod.name}: env {name} comes from valueFrom, which is not read locally; skipped")
-        if r.container.get("envFrom"):
-            notes.append(
-                f"{pod.name}: envFrom ({', '.join(_sources(r.container['envFrom']))}) is not read locally; "
-                "export the variables it holds in this shell instead"
-            )
         assigned = tuple(free_gpus[: r.gpus])
         del free_gpus[: r.gpus]
-        env = {**machine, **local.env}
-        if assigned:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(assigned)
-        host = url_host if r.kind == "frontend" else LOOPBACK
-        probe = _probe_url(r.container, pod.declared_ports, ports[pod.name], host)
-        model = flag_value(local.argv, "--served-model-name") or flag_value(
-            local.argv, "--model-path", "--model"
-        )
-        if r.kind == "worker" and probe and model and model not in served:
-            served.append(model)
-        processes.append(
-            ProcessSpec(
-                name=r.label,
-                service=r.service,
-                kind=r.kind,
-                argv=local.argv,
-                env=env,
-                health_url=probe,
-                waiting_for=f"readinessProbe {probe}" if probe else "nothing (no readinessProbe)",
-                gpus=assigned,
-                pod=pod.name,
-                ports=ports[pod.name],
-            )
-        )
+        process, process_notes = _process(r, ports[r.pod.name], peers, machine, assigned, url_host)
+        processes.append(process)
+        notes += process_notes
     workers = sum(1 for p in processes if p.kind == "worker" and p.health_url)
     processes = [
         replace(
@@ -309,13 +211,129 @@ def plan_graph(
         else p
         for p in processes
     ]
+    served = [_served_model(p.argv) for p in processes if p.kind == "worker" and p.health_url]
     return Plan(
         namespace=dgd.dynamo_namespace,
         processes=tuple(processes),
         url=f"http://{url_host}:{http_port}",
-        served_models=tuple(served),
+        served_models=tuple(dict.fromkeys(m for m in served if m)),
         notes=tuple(notes),
     )
+
+
+def _select(
+    rendered: Rendered, engine: Engine, model_dirs: Mapping[str, str | None]
+) -> tuple[list[_Run], list[Problem], list[str]]:
+    """The pods that run here, each with its engine substituted; the problems and notes found."""
+    groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
+    problems: list[Problem] = []
+    notes = [f"{name}: replicas=0; nothing to run" for name, s in rendered.services.items() if not s.replicas]
+    runs: list[_Run] = []
+    replicas: dict[str, int] = {}
+    for pod in pods_of(rendered.objects):
+        service = pod.labels[labels.COMPONENT]
+        component_type = pod.labels.get(labels.COMPONENT_TYPE, "")
+        replica = replicas[service] = replicas.get(service, -1) + 1
+        module = _module(pod.main)
+        if module in FRONTEND_MODULES:
+            if any(r.kind == "frontend" for r in runs):
+                notes.append(f"{pod.name}: one frontend runs locally (it takes --port); skipped")
+                continue
+            container = _with_engine(pod.main, module, c.FRONTEND_MODULE, None)
+            runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
+        elif module in ENGINE_MODULES or module == c.MOCKER_MODULE:
+            target = c.MOCKER_MODULE if engine == "mocker" or module == c.MOCKER_MODULE else c.SGLANG_MODULE
+            need = _gpus(pod.main) if target == c.SGLANG_MODULE else 0
+            if target == c.SGLANG_MODULE and need == 0:
+                problems.append(
+                    Problem(
+                        f"spec.services.{service}.resources.limits.gpu",
+                        "MissingGpuLimit",
+                        "an SGLang worker needs GPUs: set resources.limits.gpu, or run with --engine mocker",
+                    )
+                )
+                continue
+            container = _with_engine(pod.main, module, target, model_dirs[target])
+            runs.append(_Run(pod, _label(pod, service, groups, replica), service, "worker", container, need))
+        elif component_type in WORKER_TYPES or component_type == "frontend":
+            shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
+            problems.append(
+                Problem(
+                    f"spec.services.{service}.extraPodSpec.mainContainer.command",
+                    "UnsupportedCommand",
+                    f"runs {shown!r}; dynamo-run runs services whose command is 'python3 -m "
+                    f"{c.DYNAMO_SGLANG_MODULE} ...' (or {c.SGLANG_MODULE}, {c.MOCKER_MODULE}, "
+                    f"{c.FRONTEND_MODULE}, {c.DYNAMO_FRONTEND_MODULE}); give the service such a command",
+                )
+            )
+        else:
+            notes.append(
+                f"{pod.name}: componentType {component_type or '(unset)'} runs as given in Kubernetes; "
+                "not run locally (skipped)"
+            )
+    return runs, problems, notes
+
+
+def _gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
+    needed = sum(r.gpus for r in runs)
+    if needed <= len(gpus):
+        return []
+    wanted = ", ".join(f"{r.label} needs {r.gpus}" for r in runs if r.gpus)
+    return [
+        Problem(
+            "spec.services.*.resources.limits.gpu",
+            "NotEnoughGpus",
+            f"the graph needs {needed} GPUs on the SGLang engine ({wanted}) but "
+            f"{len(gpus)} are visible ({', '.join(gpus) or 'none'}); free GPUs, lower replicas, "
+            "or run with --engine mocker",
+        )
+    ]
+
+
+def _process(
+    r: _Run,
+    ports: Mapping[int, int],
+    peers: Mapping[str, Mapping[int, int]],
+    machine: Mapping[str, str],
+    gpus: tuple[str, ...],
+    url_host: str,
+) -> tuple[ProcessSpec, list[str]]:
+    """``r``'s pod as a process: the kubelet's substitutions, the machine's env under the pod's, GPUs."""
+    pod = replace(r.pod, spec={**r.pod.spec, "containers": [r.container]})
+    local = localize(pod, ports, peers)
+    notes = [
+        f"{pod.name}: env {n} comes from valueFrom, which is not read locally; skipped" for n in local.unread
+    ]
+    if r.container.get("envFrom"):
+        notes.append(
+            f"{pod.name}: envFrom ({', '.join(_sources(r.container['envFrom']))}) is not read locally; "
+            "export the variables it holds in this shell instead"
+        )
+    others = [x.get("name", "?") for x in [*pod.spec.get("initContainers", []), *r.pod.spec["containers"]]]
+    others = [n for n in others if n != r.container.get("name")]
+    if others:
+        notes.append(f"{pod.name}: containers {', '.join(others)} are not run locally; only main runs")
+    env = {**machine, **local.env}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    probe = _probe_url(r.container, pod.declared_ports, ports, url_host if r.kind == "frontend" else LOOPBACK)
+    process = ProcessSpec(
+        name=r.label,
+        service=r.service,
+        kind=r.kind,
+        argv=local.argv,
+        env=env,
+        health_url=probe,
+        waiting_for=f"readinessProbe {probe}" if probe else "nothing (no readinessProbe)",
+        gpus=gpus,
+        pod=pod.name,
+        ports=ports,
+    )
+    return process, notes
+
+
+def _served_model(argv: Sequence[str]) -> str | None:
+    return flag_value(argv, "--served-model-name") or flag_value(argv, "--model-path", "--model")
 
 
 def _sources(env_from: Sequence[Mapping[str, Any]]) -> list[str]:
