@@ -59,7 +59,7 @@ def test_example_reaches_ready_with_owned_children(
         refs = kid["metadata"]["ownerReferences"]
         assert refs == [
             {
-                "apiVersion": "nvidia.com/v1alpha1",
+                "apiVersion": "nvidia.com/v1beta1",  # the stored version: GC needs no conversion
                 "kind": "DynamoGraphDeployment",
                 "name": name,
                 "uid": uid,
