@@ -406,7 +406,12 @@ def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
             svc.update(saved.get("keep") or {})
         services[name] = svc
 
-        keep = {k: comp[k] for k in _BETA_ONLY_COMPONENT if _present(comp.get(k))}
+        regenerated = _service_to_component(name, svc)  # e.g. compilationCache from volumeMounts
+        keep = {
+            k: comp[k]
+            for k in _BETA_ONLY_COMPONENT
+            if _present(comp.get(k)) and regenerated.get(k) != comp[k]
+        }
         record: dict[str, Any] = {"keep": keep} if keep else {}
         back = {**_service_to_component(name, svc), **keep}
         if _normal(v1beta1.ComponentSpec, back) != _normal(v1beta1.ComponentSpec, comp):

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 CRD = "dynamographdeployments.nvidia.com"
 ENV_PREFIX = "DYN_OPERATOR_"
 # Flags the test's OperatorProcess sets itself (its own scope and a free liveness port).
-OWN_FLAGS = ("--namespace", "--all-namespaces", "--liveness-port")
+# The test's operator runs on this machine: its own scope and ports, and its webhook at a 127.0.0.1 URL
+# instead of the chart's Service (which no kube-proxy serves here).
+OWN_FLAGS = ("--namespace", "--all-namespaces", "--liveness-port", "--webhook-port", "--webhook-service")
 
 
 def token_kubeconfig(cluster: LocalCluster, namespace: str, service_account: str, path: Path) -> Path:
