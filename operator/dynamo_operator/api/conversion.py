@@ -119,10 +119,6 @@ class ConversionError(ValueError):
 # --- helpers ----------------------------------------------------------------------------------------
 
 
-def _present(value: Any) -> bool:
-    return value is not None and value != {} and value != []
-
-
 def _normal(model: type[models._Model], data: Any) -> Any:
     """``data`` as the API server would store it (defaults filled, unknown fields pruned)."""
     try:
@@ -333,7 +329,7 @@ def to_v1beta1(obj: dict[str, Any]) -> dict[str, Any]:
     order = [n for n in restore.get("order") or [] if n in services]
     order += sorted(n for n in services if n not in order)
 
-    keep_spec = {k: spec[k] for k in _ALPHA_ONLY_SPEC if _present(spec.get(k))}
+    keep_spec = {k: spec[k] for k in _ALPHA_ONLY_SPEC if spec.get(k) is not None}
     keep_services: dict[str, Any] = {}
     components = []
     for name in order:
@@ -346,7 +342,7 @@ def to_v1beta1(obj: dict[str, Any]) -> dict[str, Any]:
             comp.update(saved.get("keep") or {})
         components.append(comp)
 
-        keep = {k: svc[k] for k in _ALPHA_ONLY_SERVICE if _present(svc.get(k))}
+        keep = {k: svc[k] for k in _ALPHA_ONLY_SERVICE if svc.get(k) is not None}
         ctype, sub = svc.get("componentType"), svc.get("subComponentType")
         if ctype is not None and ctype not in _BETA_TYPES:
             keep["componentType"] = ctype
@@ -410,7 +406,7 @@ def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
         keep = {
             k: comp[k]
             for k in _BETA_ONLY_COMPONENT
-            if _present(comp.get(k)) and regenerated.get(k) != comp[k]
+            if comp.get(k) is not None and regenerated.get(k) != comp[k]
         }
         record: dict[str, Any] = {"keep": keep} if keep else {}
         back = {**_service_to_component(name, svc), **keep}
@@ -427,7 +423,7 @@ def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
         new_spec["envs"] = spec["env"]
     if services:
         new_spec["services"] = services
-    keep_spec = {k: spec[k] for k in _BETA_ONLY_SPEC if _present(spec.get(k))}
+    keep_spec = {k: spec[k] for k in _BETA_ONLY_SPEC if spec.get(k) is not None}
     order = names if names != sorted(names) else []
     out["apiVersion"] = models.API_VERSION
     out["spec"] = new_spec
