@@ -73,7 +73,10 @@ def test_v1beta1_graph_reads_back_as_v1alpha1_and_the_other_way(kc: Kubectl, ope
     beta = beta_kc.get("dgd", "sglang-disagg")
     prefill = next(c for c in beta["spec"]["components"] if c["name"] == "prefill")
     prefill["replicas"] = 3
-    beta_kc.apply({k: beta[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+    meta = {"name": "sglang-disagg"}
+    beta_kc.apply(
+        {"apiVersion": beta["apiVersion"], "kind": beta["kind"], "metadata": meta, "spec": beta["spec"]}
+    )
     assert kc.get("dgd", "sglang-disagg")["spec"]["services"]["prefill"]["replicas"] == 3
 
     # one status, whichever version is read
