@@ -101,6 +101,9 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         assert can("patch", "pods", "-n", ns) == "yes"  # group restarts mark the pods they delete
         assert can("list", "secrets", "-n", ns) == "no"
         assert can("create", "deployments", "-n", "default") == "no"
+        # the conversion webhook: the operator writes its Service and CA into its own CRD, no other
+        assert can("patch", f"customresourcedefinitions.apiextensions.k8s.io/{CRD}") == "yes"
+        assert can("patch", "customresourcedefinitions.apiextensions.k8s.io/other.example.com") == "no"
 
         kubeconfig = token_kubeconfig(kube_cluster, ns, sa, tmp_path / "operator-kubeconfig")
         op = OperatorProcess(

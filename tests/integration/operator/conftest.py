@@ -116,9 +116,15 @@ class Kubectl:
 
 @pytest.fixture(scope="session")
 def dgd_crd(kube_cluster: LocalCluster) -> None:
-    """The DynamoGraphDeployment CRD from crds/, applied once per session and Established."""
+    """The DynamoGraphDeployment CRD from crds/, applied once per session and Established.
+
+    When it is already there (the chart test installed it) it is replaced: an operator of an earlier
+    test wrote a webhook URL into it, which a server-side apply of the file's Service could only add to."""
     for path in sorted((REPO / "crds").glob("*.yaml")):
-        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        if kube_cluster.kubectl("get", "-f", str(path), "--ignore-not-found", "-o", "name").strip():
+            kube_cluster.kubectl("replace", "-f", str(path))
+        else:
+            kube_cluster.kubectl("apply", "--server-side", "-f", str(path))
     kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{DGD_CRD}", "--timeout=60s")
 
 
