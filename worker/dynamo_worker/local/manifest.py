@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import KIND, DynamoGraphDeployment
 from dynamo_operator.api.validation import Problem, validate
 from pydantic import ValidationError
@@ -64,7 +65,7 @@ def parse_manifest(text: str, source: str = "manifest") -> DynamoGraphDeployment
             f"dynamo-run runs exactly one: put one {KIND} in the file"
         )
     try:
-        dgd = DynamoGraphDeployment.model_validate(graphs[0])
+        dgd = load_graph(graphs[0])  # nvidia.com/v1alpha1 or v1beta1
     except ValidationError as e:
         raise ManifestError(f"{source} is not a valid {KIND}:\n{format_validation_error(e)}") from None
     problems = validate(dgd)
