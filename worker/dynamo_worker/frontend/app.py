@@ -21,7 +21,9 @@ from nats.aio.subscription import Subscription
 
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.migration import MigratingDispatcher
 from dynamo_worker.frontend.preprocess import ModelFiles, Preprocessor
+from dynamo_worker.frontend.quarantine import Quarantine
 from dynamo_worker.frontend.registry import ModelRegistry
 from dynamo_worker.frontend.server import OpenAIServer
 from dynamo_worker.frontend.settings import FrontendSettings
@@ -31,7 +33,7 @@ from dynamo_worker.router.feed import feed_router
 from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
-from dynamo_worker.runtime.worker import connect_nats
+from dynamo_worker.runtime.worker import connect_nats, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Frontend:
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.registry: ModelRegistry | None = None
+        self.quarantine: Quarantine | None = None
         self.server: OpenAIServer | None = None
         self.port: int | None = None
 
@@ -93,14 +96,22 @@ class Frontend:
         self._watcher = await InstanceWatcher(self.nc, s.namespace).start()
         self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
         self._tasks.append(self.discovery)
+        self.quarantine = Quarantine(self.registry.has_worker)
         dispatcher = Dispatcher(
             self.router,
             self.client,
             connect_timeout_s=s.connect_timeout_s,
             first_token_timeout_s=s.first_token_timeout_s,
             inter_token_timeout_s=s.inter_token_timeout_s,
+            quarantine=self.quarantine,
         )
-        self.server = OpenAIServer(self.registry, dispatcher, self.metrics, max_inflight=s.max_inflight)
+        migrating = MigratingDispatcher(dispatcher, s.migration_limit)
+        self.server = OpenAIServer(
+            self.registry,
+            migrating,  # type: ignore[arg-type]  # Dispatcher's interface, with migration
+            self.metrics,
+            max_inflight=s.max_inflight,
+        )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=2048)
@@ -109,11 +120,12 @@ class Frontend:
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         log.info(
-            "Frontend listening url=%s namespace=%s router_mode=%s nats=%s",
+            "Frontend listening url=%s namespace=%s router_mode=%s migration_limit=%d nats=%s",
             self.url,
             s.namespace,
             s.router_mode,
-            s.nats_server,
+            s.migration_limit,
+            redact_url(s.nats_server),
         )
         return self
 
@@ -133,6 +145,8 @@ class Frontend:
         self._tasks.clear()
         if self.registry is not None:
             await self.registry.close()
+        if self.quarantine is not None:
+            await self.quarantine.close()
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None

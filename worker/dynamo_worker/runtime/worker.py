@@ -6,7 +6,9 @@ Start (``Worker.start``), in this order, every step bounded:
   3. start the engine (``Engine.start``), with KV events and load relayed to the event plane,
   4. start the request-plane server,
   5. publish the model card (when the engine has a model folder),
-  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200.
+  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200,
+  7. watch the engine's health (``runtime.health``): deregister while it fails, register again when
+     it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``.
 
 Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
 "draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
@@ -31,12 +33,13 @@ from dynamo_worker.protocol import InstanceRecord, KvEvent
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher
+from dynamo_worker.runtime.health import HealthMonitor
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
 from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
-from dynamo_worker.runtime.settings import RuntimeSettings
+from dynamo_worker.runtime.settings import RuntimeSettings, redact_url
 from dynamo_worker.runtime.system_server import SystemServer
 
-__all__ = ["NATS_CONNECT_TIMEOUT_S", "Worker", "WorkerStartError", "connect_nats", "run_worker"]
+__all__ = ["NATS_CONNECT_TIMEOUT_S", "Worker", "WorkerStartError", "connect_nats", "redact_url", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,8 @@ class WorkerStartError(RuntimeError):
 
 async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TIMEOUT_S) -> NATS:
     """Connect to NATS, retrying for ``within_s`` seconds; reconnects forever once connected.
-    Raises ``WorkerStartError`` naming the URL and the fix."""
+    Raises ``WorkerStartError`` naming the URL (without its credentials) and the fix."""
+    shown = redact_url(url)
     nc = NATS()
     errors: list[Exception] = []
 
@@ -61,10 +65,10 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
 
     async def on_disconnect() -> None:
         if not (nc.is_draining or nc.is_closed):
-            log.warning("Disconnected from NATS url=%s", url)
+            log.warning("Disconnected from NATS url=%s", shown)
 
     async def on_reconnect() -> None:
-        log.info("Reconnected to NATS url=%s", url)
+        log.info("Reconnected to NATS url=%s", shown)
 
     try:
         async with asyncio.timeout(within_s):
@@ -85,7 +89,7 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
                 await nc.close()
         reason = errors[0] if errors else e
         raise WorkerStartError(
-            f"could not connect to NATS at {url} within {within_s:.0f}s ({reason!r}); start nats-server "
+            f"could not connect to NATS at {shown} within {within_s:.0f}s ({reason!r}); start nats-server "
             "with JetStream (-js) or set NATS_SERVER / --nats-server"
         ) from None
     return nc
@@ -135,6 +139,15 @@ class Worker:
             max_inflight=settings.max_inflight,
             metrics=RequestMetrics(self.registry),
         )
+        self.health = HealthMonitor(
+            engine.health_check,
+            interval_s=settings.health_check_interval_s,
+            timeout_s=5.0,
+            liveness_fail_after_s=settings.liveness_fail_after_s,
+            on_unhealthy=self._deregister_unhealthy,
+            on_healthy=self._register,
+        )
+        self.system.live_check = self.health.live
         self._relay = _EventRelay(self.registry)
         engine.register_metrics(self.registry)
         self.nc: NATS | None = None
@@ -189,8 +202,9 @@ class Worker:
             dp_size=info.dp_size,
             model_card_checksum=checksum,
         )
-        self.registration = await register(self.nc, self.record, s.discovery_ttl)
+        await self._register()
         self.system.state = "ready"
+        self.health.start()
         log.info(
             "Worker ready instance_id=%s address=%s system_port=%s",
             s.instance_id,
@@ -199,9 +213,19 @@ class Worker:
         )
         return self.record
 
+    async def _register(self) -> None:
+        assert self.nc is not None and self.record is not None
+        self.registration = await register(self.nc, self.record, self.settings.discovery_ttl)
+
+    async def _deregister_unhealthy(self, reason: str) -> None:
+        if self.registration is not None:
+            registration, self.registration = self.registration, None
+            await registration.deregister()
+
     async def shutdown(self) -> None:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
+        await self.health.stop()
         if self.registration is not None:
             await self.registration.deregister()
             self.registration = None
