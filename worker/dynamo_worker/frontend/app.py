@@ -55,6 +55,7 @@ class Frontend:
         self.metrics = FrontendMetrics()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._watcher: InstanceWatcher | None = None
+        self._rewatch: asyncio.Task[None] | None = None
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -81,13 +82,18 @@ class Frontend:
         files = ModelFiles(context_length=card.context_length, eos_token_ids=tuple(card.eos_token_ids))
         return await asyncio.to_thread(Preprocessor.from_dir, local, files)
 
+    def _rewatch_soon(self) -> None:
+        """After a NATS reconnect, start the discovery watch over at once."""
+        if self._watcher is not None:
+            self._rewatch = asyncio.create_task(self._watcher.rewatch(), name="rewatch-discovery")
+
     def _count_workers(self, counts: dict[tuple[str, str], int]) -> None:
         for (model, role), n in counts.items():
             self.metrics.workers.labels(model, role).set(n)
 
     async def start(self) -> Frontend:
         s = self.settings
-        self.nc = await connect_nats(s.nats_server, name="dynamo-frontend")
+        self.nc = await connect_nats(s.nats_server, name="dynamo-frontend", on_reconnect=self._rewatch_soon)
         self.registry = ModelRegistry(
             self.router, self._load_card, s.namespace, s.model_load_timeout_s, on_change=self._count_workers
         )

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import nats
 import nats.errors
@@ -50,8 +50,16 @@ class WorkerStartError(RuntimeError):
     """The worker could not start; the message names the step and the fix."""
 
 
-async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TIMEOUT_S) -> NATS:
-    """Connect to NATS, retrying for ``within_s`` seconds; reconnects forever once connected.
+async def connect_nats(
+    url: str,
+    *,
+    name: str,
+    within_s: float = NATS_CONNECT_TIMEOUT_S,
+    on_reconnect: Callable[[], None] | None = None,
+) -> NATS:
+    """Connect to NATS, retrying for ``within_s`` seconds; reconnects forever once connected, and
+    calls ``on_reconnect`` after each reconnection (to re-register and re-watch at once: JetStream
+    state may be gone when the server restarted without its storage).
     Raises ``WorkerStartError`` naming the URL (without its credentials) and the fix."""
     shown = redact_url(url)
     nc = NATS()
@@ -67,8 +75,10 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
         if not (nc.is_draining or nc.is_closed):
             log.warning("Disconnected from NATS url=%s", shown)
 
-    async def on_reconnect() -> None:
+    async def reconnected() -> None:
         log.info("Reconnected to NATS url=%s", shown)
+        if on_reconnect is not None:
+            on_reconnect()
 
     try:
         async with asyncio.timeout(within_s):
@@ -81,7 +91,7 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
+                reconnected_cb=reconnected,
             )
     except (nats.errors.Error, OSError, TimeoutError) as e:
         with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
@@ -155,6 +165,7 @@ class Worker:
         self.record: InstanceRecord | None = None
         self.registration: Registration | None = None
         self._engine_started = False
+        self._renewal: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -162,7 +173,9 @@ class Worker:
 
     async def start(self) -> InstanceRecord:
         s = self.settings
-        self.nc = await connect_nats(s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}")
+        self.nc = await connect_nats(
+            s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}", on_reconnect=self._renew_soon
+        )
         if s.system_enabled:
             await self.system.start()
         self._relay.kv = KvEventPublisher(self.nc, s.namespace, s.instance_id)
@@ -212,6 +225,11 @@ class Worker:
             self.system.port,
         )
         return self.record
+
+    def _renew_soon(self) -> None:
+        """After a NATS reconnect, write the registration now instead of at the next heartbeat."""
+        if self.registration is not None:
+            self._renewal = asyncio.create_task(self.registration.renew(), name="renew-registration")
 
     async def _register(self) -> None:
         assert self.nc is not None and self.record is not None
