@@ -47,6 +47,7 @@ class Row:
     observed_s: float | None = None
     lost: int = 0
     passed: bool | None = None
+    unit: str = "s"  # "s": bound and observed are seconds; otherwise a count of this unit (e.g. "leaks")
 
     def answered(self, seconds: float) -> float:
         self.observed_s = seconds if self.observed_s is None else max(self.observed_s, seconds)
@@ -88,8 +89,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         item.rep_call = report  # type: ignore[attr-defined]
 
 
-def _fmt(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.3f}s"
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}s" if unit == "s" else f"{value:g} {unit}"
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -97,7 +100,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
         return
     header = ("fault", "what was done", "bound", "observed", "lost", "ok")
     table = [
-        (r.fault, r.done, _fmt(r.bound_s), _fmt(r.observed_s), str(r.lost), "yes" if r.passed else "NO")
+        (
+            r.fault,
+            r.done,
+            _fmt(r.bound_s, r.unit),
+            _fmt(r.observed_s, r.unit),
+            str(r.lost),
+            "yes" if r.passed else "NO",
+        )
         for r in _ROWS
     ]
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
