@@ -44,6 +44,12 @@ def metric(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def _frontend_metrics(fe) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(fe.metrics.registry).decode()
+
+
 def inflight(m) -> float:
     return metric(m.metrics(), "dynamo_worker_inflight_requests")
 
@@ -118,10 +124,36 @@ async def test_worker_sigkill_mid_stream_migrates(mockers, frontend_factory, wai
     assert error is None, f"the stream broke instead of migrating: {error}"
     row.answered(stall)
     assert fe.server is not None and fe.server.dispatcher.migrations == 1
+    assert metric(_frontend_metrics(fe), "dynamo_frontend_migrations_total", 'model="tiny"') == 1
     # one uninterrupted stream with correct usage: every token asked for, counted once
     assert finish == "length"
     assert usage is not None and usage.completion_tokens == 120
     assert usage.prompt_tokens > 0 and usage.total_tokens == usage.prompt_tokens + 120
+    assert row.within_bound(), f"the stream stalled {stall:.2f}s while migrating"
+
+
+async def test_decode_worker_sigkill_mid_stream_migrates_to_a_new_pair(
+    mockers, frontend_factory, wait_workers, fault_row
+):
+    row = fault_row(
+        "decode worker SIGKILL mid-stream, migration on",
+        "1 prefill + 2 decode workers; SIGKILL the decoding one after 10 chunks: new prefill+decode pair",
+        MIGRATION_STALL_BOUND_S,
+    )
+    p = mockers("prefill", speedup=1.0)
+    d1, d2 = mockers("decode", speedup=1.0), mockers("decode", speedup=1.0)
+    fe = await frontend_factory(migration_limit=1)
+    await wait_workers(fe, 3, mockers=[p, d1, d2])
+    async with client(fe) as c:
+        _, usage, finish, stall, error = await stream_and_kill(c, [d1, d2], 120, kill_after=10)
+    row.lost = int(error is not None)
+    assert error is None, f"the stream broke instead of migrating: {error}"
+    row.answered(stall)
+    assert finish == "length" and usage is not None and usage.completion_tokens == 120
+    # the continuation was a whole new disaggregated request: the prefill worker served two legs
+    text = p.metrics()
+    legs = sum(metric(text, "dynamo_worker_requests_total", f'outcome="{o}"') for o in ("length", "stop"))
+    assert legs == 2
     assert row.within_bound(), f"the stream stalled {stall:.2f}s while migrating"
 
 

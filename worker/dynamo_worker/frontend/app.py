@@ -111,7 +111,11 @@ class Frontend:
             inter_token_timeout_s=s.inter_token_timeout_s,
             quarantine=self.quarantine,
         )
-        migrating = MigratingDispatcher(dispatcher, s.migration_limit)
+        migrating = MigratingDispatcher(
+            dispatcher,
+            s.migration_limit,
+            on_migration=lambda model: self.metrics.migrations.labels(model).inc(),
+        )
         self.server = OpenAIServer(
             self.registry,
             migrating,  # type: ignore[arg-type]  # Dispatcher's interface, with migration

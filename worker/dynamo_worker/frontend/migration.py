@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.errors import ApiError, WorkerLost
@@ -60,9 +60,15 @@ def continuation(request: GenerateRequest, emitted: list[int], migration: int) -
 class MigratingDispatcher:
     """``Dispatcher.generate`` with migration: the same interface, one uninterrupted stream."""
 
-    def __init__(self, dispatcher: Dispatcher, migration_limit: int = DEFAULT_MIGRATION_LIMIT) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
+        on_migration: Callable[[str], None] | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
         self.migration_limit = migration_limit
+        self._on_migration = on_migration  # called with the model name (the frontend's metric)
         self.migrations = 0  # requests continued on another worker, since start (for /metrics)
 
     def __getattr__(self, name: str) -> object:  # router, quarantine, plan, ...: the dispatcher's
@@ -94,6 +100,8 @@ class MigratingDispatcher:
                 error = e
             migrations += 1
             self.migrations += 1
+            if self._on_migration is not None:
+                self._on_migration(request.model)
             if len(emitted) >= request.stop.max_tokens:  # lost after the last token, before the final chunk
                 yield GenerateChunk(finish_reason="length", usage=_client_usage(request, emitted, None))
                 return
