@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import popen
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_migration.py"
@@ -29,7 +31,7 @@ def test_migration_script_passes_on_the_mocker(tmp_path):
         "MIG_KILL_AT": "16",
         "MIG_RUNS": "2",
     }
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
