@@ -63,7 +63,14 @@ OSL = int(os.environ.get("MIG_OSL", 256))
 KILL_AT = int(os.environ.get("MIG_KILL_AT", 32))
 RUNS = int(os.environ.get("MIG_RUNS", 2))
 STALL_BOUND_S = float(os.environ.get("MIG_STALL_BOUND_S", 30))
-MAX_TOTAL_TOKENS = os.environ.get("MIG_MAX_TOTAL_TOKENS", "65536")
+MAX_TOTAL_TOKENS = os.environ.get("MIG_MAX_TOTAL_TOKENS", "32768")  # 4 GiB of KV each at 8B shape
+_AT = SGLANG_FLAGS.index("--mem-fraction-static")
+FLAGS = [
+    *SGLANG_FLAGS[:_AT],
+    *SGLANG_FLAGS[_AT + 2 :],
+    "--mem-fraction-static",
+    "0.30",
+]  # two engines on GPU 0
 INFLIGHT = re.compile(r"^dynamo_worker_inflight_requests (\S+)$", re.M)
 
 
@@ -81,7 +88,7 @@ class Worker:
         nats = f"nats://127.0.0.1:{self.stack.nats_port}"
         cmd = [sys.executable, "-m", module, "--model-path", str(MODEL_DIR), "--served-model-name", MODEL,
                "--disaggregation-mode", "null", "--base-gpu-id", "0", "--port", str(free_port()),
-               *SGLANG_FLAGS, "--mem-fraction-static", "0.30", "--max-total-tokens", MAX_TOTAL_TOKENS,
+               *FLAGS, "--max-total-tokens", MAX_TOTAL_TOKENS,
                "--namespace", NAMESPACE, "--component", "agg", "--nats-server", nats,
                "--system-port", str(self.system_port), "--request-port", "0", "--listen-host", "127.0.0.1",
                "--advertise-host", "127.0.0.1", "--graceful-shutdown-s", "5"]  # fmt: skip
@@ -176,15 +183,16 @@ async def run() -> dict:
     stack = Stack()
     try:
         stack.start_nats()
-        workers = [Worker(stack, i).start() for i in range(2)]
+        workers = []
+        for i in range(2):  # one after the other: each SGLang engine sizes its memory from what is free
+            workers.append(Worker(stack, i).start())
+            log(f"agg-{i} ready in {workers[-1].wait_ready():.0f}s")
         frontend = stack._add(
             "frontend",
             [sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1",
              "--http-port", str(stack.http_port), "--namespace", NAMESPACE,
              "--nats-server", f"nats://127.0.0.1:{stack.nats_port}", "--migration-limit", "1"],
         )  # fmt: skip
-        ready = [w.wait_ready() for w in workers]  # one after the other on GPU 0: both must fit
-        log(f"workers ready in {ready[0]:.0f}s and {ready[1]:.0f}s")
         wait_http(frontend, f"http://127.0.0.1:{stack.http_port}/live", 60)
         base = f"http://127.0.0.1:{stack.http_port}/v1"
         await wait_served(base, {"agg"})

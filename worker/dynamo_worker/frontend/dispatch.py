@@ -13,9 +13,10 @@ Serving mode per model, decided from the workers discovery knows now (``plan_rol
   compute a prompt's KV cache, so requests are never sent to it alone.
 
 Failures map to client errors (``frontend.errors``): a refusal for bad input -> 400, a worker that is
-overloaded or shutting down -> 503, anything else a worker did wrong (unreachable, died mid-stream,
-timed out, engine error) -> 502. A worker that cannot be reached, or refuses before doing any work, is
-retried once on another worker of the same role.
+overloaded or shutting down -> 503, a role with no live worker left -> 503 naming the role, anything
+else a worker did wrong (died mid-stream, timed out, engine error) -> 502 (``WorkerLost`` when the
+worker itself is gone). A worker that cannot be reached, or refuses before doing any work, is retried
+once on another worker of the same role.
 
 A worker that cannot be reached, breaks a stream or stalls it is quarantined (``frontend.quarantine``):
 no request is routed to it until it answers again or leaves discovery. When a role has no live worker
