@@ -102,11 +102,11 @@ def test_secrets_absent_from_operator_status_events_and_log(
 ):
     row = fault_row(
         "secrets absent (operator)",
-        "envFromSecret, a literal token env, an invalid env entry holding a token; grep status, Events, log",
+        "envFromSecret, token env values and --api-key in args, one graph invalid; grep status, Events, log",
         0,
     )
     row.unit = "leaks"
-    in_secret, literal, invalid = token("hf"), token("lit"), token("bad")
+    in_secret, literal, api_key, invalid = token("hf"), token("lit"), token("key"), token("bad")
     kc.apply(
         {
             "apiVersion": "v1",
@@ -119,19 +119,19 @@ def test_secrets_absent_from_operator_status_events_and_log(
     decode = good["spec"]["services"]["decode"]
     decode["envFromSecret"] = "hf-token"
     decode["envs"] = [*decode.get("envs", []), {"name": "EXTRA_TOKEN", "value": literal}]
+    decode["extraPodSpec"]["mainContainer"]["args"] += ["--api-key", api_key]
     kc.apply(good)
-    bad = example("agg.yaml")
+    bad = example("agg.yaml")  # invalid (no GPU limit) while it holds a token: the answer must not quote it
     bad["metadata"]["name"] = "sglang-agg-bad"
-    bad["spec"]["services"]["decode"].setdefault("extraPodSpec", {})["mainContainer"] = {
-        "env": [{"value": invalid}]
-    }
+    del bad["spec"]["services"]["decode"]["resources"]
+    bad["spec"]["services"]["decode"]["envs"] = [{"name": "HF_TOKEN", "value": invalid}]
     kc.apply(bad)
     kc.wait_ready("sglang-agg")
     cond = wait_until(
         lambda: (c := kc.condition("sglang-agg-bad")) and c["status"] == "False" and c,
         "the invalid graph's condition",
     )
-    assert "env" in cond["message"] and "not shown" in cond["message"], cond["message"]
+    assert "resources.limits.gpu" in cond["message"], cond["message"]
     wait_until(lambda: kc.events("sglang-agg-bad", cond["reason"]), "the invalid graph's Event")
     time.sleep(1)  # let the operator log what it logs about both graphs
     places = {
@@ -141,7 +141,7 @@ def test_secrets_absent_from_operator_status_events_and_log(
         "Events": json.dumps(kc.list("events")),
         "operator log": operator.log_path.read_text(errors="replace"),
     }
-    found = leaks(places, [in_secret, literal, invalid])
+    found = leaks(places, [in_secret, literal, api_key, invalid])
     row.answered(len(found))
     assert found == []
     # the literal value is where the user put it (the pod template), so the grep above could find it
