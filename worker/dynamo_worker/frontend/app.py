@@ -148,6 +148,8 @@ class Frontend:
                         await self.server.idle.wait()
             await self._runner.cleanup()
             self._runner = None
+        if self._rewatch is not None:
+            self._tasks.append(self._rewatch)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -244,6 +244,10 @@ class Worker:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
         await self.health.stop()
+        if self._renewal is not None and not self._renewal.done():
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
         if self.registration is not None:
             await self.registration.deregister()
             self.registration = None
