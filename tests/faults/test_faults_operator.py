@@ -6,8 +6,9 @@ answered with a condition and an Event, within its bound.
 Bounds (on 2 busy cores; the operator reacts to watch events, not to a timer):
 - ``RESTART_BOUND_S`` 60 s: a SIGKILLed operator's successor finishes the graph, pods Ready included
   (kwok makes pods Running in about a second; the rest is the controller-manager's pace).
-- ``CONFLICT_BOUND_S`` 30 s: two status writes refused with 409 are retried (the operator backs off
-  2 s then 4 s) and the graph is Ready with its status written.
+- ``CONFLICT_BOUND_S`` 30 s: two status writes refused with 409 are retried on the next visit (the
+  operator's backoff is 2 s then 4 s; its children's events often bring the visit sooner) and the
+  graph is Ready with its status written.
 - ``DRIFT_BOUND_S`` 10 s: a deleted child is recreated, an edited one put back.
 - ``INVALID_BOUND_S`` 10 s: an invalid spec is answered with Ready=False naming the field, and an Event.
 """
