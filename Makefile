@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries run test test-unit test-integration test-e2e lint compat fmt crds cluster-up cluster-down
+.PHONY: help venv binaries run test test-unit test-integration test-e2e faults lint compat fmt crds cluster-up cluster-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ test-integration: venv binaries ## tests against the real local control plane an
 
 test-e2e: venv ## dynamo-run driven by the official openai client
 	$(BIN)/python -m pytest -q tests/e2e $(PYTEST_ARGS)
+
+faults: venv binaries ## the fault suite: one row per fault (what was done, bound, time to a clear answer, lost)
+	FAULTS_TABLE=.faults/table.json $(BIN)/python -m pytest -q tests/faults $(PYTEST_ARGS)
 
 lint: venv binaries ## ruff, formatting, import contracts, CRD drift, helm lint + kubeconform, hadolint
 	$(BIN)/ruff check .

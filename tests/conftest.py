@@ -9,12 +9,13 @@ import pytest
 from dynamo_worker.runtime.nats_server import NatsServer
 
 from tests.support.cluster import LocalCluster
+from tests.support.procs import die_with_parent
 
 
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[NatsServer]:
     """A real nats-server with JetStream on a free 127.0.0.1 port, for the whole session."""
-    with NatsServer() as server:
+    with NatsServer(command_prefix=die_with_parent()) as server:
         yield server
 
 
@@ -27,7 +28,7 @@ def nats_url(nats_server: NatsServer) -> str:
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """etcd + kube-apiserver + controller-manager + scheduler + kwok (2 fake nodes with 8 GPUs each),
     on 127.0.0.1, for the whole session. Binaries come from the version-keyed cache."""
-    with LocalCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+    with LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True) as cluster:
         yield cluster
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from dynamo_worker.runtime.nats_server import NatsServer, free_port
 from dynamo_worker.tinymodel import ensure_tiny_model
 
+from tests.support.procs import popen as start_process
+
 MODEL = "tiny"
 
 
@@ -99,12 +101,8 @@ class Fleet:
         log_path = self.workdir / f"{name}.log"
         env = {**os.environ, "DYN_LOG_LEVEL": os.environ.get("BENCH_CHILD_LOG_LEVEL", "WARNING")}
         with open(log_path, "wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
+            popen = start_process(
+                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env
             )
         proc = Proc(name, popen, log_path, ports)
         self.procs.append(proc)

@@ -21,6 +21,8 @@ import openai
 import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.procs import popen
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +49,7 @@ class DynamoRun:
         self.tmpdir = tmp / "tmp"  # every temporary file of the run lands here, to check it is removed
         self.tmpdir.mkdir(exist_ok=True)
         env["TMPDIR"] = str(self.tmpdir)
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
+        self.proc = popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

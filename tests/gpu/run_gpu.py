@@ -63,6 +63,8 @@ MODEL = "llama8b-dummy"
 MODEL_DIR = Path(os.environ.get("MODEL_DIR") or "/tmp/dynamo-gpu-model")
 NAMESPACE = "gpu-proof"
 TOKEN = re.compile(r"w(\d+)")
+_SETPRIV = shutil.which("setpriv")
+DIE_WITH_PARENT = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
 
 SGLANG_FLAGS = [
     "--load-format", "dummy", "--random-seed", "1", "--page-size", "16",
@@ -150,8 +152,9 @@ class Proc:
         with open(self.log_path, "ab") as out:
             out.write(f"$ {' '.join(self.cmd)}\n".encode())
             out.flush()
+            # its own process group (killed whole), and SIGKILLed by the kernel if this script dies
             self.popen = subprocess.Popen(
-                self.cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [*DIE_WITH_PARENT, *self.cmd], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         log(f"started {self.name} pid={self.popen.pid}")
         return self

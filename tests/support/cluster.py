@@ -38,6 +38,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.procs import die_with_parent
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_NODES = ("kwok-gpu-0", "kwok-gpu-1")
 GPUS_PER_NODE = 8
@@ -132,6 +134,9 @@ class LocalCluster:
     dir: Path
     bins: Path | None = None
     startup_timeout: float = 90.0
+    # True when this process owns the cluster (test sessions): every component then dies with it,
+    # even on SIGKILL (tests.support.procs). False for `make cluster-up`, which outlives its command.
+    die_with_parent: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -259,7 +264,7 @@ class LocalCluster:
         return r.stdout
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
-        cmd = [str(self.bin_dir / cmd[0]), *cmd[1:]]
+        cmd = [*(die_with_parent() if self.die_with_parent else ()), str(self.bin_dir / cmd[0]), *cmd[1:]]
         with open(self.dir / "logs" / f"{name}.log", "ab") as out:
             self.procs[name] = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -71,12 +71,25 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _shown_input(path: str, value: Any) -> str:
+    """What a condition may quote of an invalid value: never an env var's value (it may be a token),
+    and of an object only its keys, since conditions and Events are readable by anyone who can read
+    the graph."""
+    if "env" in path.lower():
+        return "a value not shown: env values may be secrets"
+    if isinstance(value, dict):
+        return f"an object with keys {sorted(map(str, value))}"
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    return repr(value)[:80]
+
+
 def problems_from_validation(exc: ValidationError) -> tuple[Problem, ...]:
     """Pydantic errors of a spec that passed the CRD schema, as render-style problems."""
     result = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
-        got = repr(err.get("input"))[:80]
+        got = _shown_input(path, err.get("input"))
         message = f"{err['msg']} (got {got}); set a valid value for this field."
         result.append(Problem(field=path, reason="InvalidField", message=message))
     return tuple(result)

@@ -19,6 +19,8 @@ from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.tinymodel import ensure_tiny_model
 
+from tests.support.procs import popen
+
 MODEL = "tiny"
 
 
@@ -105,7 +107,7 @@ def mockers(nats_url, namespace, tiny_model, tmp_path) -> Iterator:
             args += ["--disaggregation-bootstrap-port", str(free_port())]
         args += list(extra)
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = popen(args, stdout=out, stderr=subprocess.STDOUT)
         m = Mocker(proc, system_port, log_path, args)
         started.append(m)
         return m

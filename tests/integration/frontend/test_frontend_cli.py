@@ -16,6 +16,8 @@ import openai
 import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.procs import popen
+
 pytestmark = pytest.mark.integration
 
 
@@ -33,7 +35,7 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
     port = free_port()
     log = tmp_path / "frontend.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
+        proc = popen(
             [
                 sys.executable,
                 "-m",
@@ -51,7 +53,6 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 30

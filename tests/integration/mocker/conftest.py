@@ -20,6 +20,8 @@ from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.tinymodel import ensure_tiny_model
 
+from tests.support.procs import popen
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
@@ -74,7 +76,7 @@ class Mockers:
             "--served-model-name", "tiny", "--page-size", "4", *args,
         ]  # fmt: skip
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            proc = popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         mp = MockerProc(proc, component, system_port, log_path)
         self.procs.append(mp)
         return mp

@@ -23,6 +23,7 @@ import yaml
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.cluster import LocalCluster
+from tests.support.procs import popen
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
@@ -178,7 +179,7 @@ class OperatorProcess:
             "--webhook-port", str(self.webhook_port),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_OPERATOR_")}
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -25,6 +25,8 @@ from dynamo_worker.runtime.discovery import (
 from dynamo_worker.runtime.nats_server import find_nats_server, free_port, wait_for_port
 from dynamo_worker.runtime.settings import new_instance_id
 
+from tests.support.procs import popen
+
 pytestmark = pytest.mark.integration
 
 
@@ -155,7 +157,7 @@ async def test_heartbeat_recreates_a_lost_bucket(nc, namespace):
 def nats_without_jetstream():
     port = free_port()
     cmd = [find_nats_server(), "-a", "127.0.0.1", "-p", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port("127.0.0.1", port, 20, proc)
         yield f"nats://127.0.0.1:{port}"

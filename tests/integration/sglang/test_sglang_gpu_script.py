@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import popen
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_gpu.py"
@@ -32,7 +34,7 @@ def test_gpu_proof_script_passes_on_the_mocker(tmp_path):
         "KILL_NREQ": "16",
         "KILL_ISL": "2048",
     }
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, str(SCRIPT), "all"],
         env=env,
         stdout=subprocess.PIPE,

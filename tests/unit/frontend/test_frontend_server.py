@@ -223,12 +223,15 @@ async def test_unknown_path_and_method_are_openai_shaped(api):
     assert r.status == 405 and (await r.json())["error"]["type"] == "invalid_request_error"
 
 
-async def test_single_unreachable_worker_reports_the_worker_failure(api):
+async def test_single_unreachable_worker_is_503_naming_the_role_and_the_failure(api):
     http, registry, _ = api
     await add(registry, record("a" * 16))
-    r = await http.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
-    err = (await r.json())["error"]
-    assert r.status == 502 and err["code"] == "worker_unreachable"
+    for _ in range(2):  # the first request finds it dead; the next one does not try it again
+        r = await http.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+        err = (await r.json())["error"]
+        assert r.status == 503 and err["code"] == "no_workers"
+        assert "No live agg worker" in err["message"] and "could not connect" in err["message"]
+        assert r.headers["Retry-After"] == "1"
 
 
 async def test_new_model_card_is_loaded_when_a_worker_brings_one(model_dir):

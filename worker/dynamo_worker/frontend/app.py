@@ -21,7 +21,9 @@ from nats.aio.subscription import Subscription
 
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.migration import MigratingDispatcher
 from dynamo_worker.frontend.preprocess import ModelFiles, Preprocessor
+from dynamo_worker.frontend.quarantine import Quarantine
 from dynamo_worker.frontend.registry import ModelRegistry
 from dynamo_worker.frontend.server import OpenAIServer
 from dynamo_worker.frontend.settings import FrontendSettings
@@ -31,7 +33,7 @@ from dynamo_worker.router.feed import feed_router
 from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
-from dynamo_worker.runtime.worker import connect_nats
+from dynamo_worker.runtime.worker import connect_nats, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +55,12 @@ class Frontend:
         self.metrics = FrontendMetrics()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._watcher: InstanceWatcher | None = None
+        self._rewatch: asyncio.Task[None] | None = None
         self._subs: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.registry: ModelRegistry | None = None
+        self.quarantine: Quarantine | None = None
         self.server: OpenAIServer | None = None
         self.port: int | None = None
 
@@ -78,13 +82,18 @@ class Frontend:
         files = ModelFiles(context_length=card.context_length, eos_token_ids=tuple(card.eos_token_ids))
         return await asyncio.to_thread(Preprocessor.from_dir, local, files)
 
+    def _rewatch_soon(self) -> None:
+        """After a NATS reconnect, start the discovery watch over at once."""
+        if self._watcher is not None:
+            self._rewatch = asyncio.create_task(self._watcher.rewatch(), name="rewatch-discovery")
+
     def _count_workers(self, counts: dict[tuple[str, str], int]) -> None:
         for (model, role), n in counts.items():
             self.metrics.workers.labels(model, role).set(n)
 
     async def start(self) -> Frontend:
         s = self.settings
-        self.nc = await connect_nats(s.nats_server, name="dynamo-frontend")
+        self.nc = await connect_nats(s.nats_server, name="dynamo-frontend", on_reconnect=self._rewatch_soon)
         self.registry = ModelRegistry(
             self.router, self._load_card, s.namespace, s.model_load_timeout_s, on_change=self._count_workers
         )
@@ -93,14 +102,26 @@ class Frontend:
         self._watcher = await InstanceWatcher(self.nc, s.namespace).start()
         self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
         self._tasks.append(self.discovery)
+        self.quarantine = Quarantine(self.registry.has_worker)
         dispatcher = Dispatcher(
             self.router,
             self.client,
             connect_timeout_s=s.connect_timeout_s,
             first_token_timeout_s=s.first_token_timeout_s,
             inter_token_timeout_s=s.inter_token_timeout_s,
+            quarantine=self.quarantine,
         )
-        self.server = OpenAIServer(self.registry, dispatcher, self.metrics, max_inflight=s.max_inflight)
+        migrating = MigratingDispatcher(
+            dispatcher,
+            s.migration_limit,
+            on_migration=lambda model: self.metrics.migrations.labels(model).inc(),
+        )
+        self.server = OpenAIServer(
+            self.registry,
+            migrating,  # type: ignore[arg-type]  # Dispatcher's interface, with migration
+            self.metrics,
+            max_inflight=s.max_inflight,
+        )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=2048)
@@ -109,11 +130,12 @@ class Frontend:
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         log.info(
-            "Frontend listening url=%s namespace=%s router_mode=%s nats=%s",
+            "Frontend listening url=%s namespace=%s router_mode=%s migration_limit=%d nats=%s",
             self.url,
             s.namespace,
             s.router_mode,
-            s.nats_server,
+            s.migration_limit,
+            redact_url(s.nats_server),
         )
         return self
 
@@ -126,6 +148,8 @@ class Frontend:
                         await self.server.idle.wait()
             await self._runner.cleanup()
             self._runner = None
+        if self._rewatch is not None:
+            self._tasks.append(self._rewatch)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -133,6 +157,8 @@ class Frontend:
         self._tasks.clear()
         if self.registry is not None:
             await self.registry.close()
+        if self.quarantine is not None:
+            await self.quarantine.close()
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None

@@ -13,9 +13,15 @@ Serving mode per model, decided from the workers discovery knows now (``plan_rol
   compute a prompt's KV cache, so requests are never sent to it alone.
 
 Failures map to client errors (``frontend.errors``): a refusal for bad input -> 400, a worker that is
-overloaded or shutting down -> 503, anything else a worker did wrong (unreachable, died mid-stream,
-timed out, engine error) -> 502. A worker that cannot be reached, or refuses before doing any work, is
-retried once on another worker of the same role.
+overloaded or shutting down -> 503, a role with no live worker left -> 503 naming the role, anything
+else a worker did wrong (died mid-stream, timed out, engine error) -> 502 (``WorkerLost`` when the
+worker itself is gone). A worker that cannot be reached, or refuses before doing any work, is retried
+once on another worker of the same role.
+
+A worker that cannot be reached, breaks a stream or stalls it is quarantined (``frontend.quarantine``):
+no request is routed to it until it answers again or leaves discovery. When a role has no live worker
+left, the answer is 503 naming the role (never a 502 for a worker already known dead). Failures that
+lose a worker raise ``WorkerLost``, which ``frontend.migration`` continues on another worker.
 """
 
 from __future__ import annotations
@@ -27,7 +33,14 @@ import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
+from dynamo_worker.frontend.errors import (
+    ApiError,
+    InvalidRequest,
+    ServiceUnavailable,
+    UpstreamError,
+    WorkerLost,
+)
+from dynamo_worker.frontend.quarantine import Quarantine
 from dynamo_worker.frontend.registry import ModelEntry
 from dynamo_worker.protocol import (
     MAX_ROOM,
@@ -44,6 +57,8 @@ from dynamo_worker.runtime.request_plane import (
     RequestClient,
     RequestPlaneError,
     WorkerRejected,
+    WorkerStreamBroken,
+    WorkerTimeout,
     WorkerUnreachable,
 )
 
@@ -93,16 +108,20 @@ def _from_worker_error(error: WorkerError, address: str) -> ApiError:
     return UpstreamError(f"The worker at {address} failed ({error.type}): {error.message}", code=error.type)
 
 
-def _from_plane_error(e: RequestPlaneError, role: str) -> ApiError:
+_LOST_CODES: dict[type[RequestPlaneError], str] = {
+    WorkerUnreachable: "worker_unreachable",
+    WorkerTimeout: "worker_timeout",
+    WorkerStreamBroken: "worker_stream_broken",
+}
+
+
+def _from_plane_error(e: RequestPlaneError, role: str, worker: InstanceRecord) -> ApiError:
     if isinstance(e, WorkerRejected):
         return _from_worker_error(WorkerError.model_construct(type=e.error_type, message=e.detail), e.address)
-    kind = type(e).__name__
-    code = {
-        "WorkerUnreachable": "worker_unreachable",
-        "WorkerTimeout": "worker_timeout",
-        "WorkerStreamBroken": "worker_stream_broken",
-    }.get(kind, "upstream_error")
-    return UpstreamError(f"The {role} worker failed: {e}", code=code)
+    code = _LOST_CODES.get(type(e))
+    if code is None:
+        return UpstreamError(f"The {role} worker failed: {e}", code="upstream_error")
+    return WorkerLost(f"The {role} worker failed: {e}", code=code, instance_id=worker.instance_id, role=role)
 
 
 class Dispatcher:
@@ -114,9 +133,11 @@ class Dispatcher:
         connect_timeout_s: float,
         first_token_timeout_s: float,
         inter_token_timeout_s: float,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.router = router
         self.client = client
+        self.quarantine = quarantine if quarantine is not None else Quarantine()
         self._timeouts = {
             "connect_timeout": connect_timeout_s,
             "first_chunk_timeout": first_token_timeout_s,
@@ -136,11 +157,18 @@ class Dispatcher:
     def _choose(
         self, entry: ModelEntry, role: Role, token_ids: Sequence[int], exclude: frozenset[str]
     ) -> Choice:
-        candidates = [w for w in entry.by_role(role) if w.instance_id not in exclude]
+        registered = entry.by_role(role)
+        out = exclude | self.quarantine.ids
+        candidates = [w for w in registered if w.instance_id not in out]
         if not candidates:
+            reasons = sorted(r for w in registered if (r := self.quarantine.reason(w.instance_id)))
+            why = f" (failure: {reasons[0]})" if reasons else ""
             raise ServiceUnavailable(
-                f"No {role} worker of model '{entry.name}' could take the request (all failed or left).",
+                f"No live {role} worker of model '{entry.name}': {len(registered)} registered, all failed "
+                f"a request just now and are out of routing until they answer again or leave discovery"
+                f"{why}. Retry shortly; if it persists, check the {role} workers.",
                 code="no_workers",
+                headers={"Retry-After": "1"},
             )
         return self.router.choose(f"{entry.name}/{role}", candidates, token_ids)
 
@@ -151,10 +179,10 @@ class Dispatcher:
         for attempt in (1, 2):
             try:
                 plan = self.plan(entry, request.token_ids, frozenset(excluded))
-            except ServiceUnavailable:
-                if failure is not None:
-                    raise failure from None  # no other worker to retry on: the first failure says why
-                raise
+            except ServiceUnavailable as unavailable:
+                if failure is not None and failure.status == 503:
+                    raise failure from None  # no other worker to retry on: the first refusal says why
+                raise unavailable from None  # 503 naming the role with no live worker
             started = False
             chosen = [plan.first] + ([plan.decode] if plan.decode else [])
             for c in chosen:
@@ -201,7 +229,7 @@ class Dispatcher:
                     first = False
                     yield chunk
         except RequestPlaneError as e:
-            raise _retryable_or_error(e, role, worker, first) from None
+            raise self._failed(e, role, worker, first) from None
 
     async def _prefill_leg(self, worker: InstanceRecord, request: GenerateRequest) -> None:
         async with contextlib.aclosing(self._agg(worker, request, "prefill")) as chunks:
@@ -255,7 +283,7 @@ class Dispatcher:
                 except StopAsyncIteration:
                     break
                 except RequestPlaneError as e:
-                    raise _retryable_or_error(e, "decode", decode, first) from None
+                    raise self._failed(e, "decode", decode, first) from None
                 finally:
                     if not next_chunk.done():
                         next_chunk.cancel()
@@ -277,13 +305,22 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
                 await prefill_task
 
+    def _failed(
+        self, e: RequestPlaneError, role: str, worker: InstanceRecord, first: bool
+    ) -> _Retryable | ApiError:
+        """Quarantine a worker that is lost (unreachable, broken or stalled stream), and say what the
+        failure means for this request."""
+        if type(e) in _LOST_CODES:
+            self.quarantine.add(worker.instance_id, worker.address, role, f"{type(e).__name__}: {e}")
+        return _retryable_or_error(e, role, worker, first)
+
 
 def _retryable_or_error(
     e: RequestPlaneError, role: str, worker: InstanceRecord, first: bool
 ) -> _Retryable | ApiError:
     """A worker that could not be reached, or refused before any work, may be replaced by another of
     its role (``_Retryable``); any other failure is the client's error."""
-    error = _from_plane_error(e, role)
+    error = _from_plane_error(e, role, worker)
     if first and (
         isinstance(e, WorkerUnreachable)
         or (isinstance(e, WorkerRejected) and e.error_type in _RETRYABLE_REJECTIONS)

@@ -9,6 +9,8 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
     +-- ServiceUnavailable (503, type service_unavailable; code says why: no_workers, no_prefill_workers,
     |                       overloaded, model_loading)
     +-- UpstreamError (502, type upstream_error: a worker failed, died or timed out while serving)
+        +-- WorkerLost (the worker itself is lost to this request: unreachable, stream broken or
+                        stalled; ``instance_id`` and ``role`` name it, and the request may migrate)
 
 Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
 event once a stream has started).
@@ -27,6 +29,7 @@ __all__ = [
     "RequestTimeout",
     "ServiceUnavailable",
     "UpstreamError",
+    "WorkerLost",
     "from_validation_error",
 ]
 
@@ -84,6 +87,16 @@ class ServiceUnavailable(ApiError):
 class UpstreamError(ApiError):
     status = 502
     type = "upstream_error"
+
+
+class WorkerLost(UpstreamError):
+    """A worker stopped serving a request it had taken (or never answered): not the request's fault,
+    so another worker of ``role`` may continue it (``frontend.migration``)."""
+
+    def __init__(self, message: str, *, code: str, instance_id: str, role: str) -> None:
+        super().__init__(message, code=code)
+        self.instance_id = instance_id
+        self.role = role
 
 
 _TYPE_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "TextPart"})

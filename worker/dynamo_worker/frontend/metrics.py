@@ -59,6 +59,12 @@ class FrontendMetrics:
             ["model", "role"],
             registry=r,
         )
+        self.migrations = Counter(
+            "dynamo_frontend_migrations",
+            "Streams continued on another worker after theirs was lost (--migration-limit).",
+            ["model"],
+            registry=r,
+        )
         self.errors = Counter(
             "dynamo_frontend_errors",
             "Errors by type (invalid_request_error, model_not_found, no_workers, "

@@ -161,6 +161,10 @@ class ModelRegistry:
     def get(self, model: str) -> ModelEntry | None:
         return self._models.get(model)
 
+    def has_worker(self, instance_id: str) -> bool:
+        """Whether discovery lists this worker now (under any model)."""
+        return any(instance_id in e.workers for e in self._models.values())
+
     def served(self) -> list[str]:
         """Models a request can be served for now (listed by /v1/models; /health is ready with one)."""
         return sorted(n for n, e in self._models.items() if e.can_serve() and e.preprocessor is not None)

@@ -82,6 +82,14 @@ class FrontendSettings(BaseModel):
     inter_token_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="Bound on the gap between two tokens of a stream."
     )
+    migration_limit: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="Times a request whose worker is lost mid-stream (died, broke or stalled the stream, "
+        "drained) is continued on another worker of its role, with the prompt plus the tokens already "
+        "streamed; 0: off, the client gets the error (NVIDIA Dynamo's flag; its default is 0).",
+    )
     model_load_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="Bound on fetching a model card and loading its tokenizer."
     )

@@ -199,6 +199,9 @@ class MockerEngine(Engine):
         if self._task.done():
             why = "cancelled" if self._task.cancelled() else repr(self._task.exception())
             raise RuntimeError(f"mocker scheduler stopped: {why}")
+        fault = self.settings.health_fault_file
+        if fault is not None and fault.exists():
+            raise RuntimeError(f"simulated engine fault ({fault} exists)")
 
     async def stop(self) -> None:
         self.stopping = True

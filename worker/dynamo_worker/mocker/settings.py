@@ -107,6 +107,11 @@ class MockerSettings(BaseModel):
     eos_probability: float = Field(
         0.0, ge=0, le=1, description="Chance per token of emitting eos (ends with 'stop'); 0: never."
     )
+    health_fault_file: Path | None = Field(
+        None,
+        description="Simulated engine fault: while this file exists the health check fails, as SGLang's "
+        "canary does when its scheduler hangs (to exercise what a worker does about it).",
+    )
     vocab_size: int = Field(32000, ge=4, description="Token ids to emit from when there is no tokenizer.")
 
     @property

@@ -103,6 +103,17 @@ class Registration:
             f"$KV.{DISCOVERY_BUCKET}.{self.key}", payload, msg_ttl=self.ttl_s, timeout=NATS_OP_TIMEOUT_S
         )
 
+    async def renew(self) -> None:
+        """Write the record now, re-creating the bucket when NATS lost it; errors are logged (the
+        heartbeat keeps trying)."""
+        try:
+            async with asyncio.timeout(NATS_OP_TIMEOUT_S):
+                self.kv = await open_instances_bucket(self._js)
+                await self._put()
+            log.info("Renewed registration after a reconnect key=%s", self.key)
+        except (nats.errors.Error, DiscoveryError, TimeoutError) as e:
+            log.warning("Could not renew registration key=%s error=%r", self.key, e)
+
     async def _heartbeat(self) -> None:
         failing = False
         while True:
@@ -223,15 +234,57 @@ class InstanceWatcher:
 
     async def _run(self) -> None:
         assert self._watch is not None
-        async for entry in self._watch:
+        watch = self._watch
+        async for entry in watch:
             if entry is None:  # the initial state has been delivered
                 self._ready.set()
                 continue
             self._apply(entry)
             if entry.delta == 0:
                 self._ready.set()
-        for q in list(self._queues):
-            self._offer(q, None)
+        if watch is self._watch:  # ended on its own, not replaced by rewatch()
+            for q in list(self._queues):
+                self._offer(q, None)
+
+    async def rewatch(self, timeout_s: float = 10.0) -> None:
+        """Start the watch over (after a NATS reconnect): load the current records, report the ones
+        that are gone as removed and the new or changed ones as added, then follow changes. NATS'
+        own ordered consumer notices a restarted server only after two missed heartbeats (10 to
+        20 s); this makes it as quick as the reconnect. Errors are logged; the old watch stays."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                kv = await open_instances_bucket(self._js)
+                watch = await kv.watch(self._pattern())
+                current: dict[str, KeyValue.Entry] = {}
+                async for entry in watch:
+                    if entry is not None:
+                        current[entry.key] = entry
+                    if entry is None or entry.delta == 0:
+                        break
+        except (nats.errors.Error, DiscoveryError, TimeoutError) as e:
+            log.warning("Could not watch discovery again namespace=%s error=%r", self.namespace, e)
+            return
+        old, old_task = self._watch, self._task
+        self._watch = watch
+        if old_task is not None:
+            old_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await old_task
+        if old is not None:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                async with asyncio.timeout(NATS_OP_TIMEOUT_S):
+                    await old.stop()
+        live = {k for k, e in current.items() if e.operation not in ("DEL", "PURGE") and e.value}
+        for key in [k for k in self._by_key if k not in live]:
+            instance_id = self._by_key.pop(key)
+            record = self.instances.pop(instance_id, None)
+            if record is not None:
+                log.info("Instance removed key=%s (gone after a reconnect)", key)
+                self._emit(InstanceRemoved(record.instance_id, record))
+        for entry in current.values():
+            self._apply(entry)
+        self._task = asyncio.create_task(self._run(), name=f"watch-{self.namespace}")
+        log.info("Watching instances again namespace=%s count=%s", self.namespace, len(self.instances))
 
     def _apply(self, entry: KeyValue.Entry) -> None:
         key = entry.key

@@ -69,6 +69,7 @@ class NatsServer:
     store_dir: Path | None = None
     # Prepended to the command, e.g. ("setpriv", "--pdeathsig", "TERM", "--") so it dies with its parent.
     command_prefix: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()  # more nats-server flags, e.g. ("--user", "u", "--pass", "p")
     proc: subprocess.Popen | None = field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
 
@@ -87,6 +88,7 @@ class NatsServer:
         if self.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-nats-")
             self.store_dir = Path(self._tmp.name)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             *self.command_prefix,
             find_nats_server(),
@@ -97,6 +99,7 @@ class NatsServer:
             "-js",
             "-sd",
             str(self.store_dir),
+            *self.extra_args,
         ]
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -36,6 +36,7 @@ __all__ = [
     "add_model_arguments",
     "configure_logging",
     "new_instance_id",
+    "redact_url",
     "settings_from_args",
 ]
 
@@ -54,6 +55,17 @@ def cache_root(env: Mapping[str, str] | None = None) -> Path:
     if env.get("DYNAMO_CACHE"):
         return Path(env["DYNAMO_CACHE"])
     return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynamo-sglang"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password or token replaced by ``***`` (``nats://user:***@host:4222``), for
+    logs and error messages: credentials in a URL are secrets too."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    userinfo, _, host = rest.partition("@")
+    user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+    return f"{scheme}://{user + ':' if user else ''}***@{host}"
 
 
 def new_instance_id() -> str:
@@ -251,6 +263,20 @@ class RuntimeSettings(BaseModel):
         ge=1,
         description="Requests served at once; more are rejected with 'overloaded' (HTTP 503).",
         json_schema_extra={"env": contract.ENV_MAX_INFLIGHT},
+    )
+    health_check_interval_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600.0,
+        description="How often the worker runs its engine's health check (the canary) itself; on a "
+        "failure it deregisters (no new traffic), and registers again when the check passes.",
+    )
+    liveness_fail_after_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400.0,
+        description="Seconds the health check may keep failing before /live answers 503, so that "
+        "Kubernetes restarts the container.",
     )
     instance_id: str = Field(
         default_factory=new_instance_id,

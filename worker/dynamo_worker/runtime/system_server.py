@@ -1,6 +1,7 @@
 """The system server of a worker process (``DYN_SYSTEM_PORT``, 9090 in pods).
 
-- ``GET /live``: 200 while the process runs its event loop (the liveness probe).
+- ``GET /live``: 200 while the process runs its event loop and ``live_check`` passes (the liveness
+  probe; the worker's ``HealthMonitor`` fails it once the engine has been unhealthy too long).
 - ``GET /health``: 200 once the engine started and the worker registered, and while the engine's
   ``health_check`` passes; 503 before that, while draining, and when the check fails or exceeds its
   bound. The body is JSON ``{"status": ..., "reason": ...}`` saying why.
@@ -36,7 +37,9 @@ class SystemServer:
         registry: CollectorRegistry | None = None,
         health_check: Callable[[], Awaitable[None]] | None = None,
         health_timeout_s: float = 5.0,
+        live_check: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
+        self.live_check = live_check
         self._host = host
         self._port = port
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -65,6 +68,10 @@ class SystemServer:
             self._runner = None
 
     async def _live(self, _: web.Request) -> web.Response:
+        if self.live_check is not None:
+            live, reason = self.live_check()
+            if not live:
+                return web.json_response({"status": "failing", "reason": reason}, status=503)
         return web.json_response({"status": "live"})
 
     async def _health(self, _: web.Request) -> web.Response:

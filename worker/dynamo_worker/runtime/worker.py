@@ -6,7 +6,9 @@ Start (``Worker.start``), in this order, every step bounded:
   3. start the engine (``Engine.start``), with KV events and load relayed to the event plane,
   4. start the request-plane server,
   5. publish the model card (when the engine has a model folder),
-  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200.
+  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200,
+  7. watch the engine's health (``runtime.health``): deregister while it fails, register again when
+     it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``.
 
 Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
 "draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
@@ -20,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import nats
 import nats.errors
@@ -31,12 +33,13 @@ from dynamo_worker.protocol import InstanceRecord, KvEvent
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher
+from dynamo_worker.runtime.health import HealthMonitor
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
 from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
-from dynamo_worker.runtime.settings import RuntimeSettings
+from dynamo_worker.runtime.settings import RuntimeSettings, redact_url
 from dynamo_worker.runtime.system_server import SystemServer
 
-__all__ = ["NATS_CONNECT_TIMEOUT_S", "Worker", "WorkerStartError", "connect_nats", "run_worker"]
+__all__ = ["NATS_CONNECT_TIMEOUT_S", "Worker", "WorkerStartError", "connect_nats", "redact_url", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +50,18 @@ class WorkerStartError(RuntimeError):
     """The worker could not start; the message names the step and the fix."""
 
 
-async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TIMEOUT_S) -> NATS:
-    """Connect to NATS, retrying for ``within_s`` seconds; reconnects forever once connected.
-    Raises ``WorkerStartError`` naming the URL and the fix."""
+async def connect_nats(
+    url: str,
+    *,
+    name: str,
+    within_s: float = NATS_CONNECT_TIMEOUT_S,
+    on_reconnect: Callable[[], None] | None = None,
+) -> NATS:
+    """Connect to NATS, retrying for ``within_s`` seconds; reconnects forever once connected, and
+    calls ``on_reconnect`` after each reconnection (to re-register and re-watch at once: JetStream
+    state may be gone when the server restarted without its storage).
+    Raises ``WorkerStartError`` naming the URL (without its credentials) and the fix."""
+    shown = redact_url(url)
     nc = NATS()
     errors: list[Exception] = []
 
@@ -61,10 +73,12 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
 
     async def on_disconnect() -> None:
         if not (nc.is_draining or nc.is_closed):
-            log.warning("Disconnected from NATS url=%s", url)
+            log.warning("Disconnected from NATS url=%s", shown)
 
-    async def on_reconnect() -> None:
-        log.info("Reconnected to NATS url=%s", url)
+    async def reconnected() -> None:
+        log.info("Reconnected to NATS url=%s", shown)
+        if on_reconnect is not None:
+            on_reconnect()
 
     try:
         async with asyncio.timeout(within_s):
@@ -77,7 +91,7 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
+                reconnected_cb=reconnected,
             )
     except (nats.errors.Error, OSError, TimeoutError) as e:
         with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
@@ -85,7 +99,7 @@ async def connect_nats(url: str, *, name: str, within_s: float = NATS_CONNECT_TI
                 await nc.close()
         reason = errors[0] if errors else e
         raise WorkerStartError(
-            f"could not connect to NATS at {url} within {within_s:.0f}s ({reason!r}); start nats-server "
+            f"could not connect to NATS at {shown} within {within_s:.0f}s ({reason!r}); start nats-server "
             "with JetStream (-js) or set NATS_SERVER / --nats-server"
         ) from None
     return nc
@@ -135,6 +149,15 @@ class Worker:
             max_inflight=settings.max_inflight,
             metrics=RequestMetrics(self.registry),
         )
+        self.health = HealthMonitor(
+            engine.health_check,
+            interval_s=settings.health_check_interval_s,
+            timeout_s=5.0,
+            liveness_fail_after_s=settings.liveness_fail_after_s,
+            on_unhealthy=self._deregister_unhealthy,
+            on_healthy=self._register,
+        )
+        self.system.live_check = self.health.live
         self._relay = _EventRelay(self.registry)
         engine.register_metrics(self.registry)
         self.nc: NATS | None = None
@@ -142,6 +165,7 @@ class Worker:
         self.record: InstanceRecord | None = None
         self.registration: Registration | None = None
         self._engine_started = False
+        self._renewal: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -149,7 +173,9 @@ class Worker:
 
     async def start(self) -> InstanceRecord:
         s = self.settings
-        self.nc = await connect_nats(s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}")
+        self.nc = await connect_nats(
+            s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}", on_reconnect=self._renew_soon
+        )
         if s.system_enabled:
             await self.system.start()
         self._relay.kv = KvEventPublisher(self.nc, s.namespace, s.instance_id)
@@ -189,8 +215,9 @@ class Worker:
             dp_size=info.dp_size,
             model_card_checksum=checksum,
         )
-        self.registration = await register(self.nc, self.record, s.discovery_ttl)
+        await self._register()
         self.system.state = "ready"
+        self.health.start()
         log.info(
             "Worker ready instance_id=%s address=%s system_port=%s",
             s.instance_id,
@@ -199,9 +226,28 @@ class Worker:
         )
         return self.record
 
+    def _renew_soon(self) -> None:
+        """After a NATS reconnect, write the registration now instead of at the next heartbeat."""
+        if self.registration is not None:
+            self._renewal = asyncio.create_task(self.registration.renew(), name="renew-registration")
+
+    async def _register(self) -> None:
+        assert self.nc is not None and self.record is not None
+        self.registration = await register(self.nc, self.record, self.settings.discovery_ttl)
+
+    async def _deregister_unhealthy(self, reason: str) -> None:
+        if self.registration is not None:
+            registration, self.registration = self.registration, None
+            await registration.deregister()
+
     async def shutdown(self) -> None:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
+        await self.health.stop()
+        if self._renewal is not None and not self._renewal.done():
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
         if self.registration is not None:
             await self.registration.deregister()
             self.registration = None

@@ -80,3 +80,24 @@ def test_losing_readiness_is_worth_a_warning_once():
     assert not lost_readiness([{"type": "Ready", "status": "False"}], waiting)
     assert not lost_readiness([], waiting)
     assert not lost_readiness(was_ready, ready_condition({}, "g"))
+
+
+def test_problems_from_validation_never_quote_an_env_value():
+    secret = "hf_do_not_print_me"
+    with pytest.raises(ValidationError) as err:
+        DynamoGraphDeployment.model_validate(
+            {
+                "metadata": {"name": "g"},
+                "spec": {
+                    "services": {
+                        "decode": {
+                            "envs": [{"value": secret}],
+                            "extraPodSpec": {"mainContainer": {"env": [{"value": secret}]}},
+                        }
+                    }
+                },
+            }
+        )
+    cond = invalid_condition(problems_from_validation(err.value))
+    assert secret not in cond.message
+    assert "spec.services.decode.envs.0.name" in cond.message and "not shown" in cond.message

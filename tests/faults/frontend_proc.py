@@ -1,0 +1,72 @@
+"""``python -m dynamo_worker.frontend`` as a child process (for what only a process shows: its
+resident memory, its log), started in its own process group and killed with the test run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynamo_worker.runtime.nats_server import free_port
+
+from tests.support.procs import popen
+
+
+@dataclass
+class FrontendProc:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return 0, ""
+
+    def wait_serving(self, within_s: float = 60.0) -> None:
+        deadline = time.monotonic() + within_s
+        while self.get("/health")[0] != 200:
+            assert self.proc.poll() is None, f"frontend exited:\n{self.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"frontend not serving in {within_s}s:\n{self.log()[-3000:]}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_frontend(log_path: Path, namespace: str, nats_url: str, *args: str, env=None) -> FrontendProc:
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+        "--namespace", namespace, "--nats-server", nats_url, *args,
+    ]  # fmt: skip
+    with open(log_path, "wb") as out:
+        proc = popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return FrontendProc(proc, port, log_path)
