@@ -18,10 +18,12 @@ from dynamo_worker.tinymodel import ensure_tiny_model
 class Recorder:
     def __init__(self) -> None:
         self.events: list[KvEvent] = []
+        self.ranks: list[int] = []  # the dp rank of each event
         self.loads: list[LoadSnapshot] = []
 
-    def kv_events(self, events: Sequence[KvEvent]) -> None:
+    def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         self.events.extend(events)
+        self.ranks.extend(dp_rank for _ in events)
 
     def load(self, snapshot: LoadSnapshot) -> None:
         self.loads.append(snapshot)

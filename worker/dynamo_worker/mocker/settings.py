@@ -48,7 +48,7 @@ class MockerSettings(BaseModel):
     dp_size: int = Field(
         1,
         ge=1,
-        description="Data parallel size (registered).",
+        description="Data parallel ranks, each with its own KV cache of --num-kv-blocks and KV events.",
         json_schema_extra={"flags": ["--dp-size", "--dp"]},
     )
     disaggregation_mode: Literal["null", "prefill", "decode"] = Field(

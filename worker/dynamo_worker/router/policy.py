@@ -1,26 +1,46 @@
 """Routing policies: pick one worker among candidates. Pure: no I/O, randomness comes from the caller.
 
 ``round-robin`` cycles through the candidates (sorted by id, so the order is stable), ``random`` draws
-uniformly, and ``kv`` minimises a cost that trades prefix-cache reuse against load:
+uniformly, and ``kv`` minimises an estimate of the work a request waits for, in KV blocks of prefill:
 
-    cost(w) = overlap_weight * uncached_blocks(w) + load_blocks(w)
+    cost(t) = overlap_weight * new_blocks(t) + prefill_blocks(t) + decode_weight * decode_blocks(t)
 
-    uncached_blocks(w) = prompt_blocks - overlap_blocks(w)
-        prompt_blocks: full ``page_size`` blocks of the prompt; overlap_blocks(w): how many leading
-        prompt blocks worker w holds in its KV cache (``KvIndex.overlaps``).
-    load_blocks(w) = inflight_blocks(w) + other_blocks(w) + waiting(w)
-        inflight_blocks: prompt blocks of the requests this frontend sent to w that have not finished
-        (exact and immediate); other_blocks: the rest of w's active KV blocks from its latest
-        ``LoadMetrics`` = max(0, active_blocks - the most blocks this frontend had in flight on w since
-        the report before), i.e. other frontends' requests and generated tokens; waiting: requests
-        queued on w (one block each, so a saturated worker is avoided even when blocks look free).
+A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of a worker.
 
-Counting our own requests ourselves means a load report that lags behind routing (a burst) or behind
-a finished request (a report sent while it ran) neither hides nor double-counts them. Both terms count
-KV blocks: the first is the prefill work the request would cost on w, the second the work w already
-has. ``overlap_weight`` (``--kv-overlap-weight``, default 1.0) says how much one block of avoided
-prefill is worth against one block of queued work; 0 routes on load alone. Candidates of equal cost
-are chosen among at random, so identical workers share the load.
+    new_blocks(t) = prompt_blocks - overlap_blocks(t)
+        the prefill this request would add on t. prompt_blocks: full ``page_size`` blocks of the
+        prompt; overlap_blocks(t): how many leading prompt blocks t holds (``KvIndex.overlaps``), counting
+        blocks *predicted* at routing time for requests whose KV events have not arrived yet.
+    prefill_blocks(t) = the new blocks of the requests this frontend sent to t that have not produced
+        their first token yet (prefill queued or running there: exact and immediate), plus one block for
+        each request t reports waiting that is not ours (other frontends' queue).
+    decode_blocks(t) = KV blocks held by sequences running on t: the prompt blocks of this frontend's
+        requests in flight there, plus the rest of t's active blocks from its latest ``LoadMetrics``
+        (max(0, active_blocks - the most blocks this frontend had in flight on t since the report
+        before): other frontends' requests and generated tokens).
+
+Why these terms: a request's time to first token is the prefill queued ahead of it plus its own
+prefill (both proportional to uncached blocks), plus waiting for the running batch's steps. A decode
+step costs little per running sequence next to a prefill (batching is what engines are built for), so
+a running sequence weighs ``decode_weight`` of a block of prefill, not a whole block: counting it as a
+full block spreads a prefix over every worker whenever the one holding it is busy, each copy evicting
+other prefixes, which is what made kv routing lose to round-robin under cache pressure. The decode
+term still steers away from a worker that holds many sequences (its cache fills with them, evicting
+prefixes), and the prefill term from one with a real backlog.
+
+Balance guard (as SGLang's model gateway does): when the busiest candidate runs more than
+``balance_abs_threshold`` requests more than the idlest *and* more than ``balance_rel_threshold`` times
+as many, the request goes to the candidate with the fewest requests (cost breaks ties), whatever its
+cache: one hot prefix must not pile its whole traffic onto one worker while others idle.
+
+Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
+``make bench`` on the mocker and are the ones to start with):
+- ``--kv-overlap-weight`` (default 1.0): worth of one block of avoided prefill; 0 routes on load only.
+- ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
+- ``--kv-balance-abs-threshold`` (default 8) and ``--kv-balance-rel-threshold`` (default 2.0).
+- ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
+  held before KV events confirm them.
+Candidates of equal cost are chosen among at random, so identical workers share the load.
 """
 
 from __future__ import annotations
@@ -32,6 +52,7 @@ from typing import Literal
 
 __all__ = [
     "KvCandidate",
+    "KvWeights",
     "RoundRobin",
     "RouterMode",
     "choose_random",
@@ -64,32 +85,61 @@ def choose_random(candidates: Sequence[str], rng: random.Random) -> str:
 
 
 @dataclass(frozen=True)
+class KvWeights:
+    """The kv policy's knobs (see the module docstring)."""
+
+    overlap_weight: float = 1.0
+    decode_weight: float = 0.1
+    balance_abs_threshold: int = 8
+    balance_rel_threshold: float = 2.0
+
+
+@dataclass(frozen=True)
 class KvCandidate:
-    """One worker as the kv policy sees it."""
+    """One cache (worker, or dp rank of a worker) as the kv policy sees it."""
 
     worker_id: str
     overlap_blocks: int = 0
-    inflight_blocks: int = 0
-    other_blocks: int = 0
-    waiting: int = 0
+    prefill_blocks: int = 0
+    decode_blocks: int = 0
+    requests: int = 0  # requests in flight or waiting there (for the balance guard)
+    dp_rank: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.worker_id if self.dp_rank == 0 else f"{self.worker_id}/dp{self.dp_rank}"
 
 
-def kv_cost(candidate: KvCandidate, prompt_blocks: int, overlap_weight: float) -> float:
-    uncached = max(prompt_blocks - candidate.overlap_blocks, 0)
-    load = candidate.inflight_blocks + candidate.other_blocks + candidate.waiting
-    return overlap_weight * uncached + load
+def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
+    new = max(prompt_blocks - candidate.overlap_blocks, 0)
+    return (
+        weights.overlap_weight * new
+        + candidate.prefill_blocks
+        + weights.decode_weight * candidate.decode_blocks
+    )
+
+
+def _imbalanced(candidates: Sequence[KvCandidate], weights: KvWeights) -> bool:
+    loads = [c.requests for c in candidates]
+    most, least = max(loads), min(loads)
+    return most - least > weights.balance_abs_threshold and most > weights.balance_rel_threshold * least
 
 
 def kv_choose(
     candidates: Sequence[KvCandidate],
     prompt_blocks: int,
-    overlap_weight: float,
+    weights: KvWeights,
     rng: random.Random,
 ) -> tuple[KvCandidate, Mapping[str, float]]:
-    """The cheapest candidate (ties broken at random) and every candidate's cost, for logs and tests."""
+    """The cheapest candidate (ties broken at random) and every candidate's cost, for logs and tests.
+    Under the balance guard, the cheapest among the least loaded."""
     if not candidates:
         raise ValueError("no candidates to choose from")
-    costs = {c.worker_id: kv_cost(c, prompt_blocks, overlap_weight) for c in candidates}
-    best = min(costs.values())
-    tied = sorted((c for c in candidates if costs[c.worker_id] == best), key=lambda c: c.worker_id)
+    costs = {c.key: kv_cost(c, prompt_blocks, weights) for c in candidates}
+    pool = list(candidates)
+    if len(pool) > 1 and _imbalanced(pool, weights):
+        least = min(c.requests for c in pool)
+        pool = [c for c in pool if c.requests == least]
+    best = min(costs[c.key] for c in pool)
+    tied = sorted((c for c in pool if costs[c.key] == best), key=lambda c: c.key)
     return rng.choice(tied), costs

@@ -25,12 +25,13 @@ from collections.abc import Sequence
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Gauge
 
 from dynamo_worker.protocol import InstanceRecord, KvEvent
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
-from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher
+from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
 from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
 from dynamo_worker.runtime.settings import RuntimeSettings
@@ -102,9 +103,9 @@ class _EventRelay:
         self._waiting = Gauge("dynamo_worker_waiting_requests", "Requests queued.", registry=registry)
         self._running = Gauge("dynamo_worker_running_requests", "Requests running.", registry=registry)
 
-    def kv_events(self, events: Sequence[KvEvent]) -> None:
+    def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         if self.kv is not None:
-            self.kv.submit(events)
+            self.kv.submit(events, dp_rank)
 
     def load(self, snapshot: LoadSnapshot) -> None:
         self._active.set(snapshot.active_blocks)
@@ -142,6 +143,7 @@ class Worker:
         self.record: InstanceRecord | None = None
         self.registration: Registration | None = None
         self._engine_started = False
+        self._snapshots: Subscription | None = None
 
     @property
     def address(self) -> str:
@@ -156,6 +158,7 @@ class Worker:
         self._relay.load_pub = LoadPublisher(self.nc, s.namespace, s.instance_id)
         self._relay.kv.start()
         self._relay.load_pub.start()
+        self._snapshots = await serve_kv_snapshots(self.nc, self._relay.kv)
         self.engine.attach_events(self._relay)
         self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
         self.info = info = await self.engine.start()
@@ -213,6 +216,10 @@ class Worker:
                     await self.engine.stop()
             self._engine_started = False
         await self.request_server.stop()
+        if self._snapshots is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._snapshots.unsubscribe()
+            self._snapshots = None
         if self._relay.kv is not None:
             await self._relay.kv.stop()
         if self._relay.load_pub is not None:
