@@ -37,7 +37,7 @@ def test_overlap_counts_leading_blocks_held():
     idx.apply(batch("a", 0, stored(TOKENS[:16], engine(4))))
     idx.apply(batch("b", 0, stored(TOKENS[:8], engine(2, 20_000))))
     prompt = hash_token_blocks(TOKENS, PAGE)
-    assert idx.overlaps(prompt, ["a", "b"]) == {"a": 4, "b": 2}
+    assert idx.overlaps(prompt, [("a", 0), ("b", 0)]) == {("a", 0): 4, ("b", 0): 2}
 
 
 def test_continuation_uses_parent_engine_hash():
@@ -46,7 +46,7 @@ def test_continuation_uses_parent_engine_hash():
     first = engine(2)
     idx.apply(batch("a", 0, stored(TOKENS[:8], first)))
     idx.apply(batch("a", 1, stored(TOKENS[8:16], engine(2, 500), parent=first[-1])))
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 4}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 4}
 
 
 def test_different_prefix_same_tail_does_not_match():
@@ -54,7 +54,7 @@ def test_different_prefix_same_tail_does_not_match():
     idx.add_worker("a", PAGE)
     other = [1, 2, 3, 4, *TOKENS[4:16]]
     idx.apply(batch("a", 0, stored(other, engine(4))))
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 0}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 0}
 
 
 def test_removal_maps_engine_hashes_and_cuts_prefix():
@@ -63,7 +63,7 @@ def test_removal_maps_engine_hashes_and_cuts_prefix():
     hashes = engine(4)
     idx.apply(batch("a", 0, stored(TOKENS[:16], hashes)))
     idx.apply(batch("a", 1, BlockRemoved(block_hashes=[hashes[1]])))
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 1}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 1}
     assert idx.block_count("a") == 3
 
 
@@ -83,7 +83,7 @@ def test_cleared_drops_everything_of_that_worker_only():
     idx.apply(batch("a", 0, stored(TOKENS[:8], engine(2))))
     idx.apply(batch("b", 0, stored(TOKENS[:8], engine(2))))
     idx.apply(batch("a", 1, AllBlocksCleared()))
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a", "b"]) == {"a": 0, "b": 2}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0), ("b", 0)]) == {("a", 0): 0, ("b", 0): 2}
 
 
 def test_gap_drops_state_then_stored_events_rebuild():
@@ -95,11 +95,11 @@ def test_gap_drops_state_then_stored_events_rebuild():
     result = idx.apply(batch("a", 2, stored(TOKENS[16:20], [999], parent=hashes[-1])))
     assert result is not None and result.gap and result.skipped == 1
     assert idx.block_count("a") == 0
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 0}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 0}
     # a fresh sequence from the root rebuilds it, in order from seq 3
     result = idx.apply(batch("a", 3, stored(TOKENS[:12], engine(3, 700))))
     assert result is not None and not result.gap
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 3}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 3}
 
 
 def test_worker_removed_drops_its_blocks_and_later_events():
@@ -110,7 +110,7 @@ def test_worker_removed_drops_its_blocks_and_later_events():
     idx.apply(batch("b", 0, stored(TOKENS[:8], engine(2, 50))))
     idx.remove_worker("a")
     assert idx.apply(batch("a", 1, stored(TOKENS[:16], engine(4)))) is None
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a", "b"]) == {"a": 0, "b": 2}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0), ("b", 0)]) == {("a", 0): 0, ("b", 0): 2}
     assert "a" not in idx.workers()
 
 
@@ -120,9 +120,9 @@ def test_same_content_under_two_engine_hashes_survives_one_removal():
     idx.apply(batch("a", 0, stored(TOKENS[:4], [1])))
     idx.apply(batch("a", 1, stored(TOKENS[:4], [2])))
     idx.apply(batch("a", 2, BlockRemoved(block_hashes=[1])))
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 1}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 1}
     idx.apply(batch("a", 3, BlockRemoved(block_hashes=[2])))
-    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), ["a"]) == {"a": 0}
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 0}
 
 
 def test_partial_trailing_block_is_not_indexed():

@@ -53,7 +53,7 @@ class FrontendSettings(BaseModel):
         json_schema_extra={"env": contract.ENV_ROUTER_MODE},
     )
     kv_overlap_weight: float = Field(
-        1.0,
+        1.5,
         ge=0.0,
         le=1000.0,
         description="kv router: cost of one prompt block the chosen worker would have to prefill (not in "

@@ -72,6 +72,11 @@ class MockerSettings(BaseModel):
     max_running_requests: int = Field(256, ge=1, description="Sequences decoded at once.")
     max_prefill_tokens: int = Field(16384, ge=1, description="Token budget of new prefill tokens per step.")
     chunked_prefill_size: int | None = Field(None, description="Accepted.")
+    kv_events_config: str | None = Field(
+        None,
+        description="Accepted (SGLang's KV events publisher, which the operator wires for KV routing): the "
+        "mocker always publishes its KV events on the event plane.",
+    )
     random_seed: int = Field(0, description="Seed of the emitted tokens (with the request's own seed).")
     nnodes: int = Field(1, ge=1, description="Nodes of a multinode engine (accepted).")
     node_rank: int = Field(0, ge=0, description="Rank of this node; ranks > 0 register nothing and idle.")

@@ -7,15 +7,17 @@ uniformly, and ``kv`` minimises an estimate of the work a request waits for, in 
 
 A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of a worker.
 
-    new_blocks(t) = prompt_blocks - overlap_blocks(t)
+    new_blocks(t) = prompt_blocks - overlap_blocks(t) + 1
         the prefill this request would add on t. prompt_blocks: full ``page_size`` blocks of the
         prompt; overlap_blocks(t): how many leading prompt blocks t holds (``KvIndex.overlaps``), counting
-        blocks *predicted* at routing time for requests whose KV events have not arrived yet.
+        blocks *predicted* at routing time for requests whose KV events have not arrived yet; + 1: the
+        prompt's tail (its partial last block, or the last token an engine always recomputes), so that
+        a fully cached request still counts as some work where it queues.
     prefill_blocks(t) = the new blocks of the requests this frontend sent to t that have not produced
         their first token yet (prefill queued or running there: exact and immediate), plus one block for
         each request t reports waiting that is not ours (other frontends' queue).
-    decode_blocks(t) = KV blocks held by sequences running on t: the prompt blocks of this frontend's
-        requests in flight there, plus the rest of t's active blocks from its latest ``LoadMetrics``
+    decode_blocks(t) = KV blocks held by sequences decoding on t: the prompt blocks of this frontend's
+        requests there past their first token, plus the rest of t's active blocks from its latest ``LoadMetrics``
         (max(0, active_blocks - the most blocks this frontend had in flight on t since the report
         before): other frontends' requests and generated tokens).
 
@@ -35,7 +37,11 @@ cache: one hot prefix must not pile its whole traffic onto one worker while othe
 
 Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
 ``make bench`` on the mocker and are the ones to start with):
-- ``--kv-overlap-weight`` (default 1.0): worth of one block of avoided prefill; 0 routes on load only.
+- ``--kv-overlap-weight`` (default 1.5): worth of one block of avoided prefill; 0 routes on load only.
+  Above 1 because a block computed again costs more than the request's own latency: it is GPU time
+  taken from every request queued behind it, and a second copy of a prefix evicts another one. With
+  1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
+  idle worker, and prefixes get copied around under load.
 - ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
 - ``--kv-balance-abs-threshold`` (default 8) and ``--kv-balance-rel-threshold`` (default 2.0).
 - ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
@@ -58,6 +64,7 @@ __all__ = [
     "choose_random",
     "kv_choose",
     "kv_cost",
+    "new_blocks",
 ]
 
 RouterMode = Literal["round-robin", "random", "kv"]
@@ -88,7 +95,7 @@ def choose_random(candidates: Sequence[str], rng: random.Random) -> str:
 class KvWeights:
     """The kv policy's knobs (see the module docstring)."""
 
-    overlap_weight: float = 1.0
+    overlap_weight: float = 1.5
     decode_weight: float = 0.1
     balance_abs_threshold: int = 8
     balance_rel_threshold: float = 2.0
@@ -110,8 +117,14 @@ class KvCandidate:
         return self.worker_id if self.dp_rank == 0 else f"{self.worker_id}/dp{self.dp_rank}"
 
 
+def new_blocks(prompt_blocks: int, overlap_blocks: int) -> int:
+    """The blocks a cache must compute for a prompt: the uncached full blocks, plus one for the tail
+    (the partial last block, or the last token an engine always recomputes)."""
+    return max(prompt_blocks - overlap_blocks, 0) + 1
+
+
 def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
-    new = max(prompt_blocks - candidate.overlap_blocks, 0)
+    new = new_blocks(prompt_blocks, candidate.overlap_blocks)
     return (
         weights.overlap_weight * new
         + candidate.prefill_blocks

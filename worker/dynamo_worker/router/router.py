@@ -29,6 +29,7 @@ from dynamo_worker.router.policy import (
     RouterMode,
     choose_random,
     kv_choose,
+    new_blocks,
 )
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,12 @@ class Choice:
 
     @property
     def new_blocks(self) -> int:
-        return max(self.prompt_blocks - self.overlap_blocks, 0)
+        return new_blocks(self.prompt_blocks, self.overlap_blocks)
 
 
 class Flight:
-    """One request's share of its cache's load, from ``Router.started`` to ``done`` (idempotent)."""
+    """One request's share of its cache's load, from ``Router.started`` to ``done`` (idempotent):
+    its new blocks count as queued prefill until ``first_token``, then its prompt blocks as decode."""
 
     def __init__(self, router: Router, choice: Choice) -> None:
         self._router = router
@@ -66,24 +68,29 @@ class Flight:
         self._done = False
 
     def first_token(self) -> None:
-        """The prefill is over: its new blocks no longer count as queued prefill."""
+        """The prefill is over: the request now decodes."""
         if self._prefilling and not self._done:
             self._prefilling = False
-            self._router._add(self.choice, prefill=-self.choice.new_blocks, prefilling=-1)
+            c = self.choice
+            self._router._add(c, prefill=-c.new_blocks, prefilling=-1, decode=c.prompt_blocks)
 
     def done(self) -> None:
         if self._done:
             return
-        self.first_token()
         self._done = True
-        self._router._finished(self.choice)
+        c = self.choice
+        if self._prefilling:
+            self._router._add(c, prefill=-c.new_blocks, prefilling=-1)
+        else:
+            self._router._add(c, decode=-c.prompt_blocks)
+        self._router._finished(c)
 
 
 class Router:
     def __init__(
         self,
         mode: RouterMode,
-        overlap_weight: float = 1.0,
+        overlap_weight: float = 1.5,
         rng: random.Random | None = None,
         *,
         weights: KvWeights | None = None,
@@ -99,7 +106,7 @@ class Router:
         self._round_robin = RoundRobin()
         self._records: dict[str, InstanceRecord] = {}
         # per cache key (worker, or worker/dpN): this frontend's requests in flight there
-        self._inflight_blocks: dict[str, int] = {}
+        self._decode_blocks: dict[str, int] = {}
         self._prefill_blocks: dict[str, int] = {}
         self._requests: dict[str, int] = {}
         # per worker: what its load reports say beyond our own requests
@@ -138,7 +145,7 @@ class Router:
         ):
             per_worker.pop(instance_id, None)
         prefix = instance_id + "/"
-        for per_key in (self._inflight_blocks, self._prefill_blocks, self._requests):
+        for per_key in (self._decode_blocks, self._prefill_blocks, self._requests):
             for key in [k for k in per_key if k == instance_id or k.startswith(prefix)]:
                 del per_key[key]
 
@@ -160,14 +167,21 @@ class Router:
         return Flight(self, choice)
 
     def _add(
-        self, choice: Choice, *, prefill: int = 0, prefilling: int = 0, blocks: int = 0, requests: int = 0
+        self,
+        choice: Choice,
+        *,
+        prefill: int = 0,
+        prefilling: int = 0,
+        decode: int = 0,
+        blocks: int = 0,
+        requests: int = 0,
     ) -> None:
         key, w = choice.key, choice.worker.instance_id
         if w not in self._records and requests <= 0:
             return  # the worker left meanwhile: its state is gone
         for state, delta in (
             (self._prefill_blocks, prefill),
-            (self._inflight_blocks, blocks),
+            (self._decode_blocks, decode),
             (self._requests, requests),
         ):
             if delta:
@@ -248,7 +262,7 @@ class Router:
                         dp_rank=rank,
                         overlap_blocks=overlaps[(worker_id, rank)],
                         prefill_blocks=self._prefill_blocks.get(c.key, 0) + waiting // share,
-                        decode_blocks=self._inflight_blocks.get(c.key, 0) + others,
+                        decode_blocks=self._decode_blocks.get(c.key, 0) + others,
                         requests=self._requests.get(c.key, 0) + waiting // share,
                     )
                 )
