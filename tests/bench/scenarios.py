@@ -207,7 +207,8 @@ def _ratio_line(name: str, kv: Report, rr: Report) -> str:
 def scenario_router(workdir: Path, scale: float) -> dict[str, Report]:
     """kv (defaults) vs round-robin on three shared-prefix workloads; each side gets its own fresh
     fleet of mockers (empty caches), started on one nats-server. ``BENCH_KV_ARGS`` (e.g.
-    "--kv-overlap-weight 2") adds flags to the kv frontend, to compare settings."""
+    "--kv-overlap-weight 2") adds flags to the kv frontend, to compare settings;
+    ``BENCH_ROUTER_WORKLOADS`` (e.g. "prefix64,few-prefix") runs only those workloads."""
     print(
         f"\n== 2. router quality: kv (defaults) vs round-robin, {ROUTER_WORKERS} mockers x "
         f"{ROUTER_BLOCKS} KV blocks of {ROUTER_PAGE} tokens, closed loop at concurrency "
@@ -218,7 +219,10 @@ def scenario_router(workdir: Path, scale: float) -> dict[str, Report]:
     reports: dict[str, Report] = {}
     summary: list[str] = []
     with Fleet(workdir / "router") as fleet:
+        chosen = os.environ.get("BENCH_ROUTER_WORKLOADS", "")
         for name, (describe, make) in _router_workloads(scale).items():
+            if chosen and name not in chosen.split(","):
+                continue
             print(f"\n-- {name}: {describe}", flush=True)
             specs = make()
             for side in ("kv", "round-robin"):

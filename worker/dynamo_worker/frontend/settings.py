@@ -72,15 +72,16 @@ class FrontendSettings(BaseModel):
         "of prefill (cost = overlap weight x new blocks + queued prefill blocks + this x running blocks).",
     )
     kv_balance_abs_threshold: int = Field(
-        8,
+        2,
         ge=0,
-        description="kv router: route on load alone (fewest requests) when the busiest worker has more "
-        "than this many requests more than the idlest ...",
+        description="kv router balance guard: when the cheapest worker runs more than this many requests "
+        "more than the idlest ...",
     )
     kv_balance_rel_threshold: float = Field(
-        2.0,
+        1.5,
         ge=1.0,
-        description="... and more than this many times as many.",
+        description="... and more than this many times as many, the request goes to the idlest worker "
+        "with room for its new blocks (into a full cache only past 4x the absolute threshold).",
     )
     kv_predict_ttl_s: float = Field(
         30.0,

@@ -127,12 +127,8 @@ class KvIndex:
         if w is None:
             return 0
         ranks = w.ranks.values() if dp_rank is None else [w.ranks.get(dp_rank, _Cache())]
-        n = 0
-        for c in ranks:
-            n += len(c.refs)
-            if predicted:
-                n += sum(1 for h in c.predicted if h not in c.refs)
-        return n
+        # stored and predicted blocks are disjoint: a confirmed prediction stops being one
+        return sum(len(c.refs) + (len(c.predicted) if predicted else 0) for c in ranks)
 
     # --- events -----------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of
     prefill_blocks(t) = the new blocks of the requests this frontend sent to t that have not produced
         their first token yet (prefill queued or running there: exact and immediate), plus one block for
         each request t reports waiting that is not ours (other frontends' queue).
-    decode_blocks(t) = KV blocks held by sequences decoding on t: the prompt blocks of this frontend's
-        requests there past their first token, plus the rest of t's active blocks from its latest ``LoadMetrics``
-        (max(0, active_blocks - the most blocks this frontend had in flight on t since the report
-        before): other frontends' requests and generated tokens).
+    decode_blocks(t) = KV blocks held by sequences decoding on t: the prompt blocks of this
+        frontend's requests there past their first token, plus the rest of t's active blocks from its
+        latest ``LoadMetrics`` (max(0, active_blocks - the most blocks this frontend had in flight on
+        t since the report before): other frontends' requests and generated tokens).
 
 Why these terms: a request's time to first token is the prefill queued ahead of it plus its own
 prefill (both proportional to uncached blocks), plus waiting for the running batch's steps. A decode
@@ -30,10 +30,18 @@ other prefixes, which is what made kv routing lose to round-robin under cache pr
 term still steers away from a worker that holds many sequences (its cache fills with them, evicting
 prefixes), and the prefill term from one with a real backlog.
 
-Balance guard (as SGLang's model gateway does): when the busiest candidate runs more than
-``balance_abs_threshold`` requests more than the idlest *and* more than ``balance_rel_threshold`` times
-as many, the request goes to the candidate with the fewest requests (cost breaks ties), whatever its
-cache: one hot prefix must not pile its whole traffic onto one worker while others idle.
+Balance guard (after SGLang's model gateway, which checks two such thresholds on the busiest worker):
+the cost above keeps a prefix where it is cached even when that worker runs more requests than
+others, which is right while copying the prefix elsewhere would evict other prefixes, and wrong when
+there is room: then a few requests' imbalance slows every step of the busy worker (each admitted
+prefill delays its decoders) for nothing. So when the cheapest candidate has more than
+``balance_abs_threshold`` requests more than the idlest *and* more than ``balance_rel_threshold``
+times as many, the request goes to the cheapest of the least loaded candidates that have room for its
+new blocks (their cache stays at most ``ROOM_FRACTION`` full with them: a per-worker sign that the
+fleet is not under cache pressure, as copies then evict nothing that is needed soon); when none has
+room, only an imbalance
+``PRESSURE_FACTOR`` times the absolute threshold moves it (to the cheapest least loaded one). A
+prefix copied to an idle worker then serves there too, so the load evens out.
 
 Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
 ``make bench`` on the mocker and are the ones to start with):
@@ -43,7 +51,7 @@ Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the route
   1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
   idle worker, and prefixes get copied around under load.
 - ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
-- ``--kv-balance-abs-threshold`` (default 8) and ``--kv-balance-rel-threshold`` (default 2.0).
+- ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5).
 - ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
   held before KV events confirm them.
 Candidates of equal cost are chosen among at random, so identical workers share the load.
@@ -68,6 +76,8 @@ __all__ = [
 ]
 
 RouterMode = Literal["round-robin", "random", "kv"]
+PRESSURE_FACTOR = 4  # balance guard: how much larger an imbalance must be to move into a full cache
+ROOM_FRACTION = 0.5  # balance guard: a cache at most this full (after the request) has room
 
 
 class RoundRobin:
@@ -97,8 +107,8 @@ class KvWeights:
 
     overlap_weight: float = 1.5
     decode_weight: float = 0.1
-    balance_abs_threshold: int = 8
-    balance_rel_threshold: float = 2.0
+    balance_abs_threshold: int = 2
+    balance_rel_threshold: float = 1.5
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,8 @@ class KvCandidate:
     prefill_blocks: int = 0
     decode_blocks: int = 0
     requests: int = 0  # requests in flight or waiting there (for the balance guard)
+    free_blocks: int | None = None  # KV blocks it holds nothing in (None: unknown, counts as room)
+    capacity_blocks: int | None = None  # its KV cache size in blocks
     dp_rank: int = 0
 
     @property
@@ -132,10 +144,19 @@ def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> f
     )
 
 
-def _imbalanced(candidates: Sequence[KvCandidate], weights: KvWeights) -> bool:
-    loads = [c.requests for c in candidates]
-    most, least = max(loads), min(loads)
-    return most - least > weights.balance_abs_threshold and most > weights.balance_rel_threshold * least
+def _overloaded(chosen: KvCandidate, least: int, weights: KvWeights, factor: int = 1) -> bool:
+    return (
+        chosen.requests - least > factor * weights.balance_abs_threshold
+        and chosen.requests > weights.balance_rel_threshold * least
+    )
+
+
+def _has_room(candidate: KvCandidate, prompt_blocks: int) -> bool:
+    """Whether the candidate's cache stays at most ``ROOM_FRACTION`` full with this request's blocks."""
+    if candidate.free_blocks is None or candidate.capacity_blocks is None:
+        return True
+    after = candidate.free_blocks - new_blocks(prompt_blocks, candidate.overlap_blocks)
+    return after >= (1 - ROOM_FRACTION) * candidate.capacity_blocks
 
 
 def kv_choose(
@@ -149,10 +170,21 @@ def kv_choose(
     if not candidates:
         raise ValueError("no candidates to choose from")
     costs = {c.key: kv_cost(c, prompt_blocks, weights) for c in candidates}
-    pool = list(candidates)
-    if len(pool) > 1 and _imbalanced(pool, weights):
-        least = min(c.requests for c in pool)
-        pool = [c for c in pool if c.requests == least]
-    best = min(costs[c.key] for c in pool)
-    tied = sorted((c for c in pool if costs[c.key] == best), key=lambda c: c.key)
-    return rng.choice(tied), costs
+    chosen = _cheapest(candidates, costs, rng)
+    if len(candidates) > 1:
+        least = min(c.requests for c in candidates)
+        idle = [c for c in candidates if c.requests == least]
+        roomy = [c for c in idle if _has_room(c, prompt_blocks)]
+        if roomy and _overloaded(chosen, least, weights):
+            chosen = _cheapest(roomy, costs, rng)
+        elif _overloaded(chosen, least, weights, PRESSURE_FACTOR):
+            chosen = _cheapest(idle, costs, rng)
+    return chosen, costs
+
+
+def _cheapest(
+    candidates: Sequence[KvCandidate], costs: Mapping[str, float], rng: random.Random
+) -> KvCandidate:
+    best = min(costs[c.key] for c in candidates)
+    tied = sorted((c for c in candidates if costs[c.key] == best), key=lambda c: c.key)
+    return rng.choice(tied)

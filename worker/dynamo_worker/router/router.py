@@ -254,8 +254,10 @@ class Router:
             share = record.dp_size
             others = self._other_blocks.get(worker_id, 0) // share
             waiting = self._other_waiting.get(worker_id, 0)
+            capacity = record.total_kv_blocks // share if record.total_kv_blocks else None
             for rank in ranks:
                 c = Choice(record, len(hashes), 0, rank)
+                held = self.index.block_count(worker_id, rank, predicted=True)
                 kv_candidates.append(
                     KvCandidate(
                         worker_id=worker_id,
@@ -264,6 +266,8 @@ class Router:
                         prefill_blocks=self._prefill_blocks.get(c.key, 0) + waiting // share,
                         decode_blocks=self._decode_blocks.get(c.key, 0) + others,
                         requests=self._requests.get(c.key, 0) + waiting // share,
+                        free_blocks=max(capacity - held, 0) if capacity is not None else None,
+                        capacity_blocks=capacity,
                     )
                 )
         # Workers of one model share a page size; with mixed sizes, the blocks are not comparable and
