@@ -9,6 +9,7 @@ from dynamo_worker.protocol import (
     BlockRemoved,
     BlockStored,
     KvEventBatch,
+    KvSnapshotPart,
     hash_token_blocks,
 )
 from dynamo_worker.router.index import KvIndex
@@ -131,3 +132,51 @@ def test_partial_trailing_block_is_not_indexed():
     result = idx.apply(batch("a", 0, stored(TOKENS[:6], engine(1))))
     assert result is not None and result.stored == 1
     assert idx.block_count("a") == 1
+
+
+def test_snapshot_installs_blocks_and_applies_only_the_batches_it_lacks():
+    """A late frontend: batches that arrive while the snapshot is awaited are buffered; those the
+    snapshot already includes (seq < next_seq) are dropped, the newer ones applied after it."""
+    idx = KvIndex()
+    idx.add_worker("a", PAGE)
+    idx.begin_sync("a")
+    first, second = engine(2), engine(2, 500)
+    assert idx.apply(batch("a", 4, stored(TOKENS[:8], first))).buffered  # already in the snapshot
+    assert idx.apply(batch("a", 5, stored(TOKENS[8:16], second, parent=first[-1]))).buffered
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 0}
+    snapshot = [KvSnapshotPart(instance_id="a", next_seq=5, events=[stored(TOKENS[:8], first)])]
+    assert idx.end_sync("a", snapshot) == 2
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 4}
+    # and the sequence goes on from the buffered batch
+    assert not idx.apply(batch("a", 6, BlockRemoved(block_hashes=[second[-1]]))).gap
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 3}
+
+
+def test_no_snapshot_falls_back_to_the_buffered_events():
+    idx = KvIndex()
+    idx.add_worker("a", PAGE)
+    idx.begin_sync("a")
+    idx.apply(batch("a", 7, stored(TOKENS[:8], engine(2))))
+    idx.end_sync("a", None)
+    assert idx.overlaps(hash_token_blocks(TOKENS, PAGE), [("a", 0)]) == {("a", 0): 2}
+
+
+def test_a_restarted_worker_numbering_from_zero_loses_its_blocks():
+    idx = KvIndex()
+    idx.add_worker("a", PAGE)
+    idx.apply(batch("a", 0, stored(TOKENS[:8], engine(2))))
+    idx.apply(batch("a", 1, stored(TOKENS[8:16], engine(2, 500), parent=10_001)))
+    result = idx.apply(batch("a", 0, stored(TOKENS[:4], engine(1, 900))))
+    assert result.gap
+    assert idx.block_count("a") == 1
+
+
+def test_dp_ranks_hold_blocks_separately():
+    idx = KvIndex()
+    idx.add_worker("a", PAGE, dp_size=2)
+    idx.apply(KvEventBatch(instance_id="a", seq=0, dp_rank=1, events=[stored(TOKENS[:8], engine(2))]))
+    prompt = hash_token_blocks(TOKENS, PAGE)
+    assert idx.overlaps(prompt, [("a", 0), ("a", 1)]) == {("a", 0): 0, ("a", 1): 2}
+    # removals name engine hashes of their own rank only
+    idx.apply(KvEventBatch(instance_id="a", seq=1, dp_rank=0, events=[BlockRemoved(block_hashes=engine(2))]))
+    assert idx.block_count("a", 1) == 2

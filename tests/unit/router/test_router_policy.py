@@ -24,7 +24,7 @@ PAGE = 4
 W = KvWeights()
 
 
-def record(worker_id: str, dp_size: int = 1) -> InstanceRecord:
+def record(worker_id: str, dp_size: int = 1, total_kv_blocks: int = 1000) -> InstanceRecord:
     return InstanceRecord(
         instance_id=worker_id,
         namespace="ns",
@@ -33,7 +33,7 @@ def record(worker_id: str, dp_size: int = 1) -> InstanceRecord:
         model="m",
         address="127.0.0.1:1",
         page_size=PAGE,
-        total_kv_blocks=1000,
+        total_kv_blocks=total_kv_blocks,
         dp_size=dp_size,
     )
 
@@ -82,31 +82,42 @@ def test_weight_zero_routes_on_load_only():
     assert best.worker_id == "b"
 
 
+FULL = {"free_blocks": 4, "capacity_blocks": 160}  # a cache under pressure
+ROOMY = {"free_blocks": 150, "capacity_blocks": 160}
+
+
 def test_a_busy_worker_holding_the_prefix_beats_an_idle_one():
     """Three requests decoding on the holder (7 blocks each) weigh less than prefilling 6 blocks
-    elsewhere: running sequences are cheap next to prefill, so a prefix is not copied around."""
-    holder = KvCandidate("a", overlap_blocks=6, decode_blocks=21, requests=3)
-    idle = KvCandidate("b")
+    elsewhere: running sequences are cheap next to prefill, so under cache pressure a prefix is not
+    copied around."""
+    holder = KvCandidate("a", overlap_blocks=6, decode_blocks=21, requests=3, **FULL)
+    idle = KvCandidate("b", **FULL)
     best, costs = kv_choose([holder, idle], 7, W, random.Random(0))
     assert best.worker_id == "a"
     assert costs["a"] == pytest.approx(1.5 * 2 + 2.1) and costs["b"] == 1.5 * 8
 
 
 def test_a_prefill_backlog_on_the_holder_sends_the_request_elsewhere():
-    holder = KvCandidate("a", overlap_blocks=6, prefill_blocks=12, requests=2)
-    idle = KvCandidate("b")
+    holder = KvCandidate("a", overlap_blocks=6, prefill_blocks=12, requests=2, **FULL)
+    idle = KvCandidate("b", **FULL)
     best, _ = kv_choose([holder, idle], 7, W, random.Random(0))
     assert best.worker_id == "b"
 
 
-def test_balance_guard_sends_to_the_least_loaded_when_imbalanced():
-    holder = KvCandidate("a", overlap_blocks=7, decode_blocks=70, requests=10)
-    idle = KvCandidate("b", requests=1)
-    best, _ = kv_choose([holder, idle], 7, W, random.Random(0))
-    assert best.worker_id == "b"
-    # within the thresholds the cache decides
-    busyish = KvCandidate("a", overlap_blocks=7, decode_blocks=35, requests=5)
+def test_balance_guard_moves_load_to_an_idle_worker_with_room():
+    idle = KvCandidate("b", requests=1, **ROOMY)
+    holder = KvCandidate("a", overlap_blocks=7, decode_blocks=28, requests=4, **ROOMY)
+    assert kv_choose([holder, idle], 7, W, random.Random(0))[0].worker_id == "b"
+    # within the thresholds (2 more, not more than 1.5x... here 3 vs 1 is only 2 more) the cache decides
+    busyish = KvCandidate("a", overlap_blocks=7, decode_blocks=21, requests=3, **ROOMY)
     assert kv_choose([busyish, idle], 7, W, random.Random(0))[0].worker_id == "a"
+
+
+def test_balance_guard_moves_into_a_full_cache_only_past_four_times_the_threshold():
+    idle = KvCandidate("b", requests=1, **FULL)
+    for requests, expected in ((9, "a"), (10, "b")):
+        holder = KvCandidate("a", overlap_blocks=7, decode_blocks=7 * requests, requests=requests, **FULL)
+        assert kv_choose([holder, idle], 7, W, random.Random(0))[0].worker_id == expected, requests
 
 
 def test_ties_are_broken_at_random():
@@ -154,10 +165,11 @@ def test_router_kv_prefers_worker_holding_prefix():
 
 def test_concurrent_arrivals_of_one_new_prefix_go_to_one_worker_before_any_event():
     """Seven requests sharing a new 28-block prefix arrive at once, before any KV event and before the
-    first one's prefill is over: its blocks are predicted on its worker, so the other six follow it
-    (waiting for that prefill beats computing the prefix again elsewhere), instead of being spread."""
+    first one's prefill is over, on workers whose caches are under pressure: the first one's blocks are
+    predicted on its worker, so the other six follow it (waiting for that prefill beats computing the
+    prefix again elsewhere) instead of being spread by load."""
     router = Router("kv", rng=random.Random(5))
-    workers = [record(c * 16) for c in "abcd"]
+    workers = [record(c * 16, total_kv_blocks=40) for c in "abcd"]
     for w in workers:
         router.add_worker(w)
     prefix = list(range(1000, 1112))
@@ -169,24 +181,34 @@ def test_concurrent_arrivals_of_one_new_prefix_go_to_one_worker_before_any_event
     assert [f.choice.overlap_blocks for f in flights] == [0] + [28] * 6
 
 
-def test_arrivals_of_one_prefix_after_its_prefill_all_follow_it_until_the_balance_guard():
+@pytest.mark.parametrize(
+    ("total_kv_blocks", "followers"),
+    [(1000, 3), (12, 9)],
+    ids=["room: the guard moves the 4th", "cache pressure: only the 10th moves"],
+)
+def test_arrivals_of_one_prefix_after_its_prefill_follow_it_until_the_balance_guard(
+    total_kv_blocks, followers
+):
     """The usual case at concurrency: the first request has its first token but its KV events have
-    not arrived. Every later request for the prefix goes to that worker while it decodes them, until it
-    runs more than 8 requests more than an idle worker (and more than twice as many): then the next
-    goes to the idle one."""
+    not arrived. Later requests for the prefix go to that worker while it decodes them, until it runs
+    more than 2 requests more than an idle worker with room (more than 8 when no worker has room):
+    then the next goes to the idle one."""
     router = Router("kv", rng=random.Random(5))
-    a, b = record("a" * 16), record("b" * 16)
+    a, b = (
+        record("a" * 16, total_kv_blocks=total_kv_blocks),
+        record("b" * 16, total_kv_blocks=total_kv_blocks),
+    )
     router.add_worker(a)
     router.add_worker(b)
     prefix = list(range(1000, 1040))
     order = []
-    for i in range(10):
+    for i in range(followers + 1):
         flight = router.started(router.choose("m", [a, b], [*prefix, 9000 + i]))
         flight.first_token()
         order.append(flight.choice.worker.instance_id)
     holder = order[0]
     other = b.instance_id if holder == a.instance_id else a.instance_id
-    assert order == [holder] * 9 + [other]
+    assert order == [holder] * followers + [other]
 
 
 def test_predicted_blocks_expire_unless_confirmed():
