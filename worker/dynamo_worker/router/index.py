@@ -116,6 +116,10 @@ class KvIndex:
     def workers(self) -> list[str]:
         return list(self._workers)
 
+    def targets(self) -> list[Target]:
+        """Every cache tracked: (worker, dp rank) for each rank of each worker."""
+        return [(w, rank) for w, state in self._workers.items() for rank in range(state.dp_size)]
+
     def page_size(self, worker_id: str) -> int | None:
         w = self._workers.get(worker_id)
         return w.page_size if w else None
