@@ -3,7 +3,8 @@
 Start (``Worker.start``), in this order, every step bounded:
   1. connect to NATS (retrying until ``NATS_CONNECT_TIMEOUT_S``),
   2. start the system server (``/health`` answers 503 "starting"),
-  3. start the engine (``Engine.start``), with KV events and load relayed to the event plane,
+  3. start the engine (``Engine.start``), with KV events and load relayed to the event plane (and
+     KV snapshot requests answered from the events published: ``runtime.events``),
   4. start the request-plane server,
   5. publish the model card (when the engine has a model folder),
   6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200.
