@@ -177,8 +177,8 @@ class Router:
         requests: int = 0,
     ) -> None:
         key, w = choice.key, choice.worker.instance_id
-        if w not in self._records and requests <= 0:
-            return  # the worker left meanwhile: its state is gone
+        if w not in self._records:
+            return  # the worker left (its state went with it), or was never known
         for state, delta in (
             (self._prefill_blocks, prefill),
             (self._decode_blocks, decode),
