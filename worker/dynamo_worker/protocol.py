@@ -157,7 +157,7 @@ class KvEventBatch(_Wire):
     instance_id: str
     seq: Annotated[int, Field(ge=0)]
     events: list[KvEvent]
-    dp_rank: int = 0
+    dp_rank: Annotated[int, Field(ge=0)] = 0
 
 
 class KvSnapshotRequest(_Wire):
@@ -176,7 +176,7 @@ class KvSnapshotPart(_Wire):
     next_seq: Annotated[int, Field(ge=0)]
     part: Annotated[int, Field(ge=0)] = 0
     last: bool = True
-    dp_rank: int = 0
+    dp_rank: Annotated[int, Field(ge=0)] = 0
     events: list[BlockStored] = Field(default_factory=list)
 
 

@@ -68,7 +68,7 @@ class KvEventPublisher:
         self.namespace = namespace
         self.subject = kv_events_subject(namespace)
         self.instance_id = instance_id
-        self._pending: deque[tuple[int, KvEvent]] = deque()
+        self._pending: deque[tuple[int, KvEvent]] = deque()  # (dp_rank, event)
         self._max_pending = max_pending
         self._max_batch = max_batch
         self._wakeup = asyncio.Event()
@@ -80,7 +80,7 @@ class KvEventPublisher:
         self.mirror = KvMirror()
 
     def submit(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
-        """Queue events of one dp rank for publishing; never blocks. Overflow drops the oldest and
+        """Queue events (of one dp rank) for publishing; never blocks. Overflow drops the oldest and
         skips seqs."""
         if not events:
             return
@@ -131,14 +131,15 @@ class KvEventPublisher:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending:
-                rank = self._pending[0][0]
+                dp_rank = self._pending[0][0]  # a batch holds consecutive events of one dp rank
                 events: list[KvEvent] = []
-                while self._pending and len(events) < self._max_batch and self._pending[0][0] == rank:
+                while self._pending and self._pending[0][0] == dp_rank and len(events) < self._max_batch:
                     events.append(self._pending.popleft()[1])
+                n = len(events)
                 try:
-                    await self.publish_now(events, rank)
+                    await self.publish_now(events, dp_rank)
                 except (nats.errors.Error, OSError) as e:
-                    log.warning("Could not publish KV events count=%s error=%r", len(events), e)
+                    log.warning("Could not publish KV events count=%s error=%r", n, e)
             self._idle.set()
 
     async def stop(self, flush_timeout: float = 2.0) -> None:
