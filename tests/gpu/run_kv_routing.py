@@ -20,9 +20,10 @@ met (kv cached share >= 0.80 and TTFT p50 below round-robin's); exits 1 only whe
 becomes ``--num-kv-blocks``), which the test suite does with small sizes.
 
 Env: ENGINE (sglang|mocker), PREFIXES (12), PREFIX_LEN (2048), UNIQUE_LEN (64), NREQ (256), CONC (8),
-OSL (8), MEM_FRACTION (0.30), MAX_TOTAL_TOKENS (24576), STARTUP_S, GRAPHS, MODES ("round-robin,kv";
-one mode per call also works: each mode's result waits in ``$GPU_STATE`` and the table shows every mode
-run so far).
+OSL (8), MEM_FRACTION (0.30: the first engine's share of the free GPU memory), KV_SECOND_MEM_FRACTION
+(0.43: the second's share of what the first left), MAX_TOTAL_TOKENS (24576, both), STARTUP_S, GRAPHS,
+MODES ("round-robin,kv"; one mode per call also works: each mode's result waits in ``$GPU_STATE`` and
+the table shows every mode run so far).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ PREFIXES, PREFIX_LEN, UNIQUE_LEN, NREQ, CONC, OSL = (
     )
 )
 MEM_FRACTION = os.environ.get("MEM_FRACTION", "0.30")
+# SGLang takes --mem-fraction-static of the memory free when it loads: the second engine (started after
+# the first has loaded) takes this share of what is left, about the first one's absolute share.
+SECOND_MEM_FRACTION = os.environ.get("KV_SECOND_MEM_FRACTION", "0.43")
 MAX_TOTAL_TOKENS = int(os.environ.get("MAX_TOTAL_TOKENS", 24576))
 MODES = [m for m in os.environ.get("MODES", "round-robin,kv").split(",") if m]
 if set(MODES) - {"round-robin", "kv"}:
@@ -88,7 +92,7 @@ def start_worker(stack: g.Stack, index: int) -> tuple[g.Proc, int]:
     events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{g.free_port()}"})
     cmd = [sys.executable, "-m", module, "--model-path", str(g.MODEL_DIR), "--served-model-name", g.MODEL,
            "--disaggregation-mode", "null", "--base-gpu-id", "0", "--port", str(g.free_port()),
-           *g.SGLANG_FLAGS, "--mem-fraction-static", MEM_FRACTION,
+           *g.SGLANG_FLAGS, "--mem-fraction-static", MEM_FRACTION if index == 0 else SECOND_MEM_FRACTION,
            "--max-total-tokens", str(MAX_TOTAL_TOKENS), "--kv-events-config", events,
            "--namespace", g.NAMESPACE, "--component", "backend",
            "--nats-server", f"nats://127.0.0.1:{stack.nats_port}", "--system-port", str(system_port),
@@ -189,8 +193,9 @@ async def run_mode(mode: str, requests: list[list[int]]) -> Result:
 def table(results: list[Result]) -> tuple[str, bool]:
     lines = [
         f"== KV routing on one GPU: ENGINE={g.ENGINE}, 2 workers on GPU 0 (--mem-fraction-static "
-        f"{MEM_FRACTION}, --max-total-tokens {MAX_TOTAL_TOKENS}), {PREFIXES} prefixes x {PREFIX_LEN} + "
-        f"{UNIQUE_LEN} unique tokens, {NREQ} requests at concurrency {CONC}, {OSL} output tokens ==",
+        f"{MEM_FRACTION} then {SECOND_MEM_FRACTION}, --max-total-tokens {MAX_TOTAL_TOKENS} each), "
+        f"{PREFIXES} prefixes x {PREFIX_LEN} + {UNIQUE_LEN} unique tokens, {NREQ} requests at concurrency "
+        f"{CONC}, {OSL} output tokens ==",
         "| router | cached share | TTFT p50 ms | TTFT p90 ms | req/s | errors |",
         "|---|---|---|---|---|---|",
     ]
