@@ -37,6 +37,7 @@ import heapq
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dynamo_worker.protocol import (
     AllBlocksCleared,
@@ -310,10 +311,13 @@ class KvIndex:
 
     # --- queries ----------------------------------------------------------------------------
 
-    def overlaps(self, block_hashes: Sequence[int], targets: Iterable[Target]) -> dict[Target, int]:
-        """For each target, how many leading blocks of ``block_hashes`` it holds (or is predicted to)."""
-        result = {t: 0 for t in targets}
-        alive = set(result)
+    def overlaps(self, block_hashes: Sequence[int], targets: Iterable[Target | str]) -> dict[Any, int]:
+        """For each target, how many leading blocks of ``block_hashes`` it holds (or is predicted to).
+        A target is ``(worker, dp_rank)``; a bare worker id stands for its rank 0 (and keys the result
+        as given)."""
+        given = {t: (t, 0) if isinstance(t, str) else t for t in targets}
+        counts = {t: 0 for t in given.values()}
+        alive = set(counts)
         for h in block_hashes:
             holders = self._holders.get(h)
             if not holders:
@@ -322,5 +326,5 @@ class KvIndex:
             if not alive:
                 break
             for t in alive:
-                result[t] += 1
-        return result
+                counts[t] += 1
+        return {g: counts[t] for g, t in given.items()}
