@@ -97,6 +97,13 @@ class Fleet:
         self.procs.clear()
         self.nats.stop()
 
+    def retire(self, procs: list[Proc]) -> None:
+        """Stop these processes now (the rest of the fleet keeps running)."""
+        for proc in procs:
+            proc.stop()
+            if proc in self.procs:
+                self.procs.remove(proc)
+
     def _spawn(self, name: str, args: list[str], ports: dict[str, int]) -> Proc:
         log_path = self.workdir / f"{name}.log"
         env = {**os.environ, "DYN_LOG_LEVEL": os.environ.get("BENCH_CHILD_LOG_LEVEL", "WARNING")}

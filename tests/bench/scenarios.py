@@ -8,9 +8,10 @@ generator); processes from ``tests.bench.fleet`` (free ports on 127.0.0.1, all s
 1. frontend: closed loop at fixed concurrency, through the frontend (OpenAI completions, SSE,
    tokenize/detokenize, routing) vs straight to the same mocker's request plane (the prompt tokenized
    by the same tokenizer; different words per side, so neither finds the other's prompts cached).
-2. router: kv (default overlap weight, and a tuned one) vs round-robin frontends on one fleet of
-   mocker workers whose KV cache holds about a third of the system prompts, on the shared-prefix
-   multi-turn workload (different system prompts per side): cache hit rate and TTFT.
+2. router: kv with its defaults vs round-robin, each on a fresh fleet of 4 mockers x 160 KV blocks of
+   64 tokens, on three workloads: "prefix64" (64 shared prefixes, cache pressure), "few-prefix" (4
+   prefixes, no pressure) and a Mooncake-style multi-turn conversation trace: cached share of prompt
+   tokens, TTFT p50/p90, req/s and their ratios.
 3. disagg: 1 prefill + 1 decode mocker vs 2 aggregated mockers, same workload and timing model.
 4. operator: K = 1, 10, 100 DGDs applied to the local control plane (``tests/bench/bench_operator.py``,
    owned by the operator work): time to children created and to Ready, the operator's CPU and RSS.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import signal
 import subprocess
@@ -36,17 +38,18 @@ from pathlib import Path
 
 import orjson
 from dynamo_worker.bench.client import OpenAITarget, RequestPlaneTarget, Target, make_session
-from dynamo_worker.bench.runner import IteratorWorkload, SharedPrefixWorkload, Workload, run_load
+from dynamo_worker.bench.runner import IteratorWorkload, Workload, run_load
 from dynamo_worker.bench.stats import Report, format_comparison, summarize
-from dynamo_worker.bench.workload import LengthDist, random_requests, shared_prefix_turns
+from dynamo_worker.bench.workload import (
+    LengthDist,
+    RequestSpec,
+    conversation_trace,
+    prefix_pool_requests,
+    random_requests,
+)
 
 from tests.bench.fleet import MODEL, Fleet
 
-ROUTER_SPEEDUP = 2.0  # slow enough that prefill of uncached tokens shows in TTFT
-# Per worker: room for about a third of the system prompts (~95 blocks each) plus the running batch, so
-# a router that sends every prefix everywhere (round-robin) evicts what a prefix-aware one keeps.
-ROUTER_KV_BLOCKS = 768
-TUNED_WEIGHT = 4.0  # kv router: overlap weight that favours cache hits over load spreading
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
 SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane")
 REPO = Path(__file__).resolve().parents[2]
@@ -150,52 +153,105 @@ def _added(through: Report, direct: Report) -> str:
     return "  added by the frontend: " + ", ".join(parts)
 
 
-def scenario_router(workdir: Path, scale: float) -> dict[str, Report]:
-    """kv (default overlap weight, and a tuned one) vs round-robin on one fleet: 3 mockers, one frontend
-    per router mode, each side with its own system prompts."""
-    prefixes, users, turns = 12, max(2, int(4 * scale)), 3
-    print(
-        f"\n== 2. router quality: shared prefix ({prefixes} system prompts of 512 words x {users} users x "
-        f"{turns} turns), 3 mockers of {ROUTER_KV_BLOCKS} KV blocks at speedup {ROUTER_SPEEDUP:g}, "
-        "concurrency 8 ==",
-        flush=True,
+ROUTER_WORKERS, ROUTER_PAGE, ROUTER_BLOCKS = 4, 64, 160  # the "prefix64" fleet of issue 20
+ROUTER_CONCURRENCY, ROUTER_OUT = 8, 16
+ROUTER_SPEEDUP = 0.5  # slower than the default timing, so the simulated work outweighs CPU noise
+
+
+def _router_workloads(scale: float) -> dict[str, tuple[str, Callable[[], list[RequestSpec]]]]:
+    n = max(64, int(640 * scale))
+    return {
+        "prefix64": (
+            f"{n} requests, each one of 64 shared prefixes of 448 tokens (7 blocks) + 8 unique tokens "
+            "(cache pressure: all prefixes fit in the fleet, not in one worker; ideal cached share ~0.88)",
+            lambda: prefix_pool_requests(
+                random.Random(64), num_prefixes=64, prefix_tokens=448, suffix_tokens=8,
+                num_requests=n, max_tokens=ROUTER_OUT,
+            ),
+        ),
+        "few-prefix": (
+            f"{n} requests, each one of 4 shared prefixes of 448 tokens + 8 unique tokens (no cache "
+            "pressure: every worker can hold them all)",
+            lambda: prefix_pool_requests(
+                random.Random(4), num_prefixes=4, prefix_tokens=448, suffix_tokens=8,
+                num_requests=n, max_tokens=ROUTER_OUT,
+            ),
+        ),
+        "multi-turn": (
+            f"Mooncake-style trace: {max(16, int(64 * scale))} conversations x 4 turns on 4 system prompts "
+            "of 512 tokens; each turn adds 64 tokens standing in for the answer and 96 of user message",
+            lambda: conversation_trace(
+                random.Random(7), conversations=max(16, int(64 * scale)), turns=4, system_prompts=4,
+                system_tokens=512, user_tokens=96, answer_tokens=64, max_tokens=ROUTER_OUT,
+            ),
+        ),
+    }  # fmt: skip
+
+
+def _ratio_line(name: str, kv: Report, rr: Report) -> str:
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}x" if a is not None and b else "-"
+
+    def ms(d, q: str) -> float | None:
+        return getattr(d, q) if d is not None else None
+
+    p50 = ratio(ms(kv.ttft_ms, "p50"), ms(rr.ttft_ms, "p50"))
+    p90 = ratio(ms(kv.ttft_ms, "p90"), ms(rr.ttft_ms, "p90"))
+    return (
+        f"  {name}: cached share kv {kv.cache_hit_rate or 0:.3f} vs rr {rr.cache_hit_rate or 0:.3f} "
+        f"({ratio(kv.cache_hit_rate, rr.cache_hit_rate)}); TTFT p50 {p50}, p90 {p90}; "
+        f"req/s {ratio(kv.requests_per_s, rr.requests_per_s)}"
     )
 
-    def plan(seed: int) -> Callable[[], Workload]:
-        return lambda: SharedPrefixWorkload(
-            shared_prefix_turns(
-                random.Random(seed),
-                num_prefixes=prefixes,
-                users_per_prefix=users,
-                turns=turns,
-                prefix_words=512,
-                input_len=LengthDist.parse("uniform:32,96"),
-                output_len=LengthDist.parse("fixed:32"),
-            ),
-            seed,
-        )
 
+def scenario_router(workdir: Path, scale: float) -> dict[str, Report]:
+    """kv (defaults) vs round-robin on three shared-prefix workloads; each side gets its own fresh
+    fleet of mockers (empty caches), started on one nats-server. ``BENCH_KV_ARGS`` (e.g.
+    "--kv-overlap-weight 2") adds flags to the kv frontend, to compare settings;
+    ``BENCH_ROUTER_WORKLOADS`` (e.g. "prefix64,few-prefix") runs only those workloads."""
+    print(
+        f"\n== 2. router quality: kv (defaults) vs round-robin, {ROUTER_WORKERS} mockers x "
+        f"{ROUTER_BLOCKS} KV blocks of {ROUTER_PAGE} tokens, closed loop at concurrency "
+        f"{ROUTER_CONCURRENCY}, {ROUTER_OUT} output tokens, mocker speedup {ROUTER_SPEEDUP:g}, completions "
+        "API with token-id prompts ==",
+        flush=True,
+    )
+    reports: dict[str, Report] = {}
+    summary: list[str] = []
     with Fleet(workdir / "router") as fleet:
-        ns = _namespace("rt")
-        for _ in range(3):
-            fleet.mocker(ns, "null", "--num-kv-blocks", str(ROUTER_KV_BLOCKS), speedup=ROUTER_SPEEDUP)
-        sides = {
-            "kv": fleet.frontend(ns, "kv"),
-            f"kv w={TUNED_WEIGHT:g}": fleet.frontend(ns, "kv", "--kv-overlap-weight", str(TUNED_WEIGHT)),
-            "round-robin": fleet.frontend(ns, "round-robin"),
-        }
-        for fe in sides.values():
-            fleet.wait_workers(fe, {"agg": 3})
-        total = prefixes * users * turns
-        reports = {
-            name: measure(
-                _openai(fe.ports["http"], "chat"), plan(11 * (i + 1)), concurrency=8, num_requests=total,
-                duration_s=90, warmup=8,
-            )
-            for i, (name, fe) in enumerate(sides.items())
-        }  # fmt: skip
-    for name in list(sides)[:2]:
-        print(format_comparison(name, reports[name], "round-robin", reports["round-robin"]), flush=True)
+        chosen = os.environ.get("BENCH_ROUTER_WORKLOADS", "")
+        for name, (describe, make) in _router_workloads(scale).items():
+            if chosen and name not in chosen.split(","):
+                continue
+            print(f"\n-- {name}: {describe}", flush=True)
+            specs = make()
+            for side in ("kv", "round-robin"):
+                ns = _namespace(f"rt-{name}")
+                workers = [
+                    fleet.mocker(
+                        ns, "null", "--page-size", str(ROUTER_PAGE), "--num-kv-blocks", str(ROUTER_BLOCKS),
+                        speedup=ROUTER_SPEEDUP,
+                    )
+                    for _ in range(ROUTER_WORKERS)
+                ]  # fmt: skip
+                extra = os.environ.get("BENCH_KV_ARGS", "").split() if side == "kv" else []
+                fe = fleet.frontend(ns, side, *extra)
+                fleet.wait_workers(fe, {"agg": ROUTER_WORKERS})
+                reports[f"{name}/{side}"] = measure(
+                    _openai(fe.ports["http"]),
+                    lambda specs=specs: IteratorWorkload(iter(specs)),
+                    concurrency=ROUTER_CONCURRENCY,
+                    num_requests=len(specs),
+                    duration_s=180,
+                )
+                fleet.retire([*workers, fe])
+            kv, rr = reports[f"{name}/kv"], reports[f"{name}/round-robin"]
+            print(format_comparison("kv", kv, "round-robin", rr), flush=True)
+            for side, report in (("kv", kv), ("round-robin", rr)):
+                for error, message in report.error_examples.items():
+                    print(f"  {side} error {error}: {message}", flush=True)
+            summary.append(_ratio_line(name, kv, rr))
+    print("\nrouter summary (kv defaults / round-robin):\n" + "\n".join(summary), flush=True)
     return reports
 
 

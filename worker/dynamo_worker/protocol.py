@@ -160,6 +160,26 @@ class KvEventBatch(_Wire):
     dp_rank: Annotated[int, Field(ge=0)] = 0
 
 
+class KvSnapshotRequest(_Wire):
+    """Asks one worker for the blocks it holds (``kv_snapshot_subject``); sent with a reply inbox."""
+
+    requester: str = ""  # for the worker's log only
+
+
+class KvSnapshotPart(_Wire):
+    """One part of a worker's answer to ``KvSnapshotRequest``: the blocks it has published as stored
+    and not removed, as ``BlockStored`` events (parents before children) per dp rank. ``next_seq`` is
+    the ``seq`` of the first event batch *not* included: batches below it are already in the snapshot.
+    Large snapshots come in several parts, numbered ``part`` = 0, 1, ... and the last with ``last``."""
+
+    instance_id: str
+    next_seq: Annotated[int, Field(ge=0)]
+    part: Annotated[int, Field(ge=0)] = 0
+    last: bool = True
+    dp_rank: Annotated[int, Field(ge=0)] = 0
+    events: list[BlockStored] = Field(default_factory=list)
+
+
 class LoadMetrics(_Wire):
     instance_id: str
     active_blocks: Annotated[int, Field(ge=0)]
@@ -174,6 +194,10 @@ def kv_events_subject(namespace: str) -> str:
 
 def load_subject(namespace: str) -> str:
     return f"dynamo.{namespace}.load"
+
+
+def kv_snapshot_subject(namespace: str, instance_id: str) -> str:
+    return f"dynamo.{namespace}.kv_snapshot.{instance_id}"
 
 
 # --- block hashing ------------------------------------------------------------------------------

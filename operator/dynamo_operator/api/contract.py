@@ -45,6 +45,12 @@ REQUEST_PORT: Final = 9100
 NATS_PORT: Final = 4222
 DIST_INIT_PORT: Final = 29500
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
+# SGLang's KV events publisher (ZMQ), wired by the operator when the graph's frontend routes on KV.
+# A data-parallel engine binds one port per rank: KV_EVENTS_PORT + rank.
+KV_EVENTS_PORT: Final = 5557
+KV_EVENTS_PORT_NAME: Final = "kv-events"  # rank r > 0: "kv-events-dp<r>"
+KV_EVENTS_FLAG: Final = "--kv-events-config"
+ROUTER_MODE_FLAG: Final = "--router-mode"
 
 # --- HTTP paths of the system server ------------------------------------------------------------
 LIVE_PATH: Final = "/live"

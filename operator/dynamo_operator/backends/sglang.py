@@ -17,6 +17,13 @@ references in command and args from the container's env (``DYN_NODE_RANK`` comes
 label through the downward API), before any shell runs, so one spelling serves both forms and needs
 no shell. Non-leader pods get no probes (they serve nothing; the leader speaks for the group).
 
+KV events: when the graph's frontend routes on KV cache (``--router-mode kv``), every SGLang worker
+needs a KV events publisher of its own, or the router sees none of its cache. ``wire_kv_events`` adds
+``--kv-events-config {"publisher":"zmq","endpoint":"tcp://*:5557"}`` unless the manifest sets the flag,
+and declares the publisher's port(s) as container ports ``kv-events`` (``kv-events-dp<r>`` for rank r
+of a data-parallel engine, which binds port + r), so that anything that remaps a pod's ports (e.g.
+dynamo-run on one host) knows them. A manifest whose own config publishes nothing gets a warning.
+
 Compatibility: a manifest written for NVIDIA Dynamo (``-m dynamo.sglang``) keeps its module unless the
 graph (or service) carries the annotation ``nvidia.com/dynamo-worker-module`` naming ours
 (``dynamo_worker.sglang``, or ``dynamo_worker.mocker`` to simulate the engine); the same annotation
@@ -26,6 +33,7 @@ swaps ``dynamo.frontend`` for ``dynamo_worker.frontend``.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shlex
 from typing import Any
@@ -43,7 +51,10 @@ __all__ = [
     "append_flags",
     "ensure_flag",
     "for_group_member",
+    "kv_events_config",
+    "kv_events_port_name",
     "swap_module",
+    "wire_kv_events",
 ]
 
 _MODULE_RE = re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(m) for m in SGLANG_MODULES) + r")(?:\.[\w.]+)?")
@@ -170,3 +181,56 @@ def for_group_member(
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
             out.pop(probe, None)
     return out
+
+
+def kv_events_config(port: int = contract.KV_EVENTS_PORT) -> str:
+    """The ``--kv-events-config`` value the operator sets: a ZMQ publisher on all interfaces."""
+    return json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}"}, separators=(",", ":"))
+
+
+def kv_events_port_name(rank: int) -> str:
+    return contract.KV_EVENTS_PORT_NAME if rank == 0 else f"{contract.KV_EVENTS_PORT_NAME}-dp{rank}"
+
+
+def _publisher_port(config: str) -> tuple[bool, int | None, str | None]:
+    """(publishes, tcp port, why not) of a ``--kv-events-config`` value."""
+    try:
+        parsed = json.loads(config)
+    except json.JSONDecodeError as e:
+        return False, None, f"is not JSON ({e.msg})"
+    if not isinstance(parsed, dict):
+        return False, None, "is not a JSON object"
+    publisher = parsed.get("publisher", "null")
+    if publisher != "zmq":
+        return False, None, f'sets "publisher": {json.dumps(publisher)}, which publishes nothing'
+    endpoint = str(parsed.get("endpoint") or f"tcp://*:{contract.KV_EVENTS_PORT}")
+    if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1].isdigit():
+        return True, int(endpoint.rsplit(":", 1)[-1]), None
+    return True, None, None
+
+
+def wire_kv_events(container: dict[str, Any], dp_size: int) -> tuple[dict[str, Any], str | None]:
+    """The container of an SGLang worker whose frontend routes on KV: with a KV events publisher of
+    its own and its port(s) declared. Also, when the manifest's own ``--kv-events-config`` publishes
+    nothing, why (for a warning)."""
+    given = flag_value(argv(container), contract.KV_EVENTS_FLAG)
+    if given is None:
+        out = append_flags(container, [contract.KV_EVENTS_FLAG, kv_events_config()])
+        port: int | None = contract.KV_EVENTS_PORT
+        problem = None
+    else:
+        out = container
+        publishes, port, problem = _publisher_port(given)
+        if publishes:
+            problem = None
+    if port is None:
+        return out, problem
+    out = copy.deepcopy(out) if out is container else out
+    ports = out.setdefault("ports", [])
+    taken = {p.get("name") for p in ports} | {p.get("containerPort") for p in ports}
+    for rank in range(max(dp_size, 1)):
+        name = kv_events_port_name(rank)
+        if name in taken or port + rank in taken:
+            continue
+        ports.append({"name": name, "containerPort": port + rank, "protocol": "TCP"})
+    return out, problem

@@ -7,9 +7,9 @@ from typing import Any
 
 from dynamo_operator.api import contract
 from dynamo_operator.api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
-from dynamo_operator.api.components import Component
+from dynamo_operator.api.components import Component, components
 from dynamo_operator.api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
-from dynamo_operator.api.sglang_args import argv
+from dynamo_operator.api.sglang_args import argv, flag_value
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels
@@ -25,6 +25,7 @@ __all__ = [
     "object_meta",
     "pod_spec",
     "rdma_settings",
+    "routes_on_kv",
     "template",
 ]
 
@@ -241,7 +242,37 @@ def main_container(
                     warning=True,
                 )
             )
+    if c.kind == "worker" and routes_on_kv(dgd):
+        container, problem = sglang.wire_kv_events(container, c.args.dp or 1)
+        if problem is not None:
+            notices.append(
+                Notice(
+                    "NoKvEvents",
+                    f"Service {c.name!r} sets {contract.KV_EVENTS_FLAG} that {problem}, while the graph's "
+                    f"frontend routes on KV cache ({contract.ROUTER_MODE_FLAG} kv): the router cannot see "
+                    f"this worker's cache. Remove the flag (the operator then wires a publisher) or set "
+                    f'"publisher": "zmq".',
+                    c.name,
+                    warning=True,
+                )
+            )
     return container, notices
+
+
+def routes_on_kv(dgd: DynamoGraphDeployment) -> bool:
+    """Whether a frontend of the graph routes on KV cache (``--router-mode kv``, or the env var)."""
+    for c in components(dgd):
+        if c.kind != "frontend":
+            continue
+        mode = flag_value(argv(c.command_view), contract.ROUTER_MODE_FLAG)
+        if mode is None:
+            envs = {e.name: e.value for e in [*dgd.spec.envs, *c.spec.envs]}
+            for item in c.user_container.get("env") or []:
+                envs[item.get("name")] = item.get("value")
+            mode = envs.get(contract.ENV_ROUTER_MODE)
+        if mode == "kv":
+            return True
+    return False
 
 
 def _foreign_module(c: Component, container: dict[str, Any]) -> list[Notice]:

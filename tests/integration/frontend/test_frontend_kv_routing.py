@@ -59,7 +59,7 @@ async def run(fe, prompts: list[str], pre: Preprocessor, wait_indexed: bool) -> 
             if wait_indexed:  # let the KV events of this request reach the router before the next one
                 hashes = hash_token_blocks(pre.encode_prompt(prompt), PAGE)
                 deadline = time.monotonic() + 10
-                while max(fe.router.index.overlaps(hashes, fe.router.index.workers()).values()) < len(hashes):
+                while max(fe.router.index.overlaps(hashes, fe.router.index.targets()).values()) < len(hashes):
                     assert time.monotonic() < deadline, "KV events never reached the router"
                     await asyncio.sleep(0.01)
     return cached / total, per_request

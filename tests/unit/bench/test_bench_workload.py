@@ -12,8 +12,10 @@ from dynamo_worker.bench.workload import (
     WORDS,
     LengthDist,
     conversation_messages,
+    conversation_trace,
     iter_poisson_arrivals,
     poisson_arrivals,
+    prefix_pool_requests,
     random_prompt,
     random_requests,
     shared_prefix_turns,
@@ -119,3 +121,39 @@ def test_conversation_grows_by_the_previous_turn_and_its_answer():
         {"role": "assistant", "content": "hi there"},
         {"role": "user", "content": "more"},
     )
+
+
+def test_prefix_pool_requests_share_prefixes_and_end_with_their_own_ids():
+    specs = prefix_pool_requests(
+        random.Random(1), num_prefixes=3, prefix_tokens=10, suffix_tokens=2, num_requests=30, max_tokens=4
+    )
+    assert len(specs) == 30 and all(len(s.prompt_ids) == 12 and s.max_tokens == 4 for s in specs)
+    assert len({s.prompt_ids[:10] for s in specs}) == 3
+    assert len({s.prompt_ids for s in specs}) == 30
+    again = prefix_pool_requests(
+        random.Random(1), num_prefixes=3, prefix_tokens=10, suffix_tokens=2, num_requests=30, max_tokens=4
+    )
+    assert again == specs
+
+
+def test_conversation_trace_turns_extend_the_previous_turn_of_their_conversation():
+    specs = conversation_trace(
+        random.Random(2),
+        conversations=4,
+        turns=3,
+        system_prompts=2,
+        system_tokens=8,
+        user_tokens=3,
+        answer_tokens=2,
+        max_tokens=5,
+    )
+    assert len(specs) == 12
+    assert [s.turn for s in specs] == [0] * 4 + [1] * 4 + [2] * 4  # every conversation speaks, then again
+    by_conversation: dict[int, list] = {}
+    for s in specs:
+        by_conversation.setdefault(s.user, []).append(s.prompt_ids)
+    for turns in by_conversation.values():
+        assert [len(t) for t in turns] == [11, 16, 21]
+        assert all(later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(turns))
+    systems = {turns[0][:8] for turns in by_conversation.values()}
+    assert len(systems) == 2

@@ -17,7 +17,7 @@ def test_defaults():
         "0.0.0.0",
         8000,
         "round-robin",
-        1.0,
+        1.5,
     )
 
 

@@ -108,11 +108,15 @@ def test_the_frontend_runs_the_manifests_command_on_the_port_asked_for():
 def test_a_prefill_replica_runs_the_mocker_with_the_rendered_args_and_its_own_ports():
     prefill0 = plan().processes[2]
     bootstrap = prefill0.ports[12345]
+    # the frontend routes on KV, so the operator gave the worker a KV events publisher (port kv-events)
+    kv_port = prefill0.ports[c.KV_EVENTS_PORT]
+    kv_events = f'{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}"}}'
     assert prefill0.argv == (
         "python3", "-m", c.MOCKER_MODULE, "--model-path", "Qwen/Qwen3-0.6B", "--served-model-name",
         "Qwen/Qwen3-0.6B", "--page-size", "16", "--tp", "1", "--skip-tokenizer-init",
         "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl",
-        "--disaggregation-bootstrap-port", str(bootstrap), "--host", "127.0.0.1", "--model-dir", "/tiny",
+        "--disaggregation-bootstrap-port", str(bootstrap), "--host", "127.0.0.1",
+        "--kv-events-config", kv_events, "--model-dir", "/tiny",
     )  # fmt: skip
     assert prefill0.health_url == f"http://127.0.0.1:{prefill0.ports[c.SYSTEM_PORT]}/health"
     assert prefill0.gpus == ()

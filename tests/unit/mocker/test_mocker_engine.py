@@ -18,10 +18,12 @@ from dynamo_worker.tinymodel import ensure_tiny_model
 class Recorder:
     def __init__(self) -> None:
         self.events: list[KvEvent] = []
+        self.ranks: list[int] = []  # the dp rank of each event
         self.loads: list[LoadSnapshot] = []
 
-    def kv_events(self, events: Sequence[KvEvent]) -> None:
+    def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         self.events.extend(events)
+        self.ranks.extend(dp_rank for _ in events)
 
     def load(self, snapshot: LoadSnapshot) -> None:
         self.loads.append(snapshot)
@@ -173,3 +175,27 @@ async def test_max_tokens_is_capped_by_the_context_length(make_engine):
     engine, _ = await make_engine(context_length=24)
     chunks = await collect(engine, req("a", list(range(3, 23)), 100))
     assert len(tokens_of(chunks)) == 4 and chunks[-1].finish_reason == "length"
+
+
+async def test_dp_ranks_have_their_own_cache_and_events(make_engine):
+    """--dp-size 2: a request goes to its data_parallel_rank (or the ranks in turn), finds only that
+    rank's cache, and the rank's KV events carry its number."""
+    engine, rec = await make_engine(dp_size=2, num_kv_blocks=64)
+    prompt = list(range(10, 30))
+    routed = lambda rid, rank: req(rid, prompt, 2).model_copy(update={"data_parallel_rank": rank})  # noqa: E731
+    first = await collect(engine, routed("a", 1))
+    assert first[-1].usage.cached_tokens == 0
+    assert set(rec.ranks) == {1}
+    again = await collect(engine, routed("b", 1))
+    assert again[-1].usage.cached_tokens == 19  # all 5 blocks; the last token is always recomputed
+    other = await collect(engine, routed("c", 0))
+    assert other[-1].usage.cached_tokens == 0  # rank 0 has its own, empty cache
+    assert set(rec.ranks) == {0, 1}
+    assert engine.kvs[0].cached_blocks > 0 and engine.kvs[1].cached_blocks > 0
+    # requests naming no rank alternate between the ranks
+    unnamed = [
+        await collect(engine, req(f"u{i}", list(range(100 + 40 * i, 120 + 40 * i)), 2)) for i in range(2)
+    ]
+    assert all(c[-1].finish_reason == "length" for c in unnamed)
+    bad = await collect(engine, routed("d", 2))
+    assert bad[-1].error is not None and "dp_size=2" in bad[-1].error.message

@@ -13,10 +13,13 @@ from dynamo_worker.protocol import (
     InstanceRecord,
     KvEvent,
     KvEventBatch,
+    KvSnapshotPart,
+    KvSnapshotRequest,
     SamplingOptions,
     StopConditions,
     WorkerError,
     hash_token_blocks,
+    kv_snapshot_subject,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,3 +147,24 @@ def test_hashing_in_pieces_with_parent_equals_hashing_at_once(tokens, page, spli
     tail = hash_token_blocks(tokens[cut:], page, head[-1] if head else None)
     assert head + tail == whole
     assert len(whole) == len(tokens) // page
+
+
+def test_kv_event_batches_name_their_dp_rank_and_older_ones_mean_rank_zero():
+    old = KvEventBatch.model_validate_json(b'{"instance_id": "a", "seq": 3, "events": []}')
+    assert old.dp_rank == 0
+    batch = KvEventBatch(instance_id="a", seq=4, events=[], dp_rank=1)
+    assert KvEventBatch.model_validate_json(batch.model_dump_json()) == batch
+
+
+def test_kv_snapshot_parts_round_trip():
+    part = KvSnapshotPart(
+        instance_id="a",
+        next_seq=7,
+        part=1,
+        last=True,
+        dp_rank=1,
+        events=[BlockStored(parent_hash=None, block_hashes=[1], token_ids=[1, 2, 3, 4])],
+    )
+    assert KvSnapshotPart.model_validate_json(part.model_dump_json()) == part
+    assert KvSnapshotRequest.model_validate_json(b"{}").requester == ""
+    assert kv_snapshot_subject("ns", "a") == "dynamo.ns.kv_snapshot.a"

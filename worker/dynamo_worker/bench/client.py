@@ -91,6 +91,8 @@ class OpenAITarget:
             body["ignore_eos"] = True
         if self.api == "chat":
             body["messages"] = list(spec.messages)
+        elif spec.prompt_ids is not None:
+            body["prompt"] = list(spec.prompt_ids)
         else:
             body["prompt"] = spec.prompt
         return body

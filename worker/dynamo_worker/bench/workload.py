@@ -13,6 +13,12 @@ workload is reproducible from its seed.
   ``t + 1`` is its conversation so far (system prompt, earlier turns and the answers received) plus a
   new user message, built by ``conversation_messages``. Requests of users that share a system prompt
   share a prefix, which is what a KV-aware router exploits.
+- ``prefix_pool_requests``: token-id prompts, each one of ``num_prefixes`` shared prefixes plus a
+  unique suffix, in random order (the "prefix64" workload of the router benchmark).
+- ``conversation_trace``: a Mooncake-style multi-turn trace in token ids: conversations that share a
+  few system prompts, each turn's prompt being the previous turn's plus a stand-in for the answer and
+  a new user message, so consecutive turns share a growing prefix.
+Token-id workloads go through the completions API (``prompt`` as a list of ids) and need no tokenizer.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ __all__ = [
     "RequestSpec",
     "Turn",
     "conversation_messages",
+    "conversation_trace",
     "iter_poisson_arrivals",
     "poisson_arrivals",
+    "prefix_pool_requests",
     "random_prompt",
     "random_requests",
     "shared_prefix_turns",
@@ -118,6 +126,7 @@ class RequestSpec:
     input_words: int
     user: int = -1
     turn: int = -1
+    prompt_ids: tuple[int, ...] | None = None  # token ids: sent as the completions prompt instead
 
     @property
     def prompt(self) -> str:
@@ -219,3 +228,66 @@ def conversation_messages(
         msgs.append({"role": "assistant", "content": answer})
     msgs.append({"role": "user", "content": message})
     return tuple(msgs)
+
+
+def _tokens(rng: random.Random, n: int, vocab: tuple[int, int]) -> list[int]:
+    return [rng.randrange(vocab[0], vocab[1]) for _ in range(n)]
+
+
+def prefix_pool_requests(
+    rng: random.Random,
+    *,
+    num_prefixes: int,
+    prefix_tokens: int,
+    suffix_tokens: int,
+    num_requests: int,
+    max_tokens: int,
+    vocab: tuple[int, int] = (16, 800),
+) -> list[RequestSpec]:
+    """``num_requests`` prompts, each a uniformly drawn one of ``num_prefixes`` random prefixes of
+    ``prefix_tokens`` token ids followed by ``suffix_tokens`` random ids of its own."""
+    if min(num_prefixes, prefix_tokens, num_requests) < 1 or suffix_tokens < 0:
+        raise ValueError("num_prefixes, prefix_tokens and num_requests must be >= 1, suffix_tokens >= 0")
+    prefixes = [_tokens(rng, prefix_tokens, vocab) for _ in range(num_prefixes)]
+    out = []
+    for i in range(num_requests):
+        ids = (*rng.choice(prefixes), *_tokens(rng, suffix_tokens, vocab))
+        out.append(RequestSpec(i, ({"role": "user", "content": ""},), max_tokens, len(ids), prompt_ids=ids))
+    return out
+
+
+def conversation_trace(
+    rng: random.Random,
+    *,
+    conversations: int,
+    turns: int,
+    system_prompts: int,
+    system_tokens: int,
+    user_tokens: int,
+    answer_tokens: int,
+    max_tokens: int,
+    vocab: tuple[int, int] = (16, 800),
+) -> list[RequestSpec]:
+    """A Mooncake-style multi-turn trace: ``conversations`` chats, each on one of ``system_prompts``
+    shared system prompts, ``turns`` turns each. Turn t's prompt is turn t-1's, plus ``answer_tokens``
+    standing in for its answer, plus ``user_tokens`` of new message. Order: turn 0 of every
+    conversation (shuffled), then turn 1, ... so a conversation comes back after the others spoke."""
+    if min(conversations, turns, system_prompts, system_tokens) < 1:
+        raise ValueError("conversations, turns, system_prompts and system_tokens must be >= 1")
+    systems = [_tokens(rng, system_tokens, vocab) for _ in range(system_prompts)]
+    history = [list(systems[c % system_prompts]) for c in range(conversations)]
+    out: list[RequestSpec] = []
+    order = list(range(conversations))
+    for t in range(turns):
+        rng.shuffle(order)
+        for c in order:
+            if t > 0:
+                history[c] += _tokens(rng, answer_tokens, vocab)
+            history[c] += _tokens(rng, user_tokens, vocab)
+            ids = tuple(history[c])
+            out.append(
+                RequestSpec(
+                    len(out), ({"role": "user", "content": ""},), max_tokens, len(ids), c, t, prompt_ids=ids
+                )
+            )
+    return out

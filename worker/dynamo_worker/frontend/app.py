@@ -1,7 +1,8 @@
 """The frontend process: NATS, discovery, model cards, router feed and the HTTP server, wired together.
 
 ``Frontend.start`` connects to NATS, loads the current instances from discovery, subscribes the router
-to KV events and load metrics, and listens for HTTP; ``/health`` turns 200 once a model is served.
+to KV events and load metrics (asking each worker for a snapshot of the KV blocks it already holds),
+and listens for HTTP; ``/health`` turns 200 once a model is served.
 ``Frontend.stop`` stops taking requests, gives in-flight ones ``drain_s`` to finish, and closes
 everything. ``run_frontend`` does both around SIGTERM/SIGINT.
 """
@@ -17,7 +18,6 @@ from pathlib import Path
 
 from aiohttp import web
 from nats.aio.client import Client as NATS
-from nats.aio.subscription import Subscription
 
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.metrics import FrontendMetrics
@@ -29,7 +29,8 @@ from dynamo_worker.frontend.server import OpenAIServer
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router
-from dynamo_worker.router.feed import feed_router
+from dynamo_worker.router.feed import KvFeed, feed_router
+from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
@@ -46,7 +47,16 @@ class Frontend:
     def __init__(self, settings: FrontendSettings) -> None:
         self.settings = settings
         self.nc: NATS | None = None
-        self.router = Router(settings.router_mode, settings.kv_overlap_weight)
+        self.router = Router(
+            settings.router_mode,
+            weights=KvWeights(
+                overlap_weight=settings.kv_overlap_weight,
+                decode_weight=settings.kv_decode_weight,
+                balance_abs_threshold=settings.kv_balance_abs_threshold,
+                balance_rel_threshold=settings.kv_balance_rel_threshold,
+            ),
+            predict_ttl_s=settings.kv_predict_ttl_s,
+        )
         self.client = RequestClient(
             connect_timeout=settings.connect_timeout_s,
             first_chunk_timeout=settings.first_token_timeout_s,
@@ -56,7 +66,7 @@ class Frontend:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._watcher: InstanceWatcher | None = None
         self._rewatch: asyncio.Task[None] | None = None
-        self._subs: list[Subscription] = []
+        self.kv_feed: KvFeed | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.registry: ModelRegistry | None = None
@@ -98,7 +108,9 @@ class Frontend:
             self.router, self._load_card, s.namespace, s.model_load_timeout_s, on_change=self._count_workers
         )
         if s.router_mode == "kv":
-            self._subs = await feed_router(self.nc, s.namespace, self.router)
+            self.kv_feed = await feed_router(
+                self.nc, s.namespace, self.router, snapshot_timeout_s=s.kv_snapshot_timeout_s
+            )
         self._watcher = await InstanceWatcher(self.nc, s.namespace).start()
         self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
         self._tasks.append(self.discovery)
@@ -162,10 +174,9 @@ class Frontend:
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        self._subs.clear()
+        if self.kv_feed is not None:
+            await self.kv_feed.close()
+            self.kv_feed = None
         await self.client.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):

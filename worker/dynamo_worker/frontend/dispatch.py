@@ -185,17 +185,25 @@ class Dispatcher:
                 raise unavailable from None  # 503 naming the role with no live worker
             started = False
             chosen = [plan.first] + ([plan.decode] if plan.decode else [])
-            for c in chosen:
-                self.router.started(c.worker.instance_id, c.prompt_blocks)
+            flights = [self.router.started(c) for c in chosen]
             try:
                 stream = (
-                    self._agg(plan.first.worker, request)
+                    self._agg(plan.first.worker, _on_rank(request, plan.first))
                     if plan.decode is None
-                    else self._disagg(plan.first.worker, plan.decode.worker, request)
+                    else self._disagg(
+                        plan.first.worker,
+                        plan.decode.worker,
+                        request,
+                        prefill_rank=plan.first.dp_rank,
+                        decode_rank=plan.decode.dp_rank,
+                    )
                 )
                 async with contextlib.aclosing(stream) as chunks:
                     async for chunk in chunks:
-                        started = True
+                        if not started:
+                            started = True
+                            for flight in flights:
+                                flight.first_token()
                         yield chunk
                 return
             except _Retryable as e:
@@ -207,8 +215,8 @@ class Dispatcher:
                     "Retrying on another worker failed_worker=%s reason=%s", e.instance_id, e.error.message
                 )
             finally:
-                for c in chosen:
-                    self.router.finished(c.worker.instance_id, c.prompt_blocks)
+                for flight in flights:
+                    flight.done()
 
     def _stream(self, worker: InstanceRecord, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         return self.client.generate(worker.address, request, **self._timeouts)
@@ -237,7 +245,13 @@ class Dispatcher:
                 pass
 
     async def _disagg(
-        self, prefill: InstanceRecord, decode: InstanceRecord, request: GenerateRequest
+        self,
+        prefill: InstanceRecord,
+        decode: InstanceRecord,
+        request: GenerateRequest,
+        *,
+        prefill_rank: int | None = None,
+        decode_rank: int | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         if prefill.bootstrap_port is None:
             raise ServiceUnavailable(
@@ -256,9 +270,12 @@ class Dispatcher:
                 "request_id": f"{request.request_id}-prefill",
                 "bootstrap_info": info,
                 "stop": StopConditions(max_tokens=1, ignore_eos=True),
+                "data_parallel_rank": _rank(request, prefill_rank),
             }
         )
-        decode_request = request.model_copy(update={"bootstrap_info": info})
+        decode_request = request.model_copy(
+            update={"bootstrap_info": info, "data_parallel_rank": _rank(request, decode_rank)}
+        )
         log.debug(
             "Dispatching disaggregated request_id=%s prefill=%s decode=%s room=%d",
             request.request_id,
@@ -313,6 +330,18 @@ class Dispatcher:
         if type(e) in _LOST_CODES:
             self.quarantine.add(worker.instance_id, worker.address, role, f"{type(e).__name__}: {e}")
         return _retryable_or_error(e, role, worker, first)
+
+
+def _rank(request: GenerateRequest, routed: int | None) -> int | None:
+    """The dp rank a leg goes to: the client's when it named one, else the router's choice."""
+    return request.data_parallel_rank if request.data_parallel_rank is not None else routed
+
+
+def _on_rank(request: GenerateRequest, choice: Choice) -> GenerateRequest:
+    rank = _rank(request, choice.dp_rank)
+    if rank == request.data_parallel_rank:
+        return request
+    return request.model_copy(update={"data_parallel_rank": rank})
 
 
 def _retryable_or_error(

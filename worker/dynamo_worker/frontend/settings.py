@@ -53,15 +53,49 @@ class FrontendSettings(BaseModel):
         json_schema_extra={"env": contract.ENV_ROUTER_MODE},
     )
     kv_overlap_weight: float = Field(
-        1.0,
+        1.5,
         ge=0.0,
         le=1000.0,
-        description="kv router: cost of one uncached prompt block relative to one block of load "
-        "(cost = weight x uncached blocks + load blocks); 0 routes on load alone.",
+        description="kv router: cost of one prompt block the chosen worker would have to prefill (not in "
+        "its cache) relative to one block of prefill already queued there; 0 routes on load alone. The "
+        "cost model and its defaults are documented in dynamo_worker/router/policy.py.",
         json_schema_extra={
             "env": contract.ENV_KV_OVERLAP_WEIGHT,
             "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight"],  # the second: Dynamo's name
         },
+    )
+    kv_decode_weight: float = Field(
+        0.1,
+        ge=0.0,
+        le=1000.0,
+        description="kv router: cost of one KV block held by a running sequence relative to one block "
+        "of prefill (cost = overlap weight x new blocks + queued prefill blocks + this x running blocks).",
+    )
+    kv_balance_abs_threshold: int = Field(
+        2,
+        ge=0,
+        description="kv router balance guard: when the cheapest worker runs more than this many requests "
+        "more than the idlest ...",
+    )
+    kv_balance_rel_threshold: float = Field(
+        1.5,
+        ge=1.0,
+        description="... and more than this many times as many, the request goes to the idlest worker "
+        "with room for its new blocks (into a full cache only past 4x the absolute threshold).",
+    )
+    kv_predict_ttl_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="kv router: how long a routed prompt's blocks count as cached on the chosen worker "
+        "before its KV events confirm them (covers requests that arrive before those events).",
+    )
+    kv_snapshot_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="kv router: bound on a worker's answer to the snapshot request (the blocks it already "
+        "holds) sent when the frontend first sees it.",
     )
     max_inflight: int = Field(
         1024,

@@ -24,6 +24,11 @@ with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_t
 ``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
 for a decode leg, its prefill's hits).
 Closing the request's iterator (the client went away) frees its blocks at once.
+
+Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
+own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
+to its ``data_parallel_rank``, or to the ranks in turn when it names none. The ranks step together (one
+scheduler), as SGLang's dp-attention ranks do.
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ class _Seq:
     cached_tokens: int | None = None
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    rank: int = 0  # data-parallel rank whose KV cache holds it
 
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -140,7 +146,9 @@ class MockerEngine(Engine):
         self._session: aiohttp.ClientSession | None = None
         self._last_load: LoadSnapshot | None = None
         self.bootstrap: BootstrapServer | None = None
-        self.kv = BlockManager(settings.num_kv_blocks, settings.page_size)
+        self.kvs = [BlockManager(settings.num_kv_blocks, settings.page_size) for _ in range(settings.dp_size)]
+        self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
+        self._next_rank = itertools.count()
         self.timing = settings.timing(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
         self.sampler = TokenSampler.from_vocab_size(settings.vocab_size)
         self.context_length = settings.context_length or DEFAULT_CONTEXT_LENGTH
@@ -184,7 +192,7 @@ class MockerEngine(Engine):
         return EngineInfo(
             model_name=name,
             page_size=s.page_size,
-            total_kv_blocks=s.num_kv_blocks,
+            total_kv_blocks=s.num_kv_blocks * s.dp_size,
             max_running_requests=s.max_running_requests,
             bootstrap_host=self._advertise_host if bootstrap_port else None,
             bootstrap_port=bootstrap_port,
@@ -234,6 +242,9 @@ class MockerEngine(Engine):
             if self.role == "prefill"
             else min(request.stop.max_tokens, self.context_length - len(prompt)),
             digest=prompt_digest(prompt, seed),
+            rank=request.data_parallel_rank
+            if request.data_parallel_rank is not None
+            else next(self._next_rank) % len(self.kvs),
         )
         try:
             if self.role == "decode":
@@ -330,7 +341,7 @@ class MockerEngine(Engine):
                 continue
             prefill_s, computed = self._admit()
             decoding = len(self._running) - computed
-            kv_tokens = sum(self.kv.seq_tokens(s.key) for s in self._running)
+            kv_tokens = sum(self.kvs[s.rank].seq_tokens(s.key) for s in self._running)
             self._publish_load()
             await asyncio.sleep(prefill_s + self.timing.decode_step_s(decoding, kv_tokens))
             for seq in list(self._running):
@@ -348,10 +359,11 @@ class MockerEngine(Engine):
             if seq.finished:
                 self._waiting.popleft()
                 continue
-            new_tokens = 0 if seq.kv_ready else len(seq.tokens) - self.kv.cached_prefix_tokens(seq.tokens)
+            kv = self.kvs[seq.rank]
+            new_tokens = 0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens)
             if admitted and new_tokens > budget:
                 break
-            alloc = self.kv.allocate(seq.key, seq.tokens)
+            alloc = kv.allocate(seq.key, seq.tokens)
             if alloc is None:
                 if not self._running:
                     self._waiting.popleft()
@@ -362,7 +374,7 @@ class MockerEngine(Engine):
                 break
             self._waiting.popleft()
             admitted += 1
-            self._kv_events(alloc.events)
+            self._kv_events(alloc.events, seq.rank)
             if seq.cached_tokens is None:
                 seq.cached_tokens = alloc.cached_tokens
             self._running.append(seq)
@@ -400,11 +412,11 @@ class MockerEngine(Engine):
         if len(seq.generated) >= seq.max_new:
             self._finish(seq, [token], "length")
             return
-        events = self.kv.append(seq.key, token)
+        events = self.kvs[seq.rank].append(seq.key, token)
         if events is None:
             self._preempt(seq)
         else:
-            self._kv_events(events)
+            self._kv_events(events, seq.rank)
         seq.out.put_nowait(GenerateChunk(token_ids=[token]))
 
     def _finish(self, seq: _Seq, tokens: list[int], reason: FinishReason) -> None:
@@ -430,7 +442,7 @@ class MockerEngine(Engine):
         self._waiting.appendleft(seq)
 
     def _release(self, seq: _Seq) -> None:
-        self.kv.free(seq.key)
+        self.kvs[seq.rank].free(seq.key)
         if seq in self._running:
             self._running.remove(seq)
 
@@ -444,14 +456,14 @@ class MockerEngine(Engine):
 
     # --- events ----------------------------------------------------------------------------------
 
-    def _kv_events(self, events: Sequence[KvEvent]) -> None:
+    def _kv_events(self, events: Sequence[KvEvent], rank: int = 0) -> None:
         if events:
-            self._sink.kv_events(events)
+            self._sink.kv_events(events, rank)
 
     def _publish_load(self) -> None:
         snap = LoadSnapshot(
-            active_blocks=self.kv.active_blocks,
-            total_blocks=self.kv.total_blocks,
+            active_blocks=sum(kv.active_blocks for kv in self.kvs),
+            total_blocks=sum(kv.total_blocks for kv in self.kvs),
             waiting=len(self._waiting),
             running=len(self._running),
         )

@@ -48,7 +48,7 @@ class MockerSettings(BaseModel):
     dp_size: int = Field(
         1,
         ge=1,
-        description="Data parallel size (registered).",
+        description="Data parallel ranks, each with its own KV cache of --num-kv-blocks and KV events.",
         json_schema_extra={"flags": ["--dp-size", "--dp"]},
     )
     disaggregation_mode: Literal["null", "prefill", "decode"] = Field(
@@ -72,6 +72,11 @@ class MockerSettings(BaseModel):
     max_running_requests: int = Field(256, ge=1, description="Sequences decoded at once.")
     max_prefill_tokens: int = Field(16384, ge=1, description="Token budget of new prefill tokens per step.")
     chunked_prefill_size: int | None = Field(None, description="Accepted.")
+    kv_events_config: str | None = Field(
+        None,
+        description="Accepted (SGLang's KV events publisher, which the operator wires for KV routing): the "
+        "mocker always publishes its KV events on the event plane.",
+    )
     random_seed: int = Field(0, description="Seed of the emitted tokens (with the request's own seed).")
     nnodes: int = Field(1, ge=1, description="Nodes of a multinode engine (accepted).")
     node_rank: int = Field(0, ge=0, description="Rank of this node; ranks > 0 register nothing and idle.")

@@ -2,46 +2,83 @@
 
 Blocks are identified by *our* chained hashes (``protocol.hash_token_blocks``): block i's hash covers
 its parent's hash and its own tokens, so one hash names a whole prefix and a flat map
-``hash -> workers`` behaves like a radix tree whose edges are blocks. A worker's overlap with a prompt
-is the number of leading prompt blocks it holds, counted until the first block it lacks.
+``hash -> targets`` behaves like a radix tree whose edges are blocks. A target is one cache: a worker,
+or one attention data-parallel rank of a worker (``Target = (instance_id, dp_rank)``), each with its
+own blocks, fed by the events of that rank. A target's overlap with a prompt is the number of leading
+prompt blocks it holds, counted until the first block it lacks.
 
 Engines name blocks with their own hashes (SGLang's differ from ours), so a ``BlockStored`` event is
 re-hashed from its ``token_ids`` under our hash of its parent, and the engine hash is remembered so a
 later ``BlockRemoved`` (which carries engine hashes only) can be mapped back.
 
+Predicted blocks: events arrive only after the engine has computed a prompt, so requests for a new
+prefix that arrive in that window would see no holder anywhere. ``predict`` inserts a routed prompt's
+blocks into the chosen target at routing time, as *predicted* blocks that count like stored ones until
+they expire (``expires_at``, on the caller's clock) or an event confirms (stored) or contradicts
+(removed) them. The router refreshes them every time it routes the same prefix to the same target.
+
 Consistency: every worker's batches carry a sequence number growing by one. When a batch skips
 numbers, events were lost and this worker's entries can no longer be trusted: they are all dropped,
 and the batch and the ones after it rebuild the state (blocks whose parent is unknown are skipped
-until their prefix is stored again). A worker that leaves discovery is dropped the same way.
+until their prefix is stored again). A batch numbered 0 after others means the worker restarted: its
+entries are dropped too. A worker that leaves discovery is dropped the same way.
 
-The index is pure state: no I/O, no clock. ``router.kv_events`` feeds it from the event plane.
+Snapshots: a frontend that starts after its workers asks each worker for the blocks it holds
+(``KvSnapshotPart``). Between ``begin_sync`` and ``end_sync`` the worker's batches are buffered; the
+snapshot replaces the worker's state and the buffered batches it does not include are applied after
+it, so the result equals what a frontend that saw every event from the start would hold.
+
+The index is pure state: no I/O, no clock. ``router.feed`` feeds it from the event plane.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dynamo_worker.protocol import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KvEventBatch,
+    KvSnapshotPart,
     hash_token_blocks,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApplyResult", "KvIndex"]
+__all__ = ["ApplyResult", "KvIndex", "Target"]
+
+Target = tuple[str, int]  # (instance_id, dp_rank)
+MAX_SYNC_BUFFER = 10_000  # batches buffered per worker while its snapshot is awaited
 
 
 @dataclass
-class _WorkerBlocks:
-    page_size: int
-    last_seq: int | None = None
+class _Cache:
+    """The blocks of one target (a worker's dp rank)."""
+
     engine_to_ours: dict[int, int] = field(default_factory=dict)
     refs: dict[int, int] = field(default_factory=dict)  # our hash -> engine hashes naming it
+    predicted: dict[int, float] = field(default_factory=dict)  # our hash -> expires_at
+
+
+@dataclass
+class _Worker:
+    page_size: int
+    dp_size: int = 1
+    last_seq: int | None = None
+    syncing: bool = False
+    buffer: list[KvEventBatch] = field(default_factory=list)
+    ranks: dict[int, _Cache] = field(default_factory=dict)
+
+    def cache(self, rank: int) -> _Cache:
+        c = self.ranks.get(rank)
+        if c is None:
+            c = self.ranks[rank] = _Cache()
+        return c
 
 
 @dataclass(frozen=True)
@@ -52,37 +89,51 @@ class ApplyResult:
     stored: int
     removed: int
     skipped: int
+    buffered: bool = False
 
 
 class KvIndex:
-    """Block-hash prefix index over all workers of one namespace."""
+    """Block-hash prefix index over all workers (and their dp ranks) of one namespace."""
 
     def __init__(self) -> None:
-        self._workers: dict[str, _WorkerBlocks] = {}
-        self._holders: dict[int, set[str]] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._holders: dict[int, set[Target]] = {}
+        self._expiries: list[tuple[float, int, str, int]] = []  # (expires_at, hash, worker, rank)
+        self.events_seen: dict[str, int] = {}  # worker -> batches received (for "no events" warnings)
 
     # --- membership -------------------------------------------------------------------------
 
-    def add_worker(self, worker_id: str, page_size: int) -> None:
+    def add_worker(self, worker_id: str, page_size: int, dp_size: int = 1) -> None:
         """Start tracking a worker (idempotent); events of unknown workers are ignored."""
         if worker_id not in self._workers:
-            self._workers[worker_id] = _WorkerBlocks(page_size=page_size)
+            self._workers[worker_id] = _Worker(page_size=page_size, dp_size=dp_size)
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker and every block it held."""
         self._clear(worker_id)
         self._workers.pop(worker_id, None)
+        self.events_seen.pop(worker_id, None)
 
     def workers(self) -> list[str]:
         return list(self._workers)
+
+    def targets(self) -> list[Target]:
+        """Every cache tracked: (worker, dp rank) for each rank of each worker."""
+        return [(w, rank) for w, state in self._workers.items() for rank in range(state.dp_size)]
 
     def page_size(self, worker_id: str) -> int | None:
         w = self._workers.get(worker_id)
         return w.page_size if w else None
 
-    def block_count(self, worker_id: str) -> int:
+    def block_count(self, worker_id: str, dp_rank: int | None = None, *, predicted: bool = False) -> int:
+        """Blocks the index believes the worker (or one of its ranks) holds: stored ones, plus the
+        predicted ones not yet confirmed when ``predicted``."""
         w = self._workers.get(worker_id)
-        return len(w.refs) if w else 0
+        if w is None:
+            return 0
+        ranks = w.ranks.values() if dp_rank is None else [w.ranks.get(dp_rank, _Cache())]
+        # stored and predicted blocks are disjoint: a confirmed prediction stops being one
+        return sum(len(c.refs) + (len(c.predicted) if predicted else 0) for c in ranks)
 
     # --- events -----------------------------------------------------------------------------
 
@@ -91,88 +142,182 @@ class KvIndex:
         w = self._workers.get(batch.instance_id)
         if w is None:
             return None
+        self.events_seen[batch.instance_id] = self.events_seen.get(batch.instance_id, 0) + 1
+        if w.syncing:
+            if len(w.buffer) < MAX_SYNC_BUFFER:
+                w.buffer.append(batch)
+                return ApplyResult(gap=False, stored=0, removed=0, skipped=0, buffered=True)
+            log.warning(
+                "Stopped waiting for a KV snapshot worker=%s (more than %d event batches arrived "
+                "meanwhile); routing on the events that follow",
+                batch.instance_id,
+                MAX_SYNC_BUFFER,
+            )
+            self.end_sync(batch.instance_id, None)
+        return self._apply(batch.instance_id, w, batch)
+
+    def _apply(self, worker_id: str, w: _Worker, batch: KvEventBatch) -> ApplyResult:
         gap = w.last_seq is not None and batch.seq != w.last_seq + 1
-        if gap:
+        if gap and batch.seq == 0:
+            log.info("Dropped KV state of a restarted worker worker=%s", worker_id)
+            self._clear(worker_id)
+        elif gap:
             log.warning(
                 "Dropped KV state after an event gap worker=%s expected_seq=%d got_seq=%d",
-                batch.instance_id,
+                worker_id,
                 (w.last_seq or 0) + 1,
                 batch.seq,
             )
-            self._clear(batch.instance_id)
+            self._clear(worker_id)
         w.last_seq = batch.seq
+        target = (worker_id, batch.dp_rank)
+        c = w.cache(batch.dp_rank)
         stored = removed = skipped = 0
         for event in batch.events:
             if isinstance(event, BlockStored):
-                n = self._store(batch.instance_id, w, event)
+                n = self._store(target, w.page_size, c, event)
                 stored += n
                 skipped += len(event.block_hashes) - n
             elif isinstance(event, BlockRemoved):
-                removed += self._remove(batch.instance_id, w, event.block_hashes)
+                removed += self._remove(target, c, event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
-                self._clear(batch.instance_id)
+                self._clear_cache(target, c)
         return ApplyResult(gap=gap, stored=stored, removed=removed, skipped=skipped)
 
-    def _store(self, worker_id: str, w: _WorkerBlocks, event: BlockStored) -> int:
+    def _store(self, target: Target, page_size: int, c: _Cache, event: BlockStored) -> int:
         if event.parent_hash is None:
             parent = None
         else:
-            parent = w.engine_to_ours.get(event.parent_hash)
+            parent = c.engine_to_ours.get(event.parent_hash)
             if parent is None:
                 return 0  # its prefix is unknown (lost in a gap or evicted): cannot be placed
-        ours = hash_token_blocks(event.token_ids, w.page_size, parent)
+        ours = hash_token_blocks(event.token_ids, page_size, parent)
         for engine_hash, our_hash in zip(event.block_hashes, ours, strict=False):
-            previous = w.engine_to_ours.get(engine_hash)
+            previous = c.engine_to_ours.get(engine_hash)
             if previous == our_hash:
                 continue
             if previous is not None:
-                self._release(worker_id, w, previous)
-            w.engine_to_ours[engine_hash] = our_hash
-            w.refs[our_hash] = w.refs.get(our_hash, 0) + 1
-            self._holders.setdefault(our_hash, set()).add(worker_id)
+                self._release(target, c, previous)
+            c.engine_to_ours[engine_hash] = our_hash
+            c.refs[our_hash] = c.refs.get(our_hash, 0) + 1
+            c.predicted.pop(our_hash, None)  # confirmed
+            self._holders.setdefault(our_hash, set()).add(target)
         return min(len(ours), len(event.block_hashes))
 
-    def _remove(self, worker_id: str, w: _WorkerBlocks, engine_hashes: Iterable[int]) -> int:
+    def _remove(self, target: Target, c: _Cache, engine_hashes: Iterable[int]) -> int:
         n = 0
         for engine_hash in engine_hashes:
-            our_hash = w.engine_to_ours.pop(engine_hash, None)
+            our_hash = c.engine_to_ours.pop(engine_hash, None)
             if our_hash is None:
                 continue
-            self._release(worker_id, w, our_hash)
+            self._release(target, c, our_hash)
             n += 1
         return n
 
-    def _release(self, worker_id: str, w: _WorkerBlocks, our_hash: int) -> None:
-        left = w.refs.get(our_hash, 0) - 1
+    def _release(self, target: Target, c: _Cache, our_hash: int) -> None:
+        left = c.refs.get(our_hash, 0) - 1
         if left > 0:
-            w.refs[our_hash] = left  # the engine still holds this content under another hash
+            c.refs[our_hash] = left  # the engine still holds this content under another hash
             return
-        w.refs.pop(our_hash, None)
-        self._discard(our_hash, worker_id)
+        c.refs.pop(our_hash, None)
+        c.predicted.pop(our_hash, None)  # evicted: an older prediction no longer holds
+        self._discard(our_hash, target)
 
     def _clear(self, worker_id: str) -> None:
         w = self._workers.get(worker_id)
         if w is None:
             return
-        for our_hash in w.refs:
-            self._discard(our_hash, worker_id)
-        w.engine_to_ours.clear()
-        w.refs.clear()
+        for rank, c in w.ranks.items():
+            self._clear_cache((worker_id, rank), c)
 
-    def _discard(self, our_hash: int, worker_id: str) -> None:
+    def _clear_cache(self, target: Target, c: _Cache) -> None:
+        for our_hash in list(c.refs) + list(c.predicted):
+            self._discard(our_hash, target)
+        c.engine_to_ours.clear()
+        c.refs.clear()
+        c.predicted.clear()
+
+    def _discard(self, our_hash: int, target: Target) -> None:
         holders = self._holders.get(our_hash)
         if holders is None:
             return
-        holders.discard(worker_id)
+        holders.discard(target)
         if not holders:
             del self._holders[our_hash]
 
+    # --- snapshots --------------------------------------------------------------------------
+
+    def begin_sync(self, worker_id: str) -> None:
+        """Buffer this worker's batches until ``end_sync`` (a snapshot has been asked for)."""
+        w = self._workers.get(worker_id)
+        if w is not None:
+            w.syncing = True
+
+    def end_sync(self, worker_id: str, parts: Sequence[KvSnapshotPart] | None) -> int:
+        """Install a snapshot (``None``: none came) and apply the buffered batches it does not include.
+        Returns the blocks the snapshot placed."""
+        w = self._workers.get(worker_id)
+        if w is None:
+            return 0
+        w.syncing = False
+        buffered, w.buffer = w.buffer, []
+        placed = 0
+        if parts:
+            next_seq = parts[0].next_seq
+            self._clear(worker_id)
+            for part in parts:
+                target = (worker_id, part.dp_rank)
+                c = w.cache(part.dp_rank)
+                for event in part.events:
+                    placed += self._store(target, w.page_size, c, event)
+            w.last_seq = next_seq - 1 if next_seq > 0 else None
+            buffered = [b for b in buffered if b.seq >= next_seq]
+        for batch in buffered:
+            self._apply(worker_id, w, batch)
+        return placed
+
+    # --- predictions ------------------------------------------------------------------------
+
+    def predict(self, target: Target, block_hashes: Sequence[int], expires_at: float) -> None:
+        """Count ``block_hashes`` as held by ``target`` until ``expires_at`` (or an event says)."""
+        w = self._workers.get(target[0])
+        if w is None:
+            return
+        c = w.cache(target[1])
+        for h in block_hashes:
+            if h in c.refs:
+                continue
+            if c.predicted.get(h, -1.0) < expires_at:
+                c.predicted[h] = expires_at
+                heapq.heappush(self._expiries, (expires_at, h, target[0], target[1]))
+            self._holders.setdefault(h, set()).add(target)
+
+    def expire(self, now: float) -> int:
+        """Drop predictions whose time has come; how many."""
+        n = 0
+        while self._expiries and self._expiries[0][0] <= now:
+            at, h, worker_id, rank = heapq.heappop(self._expiries)
+            w = self._workers.get(worker_id)
+            if w is None:
+                continue
+            c = w.ranks.get(rank)
+            if c is None or c.predicted.get(h) != at:
+                continue  # confirmed, refreshed or dropped since
+            del c.predicted[h]
+            if h not in c.refs:
+                self._discard(h, (worker_id, rank))
+            n += 1
+        return n
+
     # --- queries ----------------------------------------------------------------------------
 
-    def overlaps(self, block_hashes: Sequence[int], workers: Iterable[str]) -> dict[str, int]:
-        """For each worker, how many leading blocks of ``block_hashes`` it holds."""
-        result = {w: 0 for w in workers}
-        alive = set(result)
+    def overlaps(self, block_hashes: Sequence[int], targets: Iterable[Target | str]) -> dict[Any, int]:
+        """For each target, how many leading blocks of ``block_hashes`` it holds (or is predicted to).
+        A target is ``(worker, dp_rank)``; a bare worker id stands for its rank 0 (and keys the result
+        as given)."""
+        given = {t: (t, 0) if isinstance(t, str) else t for t in targets}
+        counts = {t: 0 for t in given.values()}
+        alive = set(counts)
         for h in block_hashes:
             holders = self._holders.get(h)
             if not holders:
@@ -180,6 +325,6 @@ class KvIndex:
             alive &= holders
             if not alive:
                 break
-            for w in alive:
-                result[w] += 1
-        return result
+            for t in alive:
+                counts[t] += 1
+        return {g: counts[t] for g, t in given.items()}

@@ -1,26 +1,60 @@
 """Routing policies: pick one worker among candidates. Pure: no I/O, randomness comes from the caller.
 
 ``round-robin`` cycles through the candidates (sorted by id, so the order is stable), ``random`` draws
-uniformly, and ``kv`` minimises a cost that trades prefix-cache reuse against load:
+uniformly, and ``kv`` minimises an estimate of the work a request waits for, in KV blocks of prefill:
 
-    cost(w) = overlap_weight * uncached_blocks(w) + load_blocks(w)
+    cost(t) = overlap_weight * new_blocks(t) + prefill_blocks(t) + decode_weight * decode_blocks(t)
 
-    uncached_blocks(w) = prompt_blocks - overlap_blocks(w)
-        prompt_blocks: full ``page_size`` blocks of the prompt; overlap_blocks(w): how many leading
-        prompt blocks worker w holds in its KV cache (``KvIndex.overlaps``).
-    load_blocks(w) = inflight_blocks(w) + other_blocks(w) + waiting(w)
-        inflight_blocks: prompt blocks of the requests this frontend sent to w that have not finished
-        (exact and immediate); other_blocks: the rest of w's active KV blocks from its latest
-        ``LoadMetrics`` = max(0, active_blocks - the most blocks this frontend had in flight on w since
-        the report before), i.e. other frontends' requests and generated tokens; waiting: requests
-        queued on w (one block each, so a saturated worker is avoided even when blocks look free).
+A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of a worker.
 
-Counting our own requests ourselves means a load report that lags behind routing (a burst) or behind
-a finished request (a report sent while it ran) neither hides nor double-counts them. Both terms count
-KV blocks: the first is the prefill work the request would cost on w, the second the work w already
-has. ``overlap_weight`` (``--kv-overlap-weight``, default 1.0) says how much one block of avoided
-prefill is worth against one block of queued work; 0 routes on load alone. Candidates of equal cost
-are chosen among at random, so identical workers share the load.
+    new_blocks(t) = prompt_blocks - overlap_blocks(t) + 1
+        the prefill this request would add on t. prompt_blocks: full ``page_size`` blocks of the
+        prompt; overlap_blocks(t): how many leading prompt blocks t holds (``KvIndex.overlaps``), counting
+        blocks *predicted* at routing time for requests whose KV events have not arrived yet; + 1: the
+        prompt's tail (its partial last block, or the last token an engine always recomputes), so that
+        a fully cached request still counts as some work where it queues.
+    prefill_blocks(t) = the new blocks of the requests this frontend sent to t that have not produced
+        their first token yet (prefill queued or running there: exact and immediate), plus one block for
+        each request t reports waiting that is not ours (other frontends' queue).
+    decode_blocks(t) = KV blocks held by sequences decoding on t: the prompt blocks of this
+        frontend's requests there past their first token, plus the rest of t's active blocks from its
+        latest ``LoadMetrics`` (max(0, active_blocks - the most blocks this frontend had in flight on
+        t since the report before): other frontends' requests and generated tokens).
+
+Why these terms: a request's time to first token is the prefill queued ahead of it plus its own
+prefill (both proportional to uncached blocks), plus waiting for the running batch's steps. A decode
+step costs little per running sequence next to a prefill (batching is what engines are built for), so
+a running sequence weighs ``decode_weight`` of a block of prefill, not a whole block: counting it as a
+full block spreads a prefix over every worker whenever the one holding it is busy, each copy evicting
+other prefixes, which is what made kv routing lose to round-robin under cache pressure. The decode
+term still steers away from a worker that holds many sequences (its cache fills with them, evicting
+prefixes), and the prefill term from one with a real backlog.
+
+Balance guard (after SGLang's model gateway, which checks two such thresholds on the busiest worker):
+the cost above keeps a prefix where it is cached even when that worker runs more requests than
+others, which is right while copying the prefix elsewhere would evict other prefixes, and wrong when
+there is room: then a few requests' imbalance slows every step of the busy worker (each admitted
+prefill delays its decoders) for nothing. So when the cheapest candidate has more than
+``balance_abs_threshold`` requests more than the idlest *and* more than ``balance_rel_threshold``
+times as many, the request goes to the cheapest of the least loaded candidates that have room for its
+new blocks (their cache stays at most ``ROOM_FRACTION`` full with them: a per-worker sign that the
+fleet is not under cache pressure, as copies then evict nothing that is needed soon); when none has
+room, only an imbalance
+``PRESSURE_FACTOR`` times the absolute threshold moves it (to the cheapest least loaded one). A
+prefix copied to an idle worker then serves there too, so the load evens out.
+
+Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
+``make bench`` on the mocker and are the ones to start with):
+- ``--kv-overlap-weight`` (default 1.5): worth of one block of avoided prefill; 0 routes on load only.
+  Above 1 because a block computed again costs more than the request's own latency: it is GPU time
+  taken from every request queued behind it, and a second copy of a prefix evicts another one. With
+  1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
+  idle worker, and prefixes get copied around under load.
+- ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
+- ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5).
+- ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
+  held before KV events confirm them.
+Candidates of equal cost are chosen among at random, so identical workers share the load.
 """
 
 from __future__ import annotations
@@ -32,14 +66,18 @@ from typing import Literal
 
 __all__ = [
     "KvCandidate",
+    "KvWeights",
     "RoundRobin",
     "RouterMode",
     "choose_random",
     "kv_choose",
     "kv_cost",
+    "new_blocks",
 ]
 
 RouterMode = Literal["round-robin", "random", "kv"]
+PRESSURE_FACTOR = 4  # balance guard: how much larger an imbalance must be to move into a full cache
+ROOM_FRACTION = 0.5  # balance guard: a cache at most this full (after the request) has room
 
 
 class RoundRobin:
@@ -64,32 +102,89 @@ def choose_random(candidates: Sequence[str], rng: random.Random) -> str:
 
 
 @dataclass(frozen=True)
+class KvWeights:
+    """The kv policy's knobs (see the module docstring)."""
+
+    overlap_weight: float = 1.5
+    decode_weight: float = 0.1
+    balance_abs_threshold: int = 2
+    balance_rel_threshold: float = 1.5
+
+
+@dataclass(frozen=True)
 class KvCandidate:
-    """One worker as the kv policy sees it."""
+    """One cache (worker, or dp rank of a worker) as the kv policy sees it."""
 
     worker_id: str
     overlap_blocks: int = 0
-    inflight_blocks: int = 0
-    other_blocks: int = 0
-    waiting: int = 0
+    prefill_blocks: int = 0
+    decode_blocks: int = 0
+    requests: int = 0  # requests in flight or waiting there (for the balance guard)
+    free_blocks: int | None = None  # KV blocks it holds nothing in (None: unknown, counts as room)
+    capacity_blocks: int | None = None  # its KV cache size in blocks
+    dp_rank: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.worker_id if self.dp_rank == 0 else f"{self.worker_id}/dp{self.dp_rank}"
 
 
-def kv_cost(candidate: KvCandidate, prompt_blocks: int, overlap_weight: float) -> float:
-    uncached = max(prompt_blocks - candidate.overlap_blocks, 0)
-    load = candidate.inflight_blocks + candidate.other_blocks + candidate.waiting
-    return overlap_weight * uncached + load
+def new_blocks(prompt_blocks: int, overlap_blocks: int) -> int:
+    """The blocks a cache must compute for a prompt: the uncached full blocks, plus one for the tail
+    (the partial last block, or the last token an engine always recomputes)."""
+    return max(prompt_blocks - overlap_blocks, 0) + 1
+
+
+def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
+    new = new_blocks(prompt_blocks, candidate.overlap_blocks)
+    return (
+        weights.overlap_weight * new
+        + candidate.prefill_blocks
+        + weights.decode_weight * candidate.decode_blocks
+    )
+
+
+def _overloaded(chosen: KvCandidate, least: int, weights: KvWeights, factor: int = 1) -> bool:
+    return (
+        chosen.requests - least > factor * weights.balance_abs_threshold
+        and chosen.requests > weights.balance_rel_threshold * least
+    )
+
+
+def _has_room(candidate: KvCandidate, prompt_blocks: int) -> bool:
+    """Whether the candidate's cache stays at most ``ROOM_FRACTION`` full with this request's blocks."""
+    if candidate.free_blocks is None or candidate.capacity_blocks is None:
+        return True
+    after = candidate.free_blocks - new_blocks(prompt_blocks, candidate.overlap_blocks)
+    return after >= (1 - ROOM_FRACTION) * candidate.capacity_blocks
 
 
 def kv_choose(
     candidates: Sequence[KvCandidate],
     prompt_blocks: int,
-    overlap_weight: float,
+    weights: KvWeights,
     rng: random.Random,
 ) -> tuple[KvCandidate, Mapping[str, float]]:
-    """The cheapest candidate (ties broken at random) and every candidate's cost, for logs and tests."""
+    """The cheapest candidate (ties broken at random) and every candidate's cost, for logs and tests.
+    Under the balance guard, the cheapest among the least loaded."""
     if not candidates:
         raise ValueError("no candidates to choose from")
-    costs = {c.worker_id: kv_cost(c, prompt_blocks, overlap_weight) for c in candidates}
-    best = min(costs.values())
-    tied = sorted((c for c in candidates if costs[c.worker_id] == best), key=lambda c: c.worker_id)
-    return rng.choice(tied), costs
+    costs = {c.key: kv_cost(c, prompt_blocks, weights) for c in candidates}
+    chosen = _cheapest(candidates, costs, rng)
+    if len(candidates) > 1:
+        least = min(c.requests for c in candidates)
+        idle = [c for c in candidates if c.requests == least]
+        roomy = [c for c in idle if _has_room(c, prompt_blocks)]
+        if roomy and _overloaded(chosen, least, weights):
+            chosen = _cheapest(roomy, costs, rng)
+        elif _overloaded(chosen, least, weights, PRESSURE_FACTOR):
+            chosen = _cheapest(idle, costs, rng)
+    return chosen, costs
+
+
+def _cheapest(
+    candidates: Sequence[KvCandidate], costs: Mapping[str, float], rng: random.Random
+) -> KvCandidate:
+    best = min(costs[c.key] for c in candidates)
+    tied = sorted((c for c in candidates if costs[c.key] == best), key=lambda c: c.key)
+    return rng.choice(tied)

@@ -1,23 +1,43 @@
 """The router: the state a routing decision needs (KV index, load, in-flight work) and the decision.
 
-No I/O: discovery, KV events and load metrics are pushed in by the frontend (``router.feed`` wires
-them from NATS), and ``choose`` answers synchronously. See ``router.policy`` for the kv cost formula.
+No I/O: discovery, KV events, snapshots and load metrics are pushed in by the frontend
+(``router.feed`` wires them from NATS), and ``choose`` answers synchronously. See ``router.policy`` for
+the kv cost formula and its knobs.
+
+In kv mode every decision is remembered twice: the chosen cache's share of the request
+(``Flight``: its new blocks count as prefill until the first token, its prompt blocks as decode load
+until it ends), and the prompt's blocks as *predicted* in that cache for ``predict_ttl_s`` seconds
+(``KvIndex.predict``), so that the next request with the same prefix finds it there before the
+worker's KV events arrive. A data-parallel worker (``dp_size`` > 1) is one candidate per rank; the
+choice names the rank (``Choice.dp_rank``), which the frontend sends as ``data_parallel_rank``.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dynamo_worker.protocol import InstanceRecord, KvEventBatch, LoadMetrics, hash_token_blocks
 from dynamo_worker.router.index import KvIndex
-from dynamo_worker.router.policy import KvCandidate, RoundRobin, RouterMode, choose_random, kv_choose
+from dynamo_worker.router.policy import (
+    KvCandidate,
+    KvWeights,
+    RoundRobin,
+    RouterMode,
+    choose_random,
+    kv_choose,
+    new_blocks,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Choice", "Router"]
+__all__ = ["DEFAULT_PREDICT_TTL_S", "Choice", "Flight", "Router"]
+
+DEFAULT_PREDICT_TTL_S = 30.0
+SILENT_AFTER_REQUESTS = 3  # requests a worker finishes without any KV event before we say so
 
 
 @dataclass(frozen=True)
@@ -25,51 +45,182 @@ class Choice:
     worker: InstanceRecord
     prompt_blocks: int  # full page_size blocks of the prompt on this worker
     overlap_blocks: int  # of which the kv index believes the worker caches (0 outside kv mode)
+    dp_rank: int | None = None  # the data-parallel rank to send the request to (kv mode, dp_size > 1)
+
+    @property
+    def key(self) -> str:
+        rank = self.dp_rank or 0
+        return self.worker.instance_id if rank == 0 else f"{self.worker.instance_id}/dp{rank}"
+
+    @property
+    def new_blocks(self) -> int:
+        return new_blocks(self.prompt_blocks, self.overlap_blocks)
+
+
+class Flight:
+    """One request's share of its cache's load, from ``Router.started`` to ``done`` (idempotent):
+    its new blocks count as queued prefill until ``first_token``, then its prompt blocks as decode."""
+
+    def __init__(self, router: Router, choice: Choice) -> None:
+        self._router = router
+        self.choice = choice
+        self._prefilling = True
+        self._done = False
+
+    def first_token(self) -> None:
+        """The prefill is over: the request now decodes."""
+        if self._prefilling and not self._done:
+            self._prefilling = False
+            c = self.choice
+            self._router._add(c, prefill=-c.new_blocks, prefilling=-1, decode=c.prompt_blocks)
+
+    def done(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        c = self.choice
+        if self._prefilling:
+            self._router._add(c, prefill=-c.new_blocks, prefilling=-1)
+        else:
+            self._router._add(c, decode=-c.prompt_blocks)
+        self._router._finished(c)
 
 
 class Router:
-    def __init__(self, mode: RouterMode, overlap_weight: float = 1.0, rng: random.Random | None = None):
+    def __init__(
+        self,
+        mode: RouterMode,
+        overlap_weight: float = 1.5,
+        rng: random.Random | None = None,
+        *,
+        weights: KvWeights | None = None,
+        predict_ttl_s: float = DEFAULT_PREDICT_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.mode: RouterMode = mode
-        self.overlap_weight = overlap_weight
+        self.weights = weights or KvWeights(overlap_weight=overlap_weight)
+        self.predict_ttl_s = predict_ttl_s
         self.index = KvIndex()
+        self._clock = clock
         self._rng = rng or random.Random()
         self._round_robin = RoundRobin()
-        self._inflight_blocks: dict[str, int] = {}
+        self._records: dict[str, InstanceRecord] = {}
+        # per cache key (worker, or worker/dpN): this frontend's requests in flight there
+        self._decode_blocks: dict[str, int] = {}
+        self._prefill_blocks: dict[str, int] = {}
+        self._requests: dict[str, int] = {}
+        # per worker: what its load reports say beyond our own requests
+        self._worker_blocks: dict[str, int] = {}  # our in-flight prompt blocks on the worker
+        self._worker_prefilling: dict[str, int] = {}  # our requests still prefilling there
         self._window_peak: dict[str, int] = {}  # most blocks in flight since the last load report
         self._other_blocks: dict[str, int] = {}
-        self._waiting: dict[str, int] = {}
+        self._other_waiting: dict[str, int] = {}
+        self._finished_count: dict[str, int] = {}
+        self._silent_reported: set[str] = set()
+        self.on_worker_added: Callable[[InstanceRecord], None] | None = None  # e.g. ask for a snapshot
+
+    @property
+    def overlap_weight(self) -> float:
+        return self.weights.overlap_weight
 
     # --- state fed from the outside -----------------------------------------------------------
 
     def add_worker(self, record: InstanceRecord) -> None:
-        self.index.add_worker(record.instance_id, record.page_size)
+        new = record.instance_id not in self._records
+        self._records[record.instance_id] = record
+        self.index.add_worker(record.instance_id, record.page_size, record.dp_size)
+        if new and self.on_worker_added is not None:
+            self.on_worker_added(record)
 
     def remove_worker(self, instance_id: str) -> None:
         self.index.remove_worker(instance_id)
-        for state in (self._inflight_blocks, self._window_peak, self._other_blocks, self._waiting):
-            state.pop(instance_id, None)
+        self._records.pop(instance_id, None)
+        for per_worker in (
+            self._worker_blocks,
+            self._worker_prefilling,
+            self._window_peak,
+            self._other_blocks,
+            self._other_waiting,
+            self._finished_count,
+        ):
+            per_worker.pop(instance_id, None)
+        prefix = instance_id + "/"
+        for per_key in (self._decode_blocks, self._prefill_blocks, self._requests):
+            for key in [k for k in per_key if k == instance_id or k.startswith(prefix)]:
+                del per_key[key]
 
     def on_kv_events(self, batch: KvEventBatch) -> None:
         self.index.apply(batch)
 
     def on_load(self, metrics: LoadMetrics) -> None:
         w = metrics.instance_id
-        if w not in self.index.workers():
+        if w not in self._records:
             return
         ours = self._window_peak.get(w, 0)
         self._other_blocks[w] = max(metrics.active_blocks - ours, 0)
-        self._waiting[w] = metrics.waiting
-        self._window_peak[w] = self._inflight_blocks.get(w, 0)
+        self._other_waiting[w] = max(metrics.waiting - self._worker_prefilling.get(w, 0), 0)
+        self._window_peak[w] = self._worker_blocks.get(w, 0)
 
-    def started(self, instance_id: str, blocks: int) -> None:
-        """A request of ``blocks`` prompt blocks was sent to the worker."""
-        now = self._inflight_blocks.get(instance_id, 0) + blocks
-        self._inflight_blocks[instance_id] = now
-        self._window_peak[instance_id] = max(self._window_peak.get(instance_id, 0), now)
+    def started(self, choice: Choice) -> Flight:
+        """A request was sent as ``choice`` says; call ``first_token`` and ``done`` on the result."""
+        self._add(choice, prefill=choice.new_blocks, prefilling=1, blocks=choice.prompt_blocks, requests=1)
+        return Flight(self, choice)
 
-    def finished(self, instance_id: str, blocks: int) -> None:
-        if instance_id in self._inflight_blocks:
-            self._inflight_blocks[instance_id] = max(self._inflight_blocks[instance_id] - blocks, 0)
+    def _add(
+        self,
+        choice: Choice,
+        *,
+        prefill: int = 0,
+        prefilling: int = 0,
+        decode: int = 0,
+        blocks: int = 0,
+        requests: int = 0,
+    ) -> None:
+        key, w = choice.key, choice.worker.instance_id
+        if w not in self._records:
+            return  # the worker left (its state went with it), or was never known
+        for state, delta in (
+            (self._prefill_blocks, prefill),
+            (self._decode_blocks, decode),
+            (self._requests, requests),
+        ):
+            if delta:
+                state[key] = max(state.get(key, 0) + delta, 0)
+        if blocks:
+            now = max(self._worker_blocks.get(w, 0) + blocks, 0)
+            self._worker_blocks[w] = now
+            self._window_peak[w] = max(self._window_peak.get(w, 0), now)
+        if prefilling:
+            self._worker_prefilling[w] = max(self._worker_prefilling.get(w, 0) + prefilling, 0)
+
+    def _finished(self, choice: Choice) -> None:
+        w = choice.worker.instance_id
+        if w not in self._records:
+            return
+        self._add(choice, blocks=-choice.prompt_blocks, requests=-1)
+        if self.mode == "kv" and choice.prompt_blocks > 0:
+            n = self._finished_count[w] = self._finished_count.get(w, 0) + 1
+            if (
+                n >= SILENT_AFTER_REQUESTS
+                and w not in self._silent_reported
+                and not self.index.events_seen.get(w)
+            ):
+                self._silent_reported.add(w)
+                log.warning(
+                    "Worker publishes no KV events worker=%s component=%s address=%s finished_requests=%d: "
+                    "this frontend routes on KV cache (--router-mode kv) but can only predict this worker's "
+                    "cache, not see it. Start its SGLang engine with --kv-events-config "
+                    '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\' (the operator and dynamo-run add '
+                    "one when the graph's frontend runs --router-mode kv), or use --router-mode round-robin.",
+                    w,
+                    choice.worker.component,
+                    choice.worker.address,
+                    n,
+                )
+
+    def silent_workers(self) -> list[str]:
+        """Workers this frontend has reported as publishing no KV events."""
+        return sorted(self._silent_reported)
 
     # --- the decision -----------------------------------------------------------------------
 
@@ -87,6 +238,8 @@ class Router:
         return self._choose_kv(by_id, token_ids)
 
     def _choose_kv(self, by_id: dict[str, InstanceRecord], token_ids: Sequence[int]) -> Choice:
+        now = self._clock()
+        self.index.expire(now)
         hashes_by_page: dict[int, list[int]] = {}
         kv_candidates: list[KvCandidate] = []
         prompt_blocks: dict[str, int] = {}
@@ -96,25 +249,46 @@ class Router:
                 hashes = hash_token_blocks(token_ids, record.page_size)
                 hashes_by_page[record.page_size] = hashes
             prompt_blocks[worker_id] = len(hashes)
-            overlap = self.index.overlaps(hashes, [worker_id])[worker_id]
-            kv_candidates.append(
-                KvCandidate(
-                    worker_id=worker_id,
-                    overlap_blocks=overlap,
-                    inflight_blocks=self._inflight_blocks.get(worker_id, 0),
-                    other_blocks=self._other_blocks.get(worker_id, 0),
-                    waiting=self._waiting.get(worker_id, 0),
+            ranks = range(record.dp_size)
+            overlaps = self.index.overlaps(hashes, [(worker_id, r) for r in ranks])
+            share = record.dp_size
+            others = self._other_blocks.get(worker_id, 0) // share
+            waiting = self._other_waiting.get(worker_id, 0)
+            capacity = record.total_kv_blocks // share if record.total_kv_blocks else None
+            for rank in ranks:
+                c = Choice(record, len(hashes), 0, rank)
+                held = self.index.block_count(worker_id, rank, predicted=True)
+                kv_candidates.append(
+                    KvCandidate(
+                        worker_id=worker_id,
+                        dp_rank=rank,
+                        overlap_blocks=overlaps[(worker_id, rank)],
+                        prefill_blocks=self._prefill_blocks.get(c.key, 0) + waiting // share,
+                        decode_blocks=self._decode_blocks.get(c.key, 0) + others,
+                        requests=self._requests.get(c.key, 0) + waiting // share,
+                        free_blocks=max(capacity - held, 0) if capacity is not None else None,
+                        capacity_blocks=capacity,
+                    )
                 )
-            )
         # Workers of one model share a page size; with mixed sizes, the blocks are not comparable and
         # the largest count stands for the prompt.
         blocks = max(prompt_blocks.values())
-        best, costs = kv_choose(kv_candidates, blocks, self.overlap_weight, self._rng)
+        best, costs = kv_choose(kv_candidates, blocks, self.weights, self._rng)
+        record = by_id[best.worker_id]
+        self.index.predict(
+            (best.worker_id, best.dp_rank), hashes_by_page[record.page_size], now + self.predict_ttl_s
+        )
         log.debug(
-            "Routed request worker=%s overlap=%d blocks=%d costs=%s",
+            "Routed request worker=%s dp_rank=%d overlap=%d blocks=%d costs=%s",
             best.worker_id,
+            best.dp_rank,
             best.overlap_blocks,
             blocks,
             costs,
         )
-        return Choice(by_id[best.worker_id], prompt_blocks[best.worker_id], best.overlap_blocks)
+        return Choice(
+            record,
+            prompt_blocks[best.worker_id],
+            best.overlap_blocks,
+            best.dp_rank if record.dp_size > 1 else None,
+        )

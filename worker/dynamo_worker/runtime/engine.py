@@ -48,7 +48,8 @@ class LoadSnapshot:
 
 
 class EngineEventSink(Protocol):
-    """Where an engine reports KV cache events and load; calls must not block (called from the loop)."""
+    """Where an engine reports KV cache events and load; calls must not block (called from the loop).
+    A data-parallel engine reports each rank's KV events with that ``dp_rank``."""
 
     def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None: ...
 

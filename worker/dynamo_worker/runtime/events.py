@@ -6,6 +6,14 @@ must resynchronise (e.g. drop what it knows about that worker). The publisher's 
 when it overflows, the oldest pending events are dropped *and their sequence numbers consumed*, so the
 loss shows up as a gap rather than as silent divergence.
 
+A data-parallel engine's events carry their attention dp rank; one batch holds events of one rank.
+
+Snapshots: every publisher keeps a ``KvMirror`` of what it published and answers a
+``KvSnapshotRequest`` on ``dynamo.<namespace>.kv_snapshot.<instance_id>`` (``serve_kv_snapshots``)
+with ``KvSnapshotPart`` messages sent to the request's reply inbox; ``request_kv_snapshot`` asks and
+collects them within a bound. The mirror and ``seq`` change together, so a snapshot holds exactly the
+batches numbered below its ``next_seq``.
+
 Load: ``LoadMetrics`` on ``dynamo.<namespace>.load``, published when it changes (at most every
 ``min_interval_s``) and every ``period_s`` regardless, so a new subscriber learns it soon.
 """
@@ -24,13 +32,25 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from dynamo_worker.protocol import KvEvent, KvEventBatch, LoadMetrics, kv_events_subject, load_subject
+from dynamo_worker.protocol import (
+    KvEvent,
+    KvEventBatch,
+    KvSnapshotPart,
+    KvSnapshotRequest,
+    LoadMetrics,
+    kv_events_subject,
+    kv_snapshot_subject,
+    load_subject,
+)
 from dynamo_worker.runtime.engine import LoadSnapshot
+from dynamo_worker.runtime.kv_mirror import KvMirror
 
 __all__ = [
     "KvEventPublisher",
     "LoadPublisher",
     "SeqTracker",
+    "request_kv_snapshot",
+    "serve_kv_snapshots",
     "subscribe_kv_events",
     "subscribe_load",
 ]
@@ -45,6 +65,7 @@ class KvEventPublisher:
         self, nc: NATS, namespace: str, instance_id: str, *, max_pending: int = 100_000, max_batch: int = 1000
     ) -> None:
         self._nc = nc
+        self.namespace = namespace
         self.subject = kv_events_subject(namespace)
         self.instance_id = instance_id
         self._pending: deque[tuple[int, KvEvent]] = deque()  # (dp_rank, event)
@@ -56,6 +77,7 @@ class KvEventPublisher:
         self._task: asyncio.Task[None] | None = None
         self.seq = 0  # the seq of the next batch
         self.dropped = 0
+        self.mirror = KvMirror()
 
     def submit(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         """Queue events (of one dp rank) for publishing; never blocks. Overflow drops the oldest and
@@ -77,8 +99,29 @@ class KvEventPublisher:
         """Publish one batch at once (bypassing the queue); for tests and engines that batch themselves."""
         batch = KvEventBatch(instance_id=self.instance_id, seq=self.seq, events=list(events), dp_rank=dp_rank)
         self.seq += 1
+        self.mirror.apply(batch.events, dp_rank)  # with seq, before any await: snapshots stay exact
         await self._nc.publish(self.subject, batch.model_dump_json().encode())
         return batch
+
+    def snapshot(self, max_blocks: int = 1000) -> list[KvSnapshotPart]:
+        """What this worker has published and not removed, as snapshot parts (see the module doc)."""
+        parts: list[KvSnapshotPart] = []
+        for rank in sorted(self.mirror.ranks):
+            for events in self.mirror.stored_events(rank, max_blocks):
+                parts.append(
+                    KvSnapshotPart(
+                        instance_id=self.instance_id,
+                        next_seq=self.seq,
+                        part=len(parts),
+                        last=False,
+                        dp_rank=rank,
+                        events=events,
+                    )
+                )
+        if not parts:
+            parts.append(KvSnapshotPart(instance_id=self.instance_id, next_seq=self.seq, part=0, last=False))
+        parts[-1] = parts[-1].model_copy(update={"last": True})
+        return parts
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="kv-event-publisher")
@@ -110,6 +153,76 @@ class KvEventPublisher:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+
+
+async def serve_kv_snapshots(nc: NATS, publisher: KvEventPublisher) -> Subscription:
+    """Answer ``KvSnapshotRequest`` for ``publisher``'s worker; unsubscribe the result to stop."""
+    subject = kv_snapshot_subject(publisher.namespace, publisher.instance_id)
+
+    async def on_request(msg) -> None:
+        if not msg.reply:
+            return
+        try:
+            request = KvSnapshotRequest.model_validate_json(msg.data or b"{}")
+        except ValidationError as e:
+            log.warning("Ignored an invalid KV snapshot request error=%s", e)
+            return
+        parts = publisher.snapshot()  # taken at once: consistent with publisher.seq
+        try:
+            for part in parts:
+                await nc.publish(msg.reply, part.model_dump_json().encode())
+        except (nats.errors.Error, OSError) as e:
+            log.warning("Could not send a KV snapshot requester=%s error=%r", request.requester, e)
+            return
+        log.info(
+            "Sent KV snapshot requester=%s blocks=%d parts=%d next_seq=%d",
+            request.requester,
+            publisher.mirror.block_count(),
+            len(parts),
+            parts[0].next_seq,
+        )
+
+    return await nc.subscribe(subject, cb=on_request)
+
+
+async def request_kv_snapshot(
+    nc: NATS, namespace: str, instance_id: str, *, timeout_s: float = 5.0, requester: str = ""
+) -> list[KvSnapshotPart] | None:
+    """The worker's snapshot parts, or None when it did not answer completely within ``timeout_s``
+    (a worker of an older version, or one that died)."""
+    inbox = nc.new_inbox()
+    parts: list[KvSnapshotPart] = []
+    complete = asyncio.Event()
+
+    async def on_part(msg) -> None:
+        try:
+            part = KvSnapshotPart.model_validate_json(msg.data)
+        except ValidationError as e:
+            log.warning("Ignored an invalid KV snapshot part worker=%s error=%s", instance_id, e)
+            return
+        parts.append(part)
+        if part.last:
+            complete.set()
+
+    sub = await nc.subscribe(inbox, cb=on_part)
+    try:
+        request = KvSnapshotRequest(requester=requester)
+        await nc.publish(
+            kv_snapshot_subject(namespace, instance_id), request.model_dump_json().encode(), reply=inbox
+        )
+        try:
+            async with asyncio.timeout(timeout_s):
+                await complete.wait()
+        except TimeoutError:
+            return None
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    parts.sort(key=lambda p: p.part)
+    if [p.part for p in parts] != list(range(len(parts))):
+        log.warning("Dropped an incomplete KV snapshot worker=%s parts=%d", instance_id, len(parts))
+        return None
+    return parts
 
 
 class LoadPublisher:

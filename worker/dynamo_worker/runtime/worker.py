@@ -3,7 +3,8 @@
 Start (``Worker.start``), in this order, every step bounded:
   1. connect to NATS (retrying until ``NATS_CONNECT_TIMEOUT_S``),
   2. start the system server (``/health`` answers 503 "starting"),
-  3. start the engine (``Engine.start``), with KV events and load relayed to the event plane,
+  3. start the engine (``Engine.start``), with KV events and load relayed to the event plane (and
+     KV snapshot requests answered from the events published: ``runtime.events``),
   4. start the request-plane server,
   5. publish the model card (when the engine has a model folder),
   6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200,
@@ -27,12 +28,13 @@ from collections.abc import Callable, Sequence
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Gauge
 
 from dynamo_worker.protocol import InstanceRecord, KvEvent
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
-from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher
+from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
 from dynamo_worker.runtime.health import HealthMonitor
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
 from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
@@ -166,6 +168,7 @@ class Worker:
         self.registration: Registration | None = None
         self._engine_started = False
         self._renewal: asyncio.Task[None] | None = None
+        self._snapshots: Subscription | None = None
 
     @property
     def address(self) -> str:
@@ -182,6 +185,7 @@ class Worker:
         self._relay.load_pub = LoadPublisher(self.nc, s.namespace, s.instance_id)
         self._relay.kv.start()
         self._relay.load_pub.start()
+        self._snapshots = await serve_kv_snapshots(self.nc, self._relay.kv)
         self.engine.attach_events(self._relay)
         self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
         self.info = info = await self.engine.start()
@@ -259,6 +263,10 @@ class Worker:
                     await self.engine.stop()
             self._engine_started = False
         await self.request_server.stop()
+        if self._snapshots is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._snapshots.unsubscribe()
+            self._snapshots = None
         if self._relay.kv is not None:
             await self._relay.kv.stop()
         if self._relay.load_pub is not None:

@@ -1,0 +1,90 @@
+"""What a worker has told the event plane it holds: a mirror of its published KV events. Pure.
+
+A frontend that starts (or restarts, or scales out) after the workers have filled their caches has
+seen none of their ``BlockStored`` events. Every worker keeps this mirror of the events it published
+(whatever the engine: mocker or SGLang, both publish through ``runtime.events.KvEventPublisher``) and
+answers a ``KvSnapshotRequest`` from it: the blocks stored and not since removed, per dp rank, as
+``BlockStored`` events with every parent before its children, so a ``KvIndex`` can place them all.
+
+Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens),
+bounded by the engine's KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+__all__ = ["KvMirror"]
+
+
+@dataclass
+class _Block:
+    parent: int | None
+    tokens: list[int]
+
+
+@dataclass
+class KvMirror:
+    ranks: dict[int, dict[int, _Block]] = field(default_factory=dict)  # rank -> engine hash -> block
+
+    def apply(self, events: list[KvEvent], dp_rank: int = 0) -> None:
+        blocks = self.ranks.setdefault(dp_rank, {})
+        for event in events:
+            if isinstance(event, BlockStored):
+                n = len(event.block_hashes)
+                if n == 0:
+                    continue
+                page = len(event.token_ids) // n
+                parent = event.parent_hash
+                for i, h in enumerate(event.block_hashes):
+                    blocks[h] = _Block(parent, list(event.token_ids[i * page : (i + 1) * page]))
+                    parent = h
+            elif isinstance(event, BlockRemoved):
+                for h in event.block_hashes:
+                    blocks.pop(h, None)
+            elif isinstance(event, AllBlocksCleared):
+                blocks.clear()
+
+    def block_count(self, dp_rank: int | None = None) -> int:
+        if dp_rank is not None:
+            return len(self.ranks.get(dp_rank, {}))
+        return sum(len(b) for b in self.ranks.values())
+
+    def stored_events(self, dp_rank: int, max_blocks: int = 1000) -> Iterator[list[BlockStored]]:
+        """The rank's blocks as ``BlockStored`` events, parents first, in lists of at most
+        ``max_blocks`` blocks. A chain of blocks becomes one event."""
+        blocks = self.ranks.get(dp_rank, {})
+        emitted: set[int] = set()
+        out: list[BlockStored] = []
+        count = 0
+        for start in blocks:
+            if start in emitted:
+                continue
+            # walk up to the first ancestor not yet emitted (or absent), then emit downwards
+            chain = [start]
+            parent = blocks[start].parent
+            while parent is not None and parent in blocks and parent not in emitted:
+                chain.append(parent)
+                parent = blocks[parent].parent
+            chain.reverse()
+            for h in chain:
+                emitted.add(h)
+                b = blocks[h]
+                last = out[-1] if out else None
+                if last is not None and last.block_hashes[-1] == b.parent and len(last.block_hashes) < 64:
+                    out[-1] = BlockStored(
+                        parent_hash=last.parent_hash,
+                        block_hashes=[*last.block_hashes, h],
+                        token_ids=[*last.token_ids, *b.tokens],
+                    )
+                else:
+                    out.append(BlockStored(parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens))
+                count += 1
+                if count >= max_blocks:
+                    yield out
+                    out, count = [], 0
+        if out:
+            yield out
