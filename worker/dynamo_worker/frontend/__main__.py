@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     if unknown:
         log.warning("Ignored arguments this frontend does not use args=%s", " ".join(unknown))
-    return asyncio.run(run_frontend(settings))
+    return asyncio.run(run_frontend(settings, argv=sys.argv[1:] if argv is None else list(argv)))
 
 
 if __name__ == "__main__":

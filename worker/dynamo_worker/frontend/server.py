@@ -366,7 +366,7 @@ class OpenAIServer:
 
     async def _run(self, http_request: web.Request, job: _Job, started: float) -> web.StreamResponse:
         out = OutputText(
-            job.preprocessor,
+            job.preprocessor.tokenizer,
             prompt_ids=job.prompt_ids,
             stop_strings=job.stop_strings,
             stop_token_ids=job.stop_token_ids,
@@ -395,7 +395,10 @@ class OpenAIServer:
                 await response.prepare(http_request)
                 if job.kind == "chat":
                     pending.append(shaper.sse(shaper.chunk(None, None, role=True)))
-            if text or finish is not None:
+            if finish is None:
+                if text:
+                    pending.append(shaper.text_event(text))
+            else:
                 pending.append(shaper.sse(shaper.chunk(text, finish)))
             if finish is None and pending:
                 await response.write(b"".join(pending))
@@ -470,6 +473,16 @@ class _Shaper:
 
     def __init__(self, job: _Job) -> None:
         self.job = job
+        # A mid-stream text chunk is the same JSON every time but for its text: keep the bytes around
+        # it (``chunk(MARK, None)`` cut at the mark) and splice each text in.
+        mark = "\x00"
+        self._parts = self.sse(self.chunk(mark, None)).split(orjson.dumps(mark))
+
+    def text_event(self, text: str) -> bytes:
+        """``sse(chunk(text, None))`` for a non-empty ``text``, without building the dicts."""
+        if len(self._parts) != 2:  # the mark occurs elsewhere too (a model name with a NUL in it)
+            return self.sse(self.chunk(text, None))
+        return self._parts[0] + orjson.dumps(text) + self._parts[1]
 
     @staticmethod
     def sse(body: dict[str, Any]) -> bytes:

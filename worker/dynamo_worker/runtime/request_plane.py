@@ -125,7 +125,7 @@ def _error_response(status: int, error_type: ErrorType, message: str) -> web.Res
 
 
 def _line(chunk: GenerateChunk) -> bytes:
-    return orjson.dumps(chunk.model_dump(exclude_defaults=True)) + b"\n"
+    return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True) + b"\n"
 
 
 class RequestServer:
@@ -240,12 +240,12 @@ class RequestServer:
         response = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
         await response.prepare(http_request)
         outcome = "cancelled"
+        tokens = 0
         try:
             async with contextlib.aclosing(self._handler(request)) as chunks:
                 async for chunk in chunks:
                     await response.write(_line(chunk))
-                    if self._metrics is not None and chunk.token_ids:
-                        self._metrics.output_tokens.inc(len(chunk.token_ids))
+                    tokens += len(chunk.token_ids)
                     if chunk.finish_reason is not None:
                         outcome = chunk.error.type if chunk.error else chunk.finish_reason
                         break
@@ -272,6 +272,8 @@ class RequestServer:
             await response.write(_line(_error_chunk("engine_error", f"engine failed: {e}")))
         finally:
             self._count(outcome)
+            if self._metrics is not None and tokens:
+                self._metrics.output_tokens.inc(tokens)
         await response.write_eof()
         return response
 
