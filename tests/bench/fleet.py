@@ -88,8 +88,15 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
 class Fleet:
     """Start with ``with Fleet(workdir) as fleet:``; add processes with ``mocker()`` / ``frontend()``."""
 
-    def __init__(self, workdir: Path, model_dir: Path | None = None, model: str = MODEL) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path | None = None,
+        model: str = MODEL,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.env = env or {}  # for every process started
         self.nats = NatsServer()
         self.procs: list[Proc] = []
         self.model_dir = model_dir or ensure_tiny_model(workdir / "tiny-model")
@@ -123,6 +130,7 @@ class Fleet:
         env = {
             **os.environ,
             "DYN_LOG_LEVEL": os.environ.get("BENCH_CHILD_LOG_LEVEL", "WARNING"),
+            **self.env,
             **(env or {}),
         }
         with open(log_path, "wb") as out:

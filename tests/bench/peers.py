@@ -1,11 +1,12 @@
 """Side by side with NVIDIA Dynamo's frontend (``make bench-peers``): not a test, it prints figures.
 
 ``python -m tests.bench.peers --dynamo-venv DIR`` (the Makefile installs Dynamo into ``DIR`` with
-``hack/install-dynamo-peer.sh``). Each system runs alone, one after the other, in this invocation:
-its frontend plus its own simulated worker (Dynamo's mocker; ours), on 127.0.0.1, serving the same
-word-level model (``tests.bench.wordmodel``: every token one word, one streamed chunk), at the same
-speedup. Then the same workloads go through each, and the report prints each figure and the ratio
-ours / Dynamo:
+``hack/install-dynamo-peer.sh``). Each system is a frontend plus its own simulated workers (Dynamo's
+mocker; ours) on 127.0.0.1, serving the same word-level model (``tests.bench.wordmodel``: every token
+one word, one streamed chunk) at the same speedup. All stacks are up at once; each load goes through
+each system in turn (the others idle), ``--rounds`` times, alternating which goes first, so that a
+machine busy with other work weighs on all alike. The report prints the median of each figure and the
+ratio ours / Dynamo (and ours / ours before, with ``--baseline``):
 
 - non-streaming completions, concurrency 32, 16 tokens out: requests/s;
 - streaming completions, concurrency 32, 256 tokens out: output tokens/s, TTFT p50, ITL p50;
@@ -16,13 +17,16 @@ ours / Dynamo:
   the measured run).
 
 Dynamo runs with file discovery and the TCP request plane (no etcd, no NATS); ours with its embedded
-NATS. ``--rounds 2`` repeats everything to show the noise of a shared machine.
+NATS. ``--baseline DIR`` adds our stack from another source tree (``git archive main | tar -x -C
+DIR``) as "ours before", for before/after figures from the same invocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -159,18 +163,33 @@ def _ours(fleet: Fleet, tag: str, modes: tuple[str, ...], frontend_args: list[st
     return fleet.frontend(ns, "round-robin", *frontend_args)
 
 
-def _side(
-    workdir: Path, model_dir: Path, start: Callable[[Fleet, str, tuple[str, ...]], Proc], seed: int
-) -> dict[str, Result]:
-    """Every load through the aggregated stack, then the disaggregated one, of one system."""
-    results: dict[str, Result] = {}
+@dataclass(frozen=True)
+class Side:
+    name: str
+    start: Callable[[Fleet, str, tuple[str, ...]], Proc]  # (fleet, tag, worker modes) -> frontend
+    env: dict[str, str]
+
+
+def _compare(workdir: Path, model_dir: Path, sides: list[Side], rounds: int, seed: int) -> dict:
+    """Every system's stack up at once (idle but one), every load through each in turn, ``rounds``
+    times, alternating which goes first, so that a machine busy with other work at one moment
+    weighs on all of them alike. ``{side: {load: [Result per round]}}``."""
+    results: dict[str, dict[str, list[Result]]] = {side.name: {} for side in sides}
     for tag, modes, loads in (("agg", ("agg",), LOADS), ("disagg", ("prefill", "decode"), (DISAGG_LOAD,))):
-        with Fleet(workdir / tag, model_dir, MODEL) as fleet:
-            frontend = start(fleet, tag, modes)
-            _wait_serving(fleet, frontend)
-            workers = [p for p in fleet.procs if p is not frontend]
+        with contextlib.ExitStack() as stack:
+            stacks = []
+            for i, side in enumerate(sides):
+                fleet = stack.enter_context(Fleet(workdir / f"{i}-{tag}", model_dir, MODEL, side.env))
+                stacks.append((side, fleet, side.start(fleet, tag, modes)))
+            for _, fleet, frontend in stacks:
+                _wait_serving(fleet, frontend)
             for load in loads:
-                results[f"{tag}: {load.name}"] = _run(frontend, workers, load, seed)
+                for round_ in range(rounds):
+                    order = stacks if round_ % 2 == 0 else stacks[::-1]
+                    for side, fleet, frontend in order:
+                        workers = [p for p in fleet.procs if p is not frontend]
+                        result = _run(frontend, workers, load, seed + round_)
+                        results[side.name].setdefault(f"{tag}: {load.name}", []).append(result)
                 print(f"  {tag}: {load.name}: done", flush=True)
     return results
 
@@ -188,26 +207,40 @@ def _rows(r: Result, load: str) -> list[tuple[str, float | None, bool]]:
     rows.append(("frontend CPU us/request", r.cpu_us_per_request, False))
     rows.append(("frontend CPU us/token", r.cpu_us_per_token, False))
     rows.append(("worker CPU us/token", r.worker_cpu_us_per_token, False))
-    errors = sum(rep.errors.values())
-    if errors:
-        rows.append(("errors", float(errors), False))
+    rows.append(("errors", float(sum(rep.errors.values())), False))
     return rows
 
 
-def _table(ours: dict[str, Result], dynamo: dict[str, Result]) -> str:
-    lines = [f"{'workload / figure':<52} {'Dynamo 1.6.1':>13} {'ours':>11} {'ours/Dynamo':>12}"]
-    for load in ours:
-        for (name, a, higher), (_, b, _) in zip(
-            _rows(ours[load], load), _rows(dynamo[load], load), strict=True
-        ):
-            ratio = "" if not a or not b else f"{a / b:.2f}"
-            better = "" if not ratio else ("(higher is better)" if higher else "(lower is better)")
-            cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-            lines.append(f"{load + ' / ' + name:<52} {cell(b):>13} {cell(a):>11} {ratio:>12} {better}")
-    for name, side in (("Dynamo", dynamo), ("ours", ours)):
-        agg = side[f"agg: {DISAGG_LOAD.name}"].report.output_tokens_per_s
-        dis = side[f"disagg: {DISAGG_LOAD.name}"].report.output_tokens_per_s
-        lines.append(f"{name}: disaggregated / aggregated tokens/s = {dis:.0f} / {agg:.0f} = {dis / agg:.2f}")
+def _median_rows(results: list[Result], load: str) -> list[tuple[str, float | None, bool]]:
+    per_round = [_rows(r, load) for r in results]
+    out = []
+    for i, (name, _, higher) in enumerate(per_round[0]):
+        values = [rows[i][1] for rows in per_round if rows[i][1] is not None]
+        out.append((name, statistics.median(values) if values else None, higher))
+    return out
+
+
+def _table(results: dict[str, dict[str, list[Result]]], ours: str, others: list[str]) -> str:
+    cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    names = [*others, ours]
+    head = f"{'workload / figure (median of rounds)':<50}" + "".join(f"{n:>16}" for n in names)
+    head += "".join(f"{'ours/' + n.removeprefix('ours ').split()[0]:>16}" for n in others)
+    lines = [head]
+    for load in results[ours]:
+        rows = {n: _median_rows(results[n][load], load) for n in names}
+        for i, (figure, value, higher) in enumerate(rows[ours]):
+            if figure == "errors" and not any(rows[n][i][1] for n in names):
+                continue
+            line = f"{load + ' / ' + figure:<50}" + "".join(f"{cell(rows[n][i][1]):>16}" for n in names)
+            for n in others:
+                other = rows[n][i][1]
+                line += f"{(f'{value / other:.2f}' if value and other else ''):>16}"
+            lines.append(line + ("  (higher is better)" if higher else "  (lower is better)"))
+    for n in names:
+        agg = _median_rows(results[n][f"agg: {DISAGG_LOAD.name}"], "streaming")[0][1] or 0.0
+        dis = _median_rows(results[n][f"disagg: {DISAGG_LOAD.name}"], "streaming")[0][1] or 0.0
+        ratio = f"{dis / agg:.2f}" if agg else "-"
+        lines.append(f"{n}: disaggregated / aggregated tokens/s = {dis:.0f} / {agg:.0f} = {ratio}")
     return "\n".join(lines)
 
 
@@ -218,10 +251,15 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dynamo-venv", type=Path, required=True, help="venv with ai-dynamo 1.6.1")
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the whole comparison")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each load per system (median)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--frontend-args", default="", help="extra flags for our frontend, e.g. '--http-workers 2'"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run ours from this source tree (e.g. `git archive main`), as 'ours before'",
     )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="process logs (default: a temporary folder)"
@@ -229,25 +267,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir = ensure_word_model(CACHE / "word-model")
     frontend_args = args.frontend_args.split()
+    sides = [
+        Side("Dynamo 1.6.1", lambda f, t, m: _dynamo(f, args.dynamo_venv, t, m), {}),
+        Side("ours", lambda f, t, m: _ours(f, t, m, frontend_args), {}),
+    ]
+    if args.baseline is not None:
+        before = {"PYTHONPATH": str(args.baseline.resolve() / "worker")}
+        sides.append(Side("ours before", lambda f, t, m: _ours(f, t, m, []), before))
     with tempfile.TemporaryDirectory(prefix="dynamo-peers-") as tmp:
         workdir = args.workdir or Path(tmp)
-        for round_ in range(1, args.rounds + 1):
-            print(f"\n== round {round_}: NVIDIA Dynamo 1.6.1 (frontend + mocker) ==", flush=True)
-            dynamo = _side(
-                workdir / f"r{round_}-dynamo",
-                model_dir,
-                lambda f, t, m: _dynamo(f, args.dynamo_venv, t, m),
-                args.seed,
-            )
-            print(f"== round {round_}: ours (frontend + mocker) ==", flush=True)
-            ours = _side(
-                workdir / f"r{round_}-ours",
-                model_dir,
-                lambda f, t, m: _ours(f, t, m, frontend_args),
-                args.seed,
-            )
-            print(f"\n== round {round_}: speedup {SPEEDUP:g}, completions API, 64 words in ==", flush=True)
-            print(_table(ours, dynamo), flush=True)
+        print(
+            f"== {', '.join(s.name for s in sides)}: each a frontend + simulated workers at speedup "
+            f"{SPEEDUP:g}; completions API, 64 words in; {args.rounds} rounds ==",
+            flush=True,
+        )
+        results = _compare(workdir, model_dir, sides, args.rounds, args.seed)
+        others = [s.name for s in sides if s.name != "ours"]
+        print("\n" + _table(results, "ours", others), flush=True)
     return 0
 
 
