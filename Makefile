@@ -68,6 +68,12 @@ cluster-down: ## stop the local control plane started by cluster-up
 image-operator: venv ## build the operator image with buildah (root, no registry) and run it
 	bash hack/build-operator-image.sh
 
-.PHONY: bench image-operator
+.PHONY: bench bench-peers image-operator
 bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
 	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json
+
+# Our frontend's flags in the comparison (the default serves from one process).
+PEERS_FRONTEND_ARGS ?= --http-workers 2
+bench-peers: venv ## our frontend + mocker vs NVIDIA Dynamo 1.6.1's (installed once into a cached venv), same workloads
+	$(BIN)/python -m tests.bench.peers --dynamo-venv "$$(bash hack/install-dynamo-peer.sh)" \
+		--frontend-args "$(PEERS_FRONTEND_ARGS)" $(PEERS_ARGS)

@@ -51,6 +51,19 @@ class Proc:
                 f"{self.name} exited with {self.popen.returncode}; log {self.log_path}:\n{self.tail()}"
             )
 
+    def cpu_s(self) -> float:
+        """CPU time (user + system, seconds) of the live processes of this process's group: the process
+        and any it started (a frontend's extra serving processes)."""
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            if int(fields[2]) == self.popen.pid:  # fields[2]: the process group id
+                total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+        return total / os.sysconf("SC_CLK_TCK")
+
     def stop(self, grace_s: float = 10.0) -> None:
         if self.popen.poll() is not None:
             return
@@ -77,11 +90,19 @@ def _get(url: str, timeout: float = 2.0) -> tuple[int, str]:
 class Fleet:
     """Start with ``with Fleet(workdir) as fleet:``; add processes with ``mocker()`` / ``frontend()``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path | None = None,
+        model: str = MODEL,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
+        self.env = env or {}  # for every process started
         self.nats = NatsServer()
         self.procs: list[Proc] = []
-        self.model_dir = ensure_tiny_model(workdir / "tiny-model")
+        self.model_dir = model_dir or ensure_tiny_model(workdir / "tiny-model")
+        self.model = model
 
     def __enter__(self) -> Fleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,22 +125,39 @@ class Fleet:
             if proc in self.procs:
                 self.procs.remove(proc)
 
-    def _spawn(self, name: str, args: list[str], ports: dict[str, int]) -> Proc:
+    def spawn(
+        self,
+        name: str,
+        args: list[str],
+        ports: dict[str, int],
+        *,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """``python -m *args`` in its own process group, logging to ``<workdir>/<name>.log``."""
         log_path = self.workdir / f"{name}.log"
-        env = {**os.environ, "DYN_LOG_LEVEL": os.environ.get("BENCH_CHILD_LOG_LEVEL", "WARNING")}
+        env = {
+            **os.environ,
+            "DYN_LOG_LEVEL": os.environ.get("BENCH_CHILD_LOG_LEVEL", "WARNING"),
+            **self.env,
+            **(env or {}),
+        }
         with open(log_path, "wb") as out:
             popen = start_process(
-                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env
+                [python, "-m", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         proc = Proc(name, popen, log_path, ports)
         self.procs.append(proc)
         return proc
 
     def mocker(self, namespace: str, mode: str = "null", *extra: str, speedup: float = 50.0) -> Proc:
-        """A mocker worker (``mode`` null = aggregated, prefill or decode) serving ``MODEL``."""
+        """A mocker worker (``mode`` null = aggregated, prefill or decode) serving the fleet's model."""
         ports = {"system": free_port(), "request": free_port()}
         args = [
-            "dynamo_worker.mocker", "--model-path", str(self.model_dir), "--served-model-name", MODEL,
+            "dynamo_worker.mocker", "--model-path", str(self.model_dir), "--served-model-name", self.model,
             "--page-size", "16", "--disaggregation-mode", mode, "--speedup", str(speedup),
             "--namespace", namespace, "--component", "backend" if mode == "null" else mode,
             "--nats-server", self.nats.url, "--system-port", str(ports["system"]),
@@ -130,7 +168,7 @@ class Fleet:
             ports["bootstrap"] = free_port()
             args += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
         n = sum(p.name.startswith(f"{namespace}-mocker") for p in self.procs)
-        return self._spawn(f"{namespace}-mocker-{mode}-{n}", [*args, *extra], ports)
+        return self.spawn(f"{namespace}-mocker-{mode}-{n}", [*args, *extra], ports)
 
     def frontend(self, namespace: str, router_mode: str = "round-robin", *extra: str) -> Proc:
         ports = {"http": free_port()}
@@ -138,7 +176,7 @@ class Fleet:
             "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", str(ports["http"]),
             "--namespace", namespace, "--nats-server", self.nats.url, "--router-mode", router_mode,
         ]  # fmt: skip
-        return self._spawn(f"{namespace}-frontend", [*args, *extra], ports)
+        return self.spawn(f"{namespace}-frontend", [*args, *extra], ports)
 
     def wait_healthy(self, proc: Proc, url: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -7,7 +7,8 @@ generator); processes from ``tests.bench.fleet`` (free ports on 127.0.0.1, all s
 
 1. frontend: closed loop at fixed concurrency, through the frontend (OpenAI completions, SSE,
    tokenize/detokenize, routing) vs straight to the same mocker's request plane (the prompt tokenized
-   by the same tokenizer; different words per side, so neither finds the other's prompts cached).
+   by the same tokenizer; different words per side, so neither finds the other's prompts cached), and
+   the frontend's own CPU time (its process group) per request and per output token.
 2. router: kv with its defaults vs round-robin, each on a fresh fleet of 4 mockers x 160 KV blocks of
    64 tokens, on three workloads: "prefix64" (64 shared prefixes, cache pressure), "few-prefix" (4
    prefixes, no pressure) and a Mooncake-style multi-turn conversation trace: cached share of prompt
@@ -17,6 +18,8 @@ generator); processes from ``tests.bench.fleet`` (free ports on 127.0.0.1, all s
    owned by the operator work): time to children created and to Ready, the operator's CPU and RSS.
 5. request-plane: round trip and streaming tokens/s between two processes
    (``tests/bench/bench_request_plane.py``, owned by the runtime work).
+
+Side by side with NVIDIA Dynamo's frontend: ``python -m tests.bench.peers`` (``make bench-peers``).
 
 Caps keep the whole run within 10 minutes on a 2-core machine (``--scale`` scales request counts).
 """
@@ -130,6 +133,7 @@ def scenario_frontend(workdir: Path, scale: float) -> dict[str, Report]:
             duration_s=60,
             warmup=20,
         )
+        cpu_before = fe.cpu_s()  # includes the warm-up: a few requests more than counted
         through = measure(
             _openai(fe.ports["http"]),
             _random(2, "fixed:128", "fixed:64"),
@@ -138,9 +142,19 @@ def scenario_frontend(workdir: Path, scale: float) -> dict[str, Report]:
             duration_s=60,
             warmup=20,
         )
+        cpu_s = fe.cpu_s() - cpu_before
     print(format_comparison("frontend", through, "direct", direct), flush=True)
     print(_added(through, direct), flush=True)
-    return {"frontend": through, "direct": direct}
+    cpu = {
+        "cpu_us_per_request": 1e6 * cpu_s / max(1, through.completed),
+        "cpu_us_per_token": 1e6 * cpu_s / max(1, through.output_tokens),
+    }
+    print(
+        f"  frontend CPU time (process): {cpu['cpu_us_per_request']:.0f} us per request, "
+        f"{cpu['cpu_us_per_token']:.1f} us per output token",
+        flush=True,
+    )
+    return {"frontend": through, "direct": direct, "frontend_cpu": cpu}
 
 
 def _added(through: Report, direct: Report) -> str:

@@ -1,16 +1,19 @@
 """``python -m dynamo_worker.frontend`` as a process: it finds a mocker through discovery, /health
 turns 200 once the model is served, it answers the official ``openai`` client, and SIGTERM ends it
-with exit code 0."""
+with exit code 0; with ``--http-workers`` its serving processes share the port and live and die
+with it."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -79,4 +82,83 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
             proc.wait(10)
+
+
+def _start(nats_url: str, namespace: str, port: int, log, *extra: str) -> subprocess.Popen:
+    args = ["--http-host", "127.0.0.1", "--http-port", str(port), "--namespace", namespace]
+    return subprocess.Popen(
+        [sys.executable, "-m", "dynamo_worker.frontend", *args, "--nats-server", nats_url, *extra],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _serving(proc: subprocess.Popen, port: int, log: Path, within_s: float = 60) -> None:
+    """Until both processes listen and 20 health checks in a row (new connections, spread over the
+    processes) say 200."""
+    deadline = time.monotonic() + within_s
+    while log.read_text().count("Frontend listening") < 2 or not all(health(port) == 200 for _ in range(20)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
+def test_http_workers_serve_one_port_and_stop_together(mockers, nats_url, namespace, tmp_path):
+    """``--http-workers 2``: a second serving process on the same port, answering clients; SIGTERM to
+    the frontend stops both, exit code 0."""
+    port, log = free_port(), tmp_path / "frontend.log"
+    mockers("null")
+    with open(log, "wb") as out:
+        proc = _start(nats_url, namespace, port, out, "--http-workers", "2")
+    try:
+        _serving(proc, port, log)
+        helpers = _children(proc.pid)
+        assert len(helpers) == 1, log.read_text()
+        for _ in range(6):  # a new client (connection) each time
+            with openai.OpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30
+            ) as c:
+                r = c.completions.create(model="tiny", prompt="hello", max_tokens=3)
+                assert r.usage.completion_tokens <= 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{helpers[0]}").exists():
+            assert time.monotonic() < deadline, "the serving process outlived the frontend"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_frontend_exits_when_a_serving_process_dies(mockers, nats_url, namespace, tmp_path):
+    """A serving process that dies takes the frontend down (exit code 1) so that it is restarted,
+    instead of serving on with part of its processes gone."""
+    port, log = free_port(), tmp_path / "frontend.log"
+    mockers("null")
+    with open(log, "wb") as out:
+        proc = _start(nats_url, namespace, port, out, "--http-workers", "2")
+    try:
+        _serving(proc, port, log)
+        (helper,) = _children(proc.pid)
+        os.kill(helper, signal.SIGKILL)
+        assert proc.wait(30) == 1
+        assert "exited with -9" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,4 +1,5 @@
-"""The request plane over real sockets: NDJSON streaming, connection reuse, the in-flight bound
+"""The request plane over real sockets: NDJSON streaming (a chunk is handed on as soon as it arrives;
+chunks that arrive together are handed on as one), connection reuse, the in-flight bound
 (``overloaded``), invalid requests, cancellation reaching the engine when the client goes away, every
 wait bounded, typed errors when the worker is unreachable or dies mid-stream, and draining."""
 
@@ -76,8 +77,19 @@ async def served():
 async def test_streams_disjoint_chunks_until_the_final_one(served):
     _, _, client, address = served
     chunks = [c async for c in client.generate(address, request(max_tokens=4))]
-    assert [c.token_ids for c in chunks] == [[10], [11], [12], [99]]
+    # Lines that arrive together are handed on as one chunk: the ids, in order, are what counts.
+    assert [t for c in chunks for t in c.token_ids] == [10, 11, 12, 99]
+    assert all(c.finish_reason is None for c in chunks[:-1])
     assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 4
+
+
+async def test_a_chunk_that_arrives_alone_is_handed_on_at_once(served):
+    engine, _, client, address = served
+    engine.hold = True  # the engine stops after its first token until released
+    stream = client.generate(address, request(max_tokens=3))
+    assert (await anext(stream)).token_ids == [10]
+    engine.release.set()
+    assert [t for c in [c async for c in stream] for t in c.token_ids] == [11, 99]
 
 
 async def test_connections_are_reused(served):

@@ -3,7 +3,8 @@
 Two targets with one interface (``async send(spec) -> RequestResult``):
 
 - ``OpenAITarget``: any OpenAI-compatible server, ``/v1/chat/completions`` or ``/v1/completions``,
-  streamed as server-sent events over one shared ``aiohttp`` session. The official ``openai`` client is
+  streamed as server-sent events over one shared ``aiohttp`` session (or, with ``stream=False``, one
+  JSON answer each). The official ``openai`` client is
   not used on purpose: it parses every chunk into pydantic objects and hides when bytes arrive, which
   adds client-side CPU per token (on a 2-core machine that lands in the figures) and blurs TTFT/ITL.
   Reading the SSE lines directly timestamps each chunk as it arrives.
@@ -69,6 +70,7 @@ class OpenAITarget:
         api_key: str | None = None,
         ignore_eos: bool = True,
         timeout_s: float = 120.0,
+        stream: bool = True,
     ) -> None:
         root = url.rstrip("/")
         root = root.removesuffix("/v1")
@@ -77,16 +79,17 @@ class OpenAITarget:
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        self.ignore_eos, self.timeout_s = ignore_eos, timeout_s
+        self.ignore_eos, self.timeout_s, self.stream = ignore_eos, timeout_s, stream
 
     def body(self, spec: RequestSpec) -> dict:
         body: dict = {
             "model": self.model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": self.stream,
             "max_tokens": spec.max_tokens,
             "temperature": 0.0,
         }
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:
             body["ignore_eos"] = True
         if self.api == "chat":
@@ -99,7 +102,19 @@ class OpenAITarget:
 
     async def send(self, spec: RequestSpec) -> RequestResult:
         data = orjson.dumps(self.body(spec))
-        return await _post(self.session, self.endpoint, data, self.headers, self.timeout_s, self._read_sse)
+        read = self._read_sse if self.stream else self._read_whole
+        return await _post(self.session, self.endpoint, data, self.headers, self.timeout_s, read)
+
+    async def _read_whole(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
+        """A non-streamed answer: its one "chunk" is the whole body, so TTFT equals E2E."""
+        body = orjson.loads(await response.read())
+        result.first_chunk = time.perf_counter()
+        result.chunk_times.append(result.first_chunk)
+        choice = (body.get("choices") or [{}])[0]
+        result.text = (choice.get("message") or {}).get("content") or choice.get("text") or ""
+        usage = body.get("usage") or {}
+        result.output_tokens = int(usage.get("completion_tokens") or 0)
+        result.prompt_tokens = usage.get("prompt_tokens")
 
     async def _read_sse(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
         chunks_with_output = 0

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
 from dynamo_worker.frontend.app import run_frontend
 from dynamo_worker.frontend.settings import FrontendSettings
+from dynamo_worker.runtime import aio
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 
 log = logging.getLogger("dynamo_worker.frontend")
@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     if unknown:
         log.warning("Ignored arguments this frontend does not use args=%s", " ".join(unknown))
-    return asyncio.run(run_frontend(settings))
+    return aio.run(run_frontend(settings, argv=sys.argv[1:] if argv is None else list(argv)))
 
 
 if __name__ == "__main__":

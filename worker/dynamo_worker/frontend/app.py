@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import signal
+import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -136,7 +139,10 @@ class Frontend:
         )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=2048)
+        reuse_port = s.http_reuse_port or s.http_workers > 1
+        site = web.TCPSite(
+            self._runner, s.http_host, s.http_port, backlog=2048, reuse_port=reuse_port or None
+        )
         await site.start()
         server = site._server  # aiohttp exposes the bound sockets only here
         assert server is not None
@@ -189,35 +195,89 @@ class Frontend:
         log.info("Frontend stopped")
 
 
-async def run_frontend(settings: FrontendSettings, *, stop: asyncio.Event | None = None) -> int:
-    """Serve until SIGTERM/SIGINT (or ``stop``); 0 after a clean shutdown, 1 when starting failed."""
+async def run_frontend(
+    settings: FrontendSettings, *, stop: asyncio.Event | None = None, argv: Sequence[str] = ()
+) -> int:
+    """Serve until SIGTERM/SIGINT (or ``stop``); 0 after a clean shutdown, 1 when starting failed.
+    With ``--http-workers N`` it also runs N - 1 more serving processes (``argv`` plus the bound port)
+    on the same port, stops them with itself, and stops everything when one of them dies."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     frontend = Frontend(settings)
+    helpers: list[asyncio.subprocess.Process] = []
     try:
         try:
             await frontend.start()
+            helpers = await _start_helpers(settings, frontend.port, argv)
         except (OSError, TimeoutError, RuntimeError) as e:
             log.error("Frontend failed to start: %s", e)
+            await _stop_helpers(helpers)
             await frontend.stop(drain_s=0)
             return 1
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait({stopped, frontend.discovery}, return_when=asyncio.FIRST_COMPLETED)
-        if not stop.is_set():  # the discovery watch ended: serving a frozen worker list would be wrong
+        helper_exits = [asyncio.create_task(h.wait()) for h in helpers]
+        await asyncio.wait({stopped, frontend.discovery, *helper_exits}, return_when=asyncio.FIRST_COMPLETED)
+        if not stop.is_set():
             stopped.cancel()
-            error = None if frontend.discovery.cancelled() else frontend.discovery.exception()
-            log.error(
-                "Discovery watch ended (%s): the frontend can no longer see workers come and go; "
-                "exiting so that it is restarted",
-                error or "the watch stream closed",
-            )
+            if frontend.discovery.done():  # serving a frozen worker list would be wrong
+                error = None if frontend.discovery.cancelled() else frontend.discovery.exception()
+                log.error(
+                    "Discovery watch ended (%s): the frontend can no longer see workers come and go; "
+                    "exiting so that it is restarted",
+                    error or "the watch stream closed",
+                )
+            else:
+                dead = next(h for h in helpers if h.returncode is not None)
+                log.error(
+                    "Serving process pid=%s exited with %s; exiting so that the frontend is restarted",
+                    dead.pid,
+                    dead.returncode,
+                )
+            await _stop_helpers(helpers)
             await frontend.stop(drain_s=0)
             return 1
         log.info("Shutting down frontend")
-        await frontend.stop()
+        await asyncio.gather(_stop_helpers(helpers), frontend.stop())
         return 0
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _start_helpers(
+    settings: FrontendSettings, port: int | None, argv: Sequence[str]
+) -> list[asyncio.subprocess.Process]:
+    """The extra serving processes of ``--http-workers``: this command again, on the bound port."""
+    extra = [*argv, "--http-port", str(port), "--http-workers", "1", "--http-reuse-port"]
+    helpers = []
+    for _ in range(settings.http_workers - 1):
+        helpers.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "dynamo_worker.frontend", *extra, preexec_fn=_die_with_parent
+            )
+        )
+    if helpers:
+        log.info("Started serving processes count=%d port=%s", len(helpers), port)
+    return helpers
+
+
+async def _stop_helpers(helpers: list[asyncio.subprocess.Process]) -> None:
+    """SIGTERM (they drain like this process), then SIGKILL after the drain bound."""
+    for h in helpers:
+        if h.returncode is None:
+            h.terminate()
+    for h in helpers:
+        try:
+            async with asyncio.timeout(DRAIN_S + 5):
+                await h.wait()
+        except TimeoutError:
+            h.kill()
+            await h.wait()
+
+
+def _die_with_parent() -> None:
+    """In a serving process, before exec: get SIGTERM when the process that started it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

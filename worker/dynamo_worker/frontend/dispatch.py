@@ -290,22 +290,19 @@ class Dispatcher:
         first = True  # no decode chunk yet: a worker that cannot be reached may be replaced
         try:
             while True:
-                next_chunk = asyncio.ensure_future(anext(decode_stream))
                 try:
-                    if not prefill_task.done():
-                        await asyncio.wait({next_chunk, prefill_task}, return_when=asyncio.FIRST_COMPLETED)
-                    if prefill_task.done() and prefill_task.exception() is not None and not next_chunk.done():
-                        raise prefill_task.exception()  # type: ignore[misc]
-                    chunk = await next_chunk
+                    if prefill_task.done():
+                        if prefill_task.exception() is not None:
+                            raise prefill_task.exception()  # type: ignore[misc]
+                        # The prefill leg is over (it ends at the decode's first token or before):
+                        # read the decode stream directly, without a task per chunk.
+                        chunk = await anext(decode_stream)
+                    else:
+                        chunk = await _next_or_leg_failure(decode_stream, prefill_task)
                 except StopAsyncIteration:
                     break
                 except RequestPlaneError as e:
                     raise self._failed(e, "decode", decode, first) from None
-                finally:
-                    if not next_chunk.done():
-                        next_chunk.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await next_chunk
                 if chunk.error is not None:
                     error = _from_worker_error(chunk.error, decode.address)
                     if first and chunk.error.type in _RETRYABLE_REJECTIONS:
@@ -342,6 +339,23 @@ def _on_rank(request: GenerateRequest, choice: Choice) -> GenerateRequest:
     if rank == request.data_parallel_rank:
         return request
     return request.model_copy(update={"data_parallel_rank": rank})
+
+
+async def _next_or_leg_failure(
+    stream: AsyncIterator[GenerateChunk], leg: asyncio.Task[None]
+) -> GenerateChunk:
+    """The next chunk of ``stream``, or the failure of ``leg`` if it fails first."""
+    next_chunk = asyncio.ensure_future(anext(stream))
+    try:
+        await asyncio.wait({next_chunk, leg}, return_when=asyncio.FIRST_COMPLETED)
+        if leg.done() and leg.exception() is not None and not next_chunk.done():
+            raise leg.exception()  # type: ignore[misc]
+        return await next_chunk
+    finally:
+        if not next_chunk.done():
+            next_chunk.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await next_chunk
 
 
 def _retryable_or_error(

@@ -366,7 +366,7 @@ class OpenAIServer:
 
     async def _run(self, http_request: web.Request, job: _Job, started: float) -> web.StreamResponse:
         out = OutputText(
-            job.preprocessor,
+            job.preprocessor.tokenizer,
             prompt_ids=job.prompt_ids,
             stop_strings=job.stop_strings,
             stop_token_ids=job.stop_token_ids,
@@ -383,10 +383,12 @@ class OpenAIServer:
         # reason wait for the end of the stream, so it ends in one write instead of four.
         pending: list[bytes] = []
 
-        async def emit(text: str) -> None:
+        async def emit(*parts: str) -> None:
+            """One event per part (the last one carries the finish reason, once there is one), sent
+            in one write."""
             nonlocal response
             if not job.stream:
-                texts.append(text)
+                texts.extend(parts)
                 return
             if response is None:
                 response = web.StreamResponse(
@@ -395,9 +397,12 @@ class OpenAIServer:
                 await response.prepare(http_request)
                 if job.kind == "chat":
                     pending.append(shaper.sse(shaper.chunk(None, None, role=True)))
-            if text or finish is not None:
-                pending.append(shaper.sse(shaper.chunk(text, finish)))
-            if finish is None and pending:
+            for text in parts if finish is None else parts[:-1]:
+                if text:
+                    pending.append(shaper.text_event(text))
+            if finish is not None:
+                pending.append(shaper.sse(shaper.chunk(parts[-1], finish)))
+            elif pending:
                 await response.write(b"".join(pending))
                 pending.clear()
 
@@ -411,14 +416,25 @@ class OpenAIServer:
                         else:
                             itl.observe(now - last_token_at)
                         last_token_at = now
-                        delta = out.push(chunk.token_ids)
-                        completion_tokens += delta.token_count
+                        # Streamed, every token is an event of its own, also when several arrived
+                        # at once (the worker or the request plane coalesced them because a reader
+                        # fell behind); those events then leave in one write. Token by token, a stop
+                        # string also ends the count of completion tokens at the token holding it.
+                        ids = chunk.token_ids
+                        one_by_one = len(ids) > 1 and (job.stream or bool(job.stop_strings))
+                        parts: list[str] = []
+                        for piece in [[t] for t in ids] if one_by_one else [ids]:
+                            delta = out.push(piece)
+                            completion_tokens += delta.token_count
+                            parts.append(delta.text)
+                            if delta.stopped:
+                                break
                         if delta.stopped:
                             finish = "stop"
-                            await emit(delta.text)
+                            await emit(*parts)
                             break
-                        if delta.text:
-                            await emit(delta.text)
+                        if any(parts):
+                            await emit(*parts)
                     if chunk.finish_reason is not None:
                         if chunk.finish_reason not in _FINISH:
                             raise UpstreamError(
@@ -470,6 +486,16 @@ class _Shaper:
 
     def __init__(self, job: _Job) -> None:
         self.job = job
+        # A mid-stream text chunk is the same JSON every time but for its text: keep the bytes around
+        # it (``chunk(MARK, None)`` cut at the mark) and splice each text in.
+        mark = "\x00"
+        self._parts = self.sse(self.chunk(mark, None)).split(orjson.dumps(mark))
+
+    def text_event(self, text: str) -> bytes:
+        """``sse(chunk(text, None))`` for a non-empty ``text``, without building the dicts."""
+        if len(self._parts) != 2:  # the mark occurs elsewhere too (a model name with a NUL in it)
+            return self.sse(self.chunk(text, None))
+        return self._parts[0] + orjson.dumps(text) + self._parts[1]
 
     @staticmethod
     def sse(body: dict[str, Any]) -> bytes:

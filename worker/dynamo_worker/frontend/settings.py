@@ -36,6 +36,19 @@ class FrontendSettings(BaseModel):
         description="Port of the OpenAI API, /health, /live and /metrics; 0 picks a free port.",
         json_schema_extra={"env": contract.ENV_HTTP_PORT},
     )
+    http_workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Serving processes sharing the HTTP port (SO_REUSEPORT): each has its own event loop, "
+        "discovery watch and router state, and the kernel spreads connections over them. More than one "
+        "uses more cores for streaming; /metrics then shows the process that answers the scrape.",
+    )
+    http_reuse_port: bool = Field(
+        False,
+        description="Bind the HTTP port with SO_REUSEPORT, so that other frontends can share it (set for "
+        "the extra processes of --http-workers).",
+    )
     namespace: str = Field(
         "dynamo",
         pattern=r"^[A-Za-z0-9_-]+$",

@@ -2,8 +2,8 @@
 
 ``IncrementalDetokenizer`` decodes a growing id sequence in small windows and emits only complete
 characters: while the text decoded so far ends in U+FFFD (a multi-byte character split across
-tokens), nothing is emitted until the following token completes it. It keeps a short window of
-earlier ids so tokenizers that mark word starts (SentencePiece's leading space) keep their spaces.
+tokens), nothing is emitted until the following token completes it. It starts from the last few
+prompt ids so tokenizers that mark word starts (SentencePiece's leading space) keep their spaces.
 
 ``StopStringMatcher`` cuts the text at the first stop string and never lets any part of one reach the
 client: text that could be the beginning of a stop string is held back until the next chunk proves
@@ -15,49 +15,49 @@ it is not (or ends the stream).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 __all__ = ["Delta", "IncrementalDetokenizer", "OutputText", "StopStringMatcher"]
 
-REPLACEMENT = "\ufffd"
 _CONTEXT_IDS = 5  # earlier ids kept in the decode window (enough for SentencePiece word starts)
 
 
-class Decoder(Protocol):
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
-
-
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, context_ids: Sequence[int] = (), skip_special_tokens: bool = True):
+    """Streams text with the ``tokenizers`` library's ``DecodeStream`` (its window and UTF-8 handling
+    run in Rust: one call per chunk instead of two full decodes of a Python-kept window)."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, context_ids: Sequence[int] = (), skip_special_tokens: bool = True
+    ):
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        self._ids: list[int] = list(context_ids[-_CONTEXT_IDS:])
-        self._prefix = 0  # start of the decode window
-        self._read = len(self._ids)  # ids before this are already emitted as text
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip)
+        self._last: list[int] = list(context_ids[-_CONTEXT_IDS:])  # ids of the latest emitted text
+        self._stream = DecodeStream(ids=self._last, skip_special_tokens=skip_special_tokens)
+        self._held: list[int] = []  # ids whose text is not complete yet
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add ids; return the newly completed text (possibly empty)."""
         if not token_ids:
             return ""
-        self._ids.extend(token_ids)
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        full_text = self._decode(self._ids[self._prefix :])
-        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT):
-            return ""  # nothing new yet, or a character still incomplete
-        delta = full_text[len(prefix_text) :]
-        self._prefix, self._read = self._read, len(self._ids)
-        return delta
+        ids = token_ids if isinstance(token_ids, list) else list(token_ids)
+        text = self._stream.step(self._tok, ids)
+        if text is None:  # nothing new yet, or a character still incomplete
+            self._held.extend(ids)
+            return ""
+        self._last, self._held = [*self._held, *ids][-_CONTEXT_IDS:], []
+        return text
 
     def flush(self) -> str:
         """At the end of the stream: whatever is still held (an incomplete character decodes as U+FFFD,
         as a full decode would)."""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        full_text = self._decode(self._ids[self._prefix :])
-        self._prefix = self._read = len(self._ids)
+        if not self._held:
+            return ""
+        prefix_text = self._tok.decode(self._last, skip_special_tokens=self._skip)
+        full_text = self._tok.decode(self._last + self._held, skip_special_tokens=self._skip)
+        self._last, self._held = (self._last + self._held)[-_CONTEXT_IDS:], []
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
 
 
@@ -92,8 +92,7 @@ class StopStringMatcher:
         return held
 
 
-@dataclass(frozen=True)
-class Delta:
+class Delta(NamedTuple):
     text: str
     token_count: int  # ids consumed from this chunk (up to and excluding a stop token id)
     stopped: bool  # a stop string or stop token id ended the output
@@ -104,7 +103,7 @@ class OutputText:
 
     def __init__(
         self,
-        tokenizer: Decoder,
+        tokenizer: Tokenizer,
         *,
         prompt_ids: Sequence[int] = (),
         stop_strings: Sequence[str] = (),
@@ -120,10 +119,11 @@ class OutputText:
             return Delta("", 0, True)
         ids = list(token_ids)
         hit_stop_id = False
-        for i, t in enumerate(ids):
-            if t in self._stop_ids:
-                ids, hit_stop_id = ids[:i], True
-                break
+        if self._stop_ids:
+            for i, t in enumerate(ids):
+                if t in self._stop_ids:
+                    ids, hit_stop_id = ids[:i], True
+                    break
         text, stopped = self._stops.push(self._detok.push(ids))
         if hit_stop_id and not stopped:
             tail, stopped = self._stops.push(self._detok.flush())

@@ -125,6 +125,21 @@ class _Seq:
     rank: int = 0  # data-parallel rank whose KV cache holds it
 
 
+def _merge_ready(
+    chunk: GenerateChunk, queue: asyncio.Queue[GenerateChunk]
+) -> tuple[GenerateChunk, GenerateChunk | None]:
+    """``chunk`` and the token-only chunks queued behind it as one, and the final chunk if one was taken
+    from the queue: a stream whose reader fell behind catches up with one write instead of one per
+    token (nothing waits to be merged)."""
+    ids = list(chunk.token_ids)
+    while not queue.empty():
+        nxt = queue.get_nowait()
+        if nxt.finish_reason is not None:
+            return GenerateChunk(token_ids=ids), nxt
+        ids += nxt.token_ids
+    return GenerateChunk(token_ids=ids), None
+
+
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
     return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
 
@@ -266,8 +281,11 @@ class MockerEngine(Engine):
             self._waiting.append(seq)
             queued = True
             self._wakeup.set()
+            held: GenerateChunk | None = None
             while True:
-                chunk = await seq.out.get()
+                chunk, held = (held, None) if held is not None else (await seq.out.get(), None)
+                if chunk.finish_reason is None and not seq.out.empty():
+                    chunk, held = _merge_ready(chunk, seq.out)
                 if (
                     chunk.finish_reason is not None
                     and chunk.finish_reason != "error"

@@ -11,7 +11,8 @@ At most ``max_inflight`` requests run at once; more are refused at once (no queu
 engine). Writes wait for the socket to drain, so a slow reader slows its own stream only.
 
 Client (``RequestClient``): one shared ``aiohttp.ClientSession`` with keep-alive. Every wait is
-bounded: connecting, the first chunk, and the gap between two chunks. Errors::
+bounded: connecting, the first chunk, and the gap between two chunks. Lines that arrive together
+are parsed in one call and their token ids handed on as one chunk (``_coalesce``). Errors::
 
     RequestPlaneError
     ├── WorkerUnreachable     could not connect, or the connection closed before any answer
@@ -33,7 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, WorkerError
 
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 GENERATE_PATH = "/v1/generate"
 NDJSON = "application/x-ndjson"
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a 1M-token prompt as JSON ints fits easily
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one NDJSON line of a stream
 
 GenerateHandler = Callable[[GenerateRequest], AsyncIterator[GenerateChunk]]
 
@@ -125,7 +127,7 @@ def _error_response(status: int, error_type: ErrorType, message: str) -> web.Res
 
 
 def _line(chunk: GenerateChunk) -> bytes:
-    return orjson.dumps(chunk.model_dump(exclude_defaults=True)) + b"\n"
+    return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True) + b"\n"
 
 
 class RequestServer:
@@ -240,12 +242,12 @@ class RequestServer:
         response = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
         await response.prepare(http_request)
         outcome = "cancelled"
+        tokens = 0
         try:
             async with contextlib.aclosing(self._handler(request)) as chunks:
                 async for chunk in chunks:
                     await response.write(_line(chunk))
-                    if self._metrics is not None and chunk.token_ids:
-                        self._metrics.output_tokens.inc(len(chunk.token_ids))
+                    tokens += len(chunk.token_ids)
                     if chunk.finish_reason is not None:
                         outcome = chunk.error.type if chunk.error else chunk.finish_reason
                         break
@@ -272,6 +274,8 @@ class RequestServer:
             await response.write(_line(_error_chunk("engine_error", f"engine failed: {e}")))
         finally:
             self._count(outcome)
+            if self._metrics is not None and tokens:
+                self._metrics.output_tokens.inc(tokens)
         await response.write_eof()
         return response
 
@@ -306,7 +310,7 @@ class RequestClient:
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None),
-                read_bufsize=1024 * 1024,  # NDJSON lines up to 2 MiB (the reader's high-water mark)
+                read_bufsize=1024 * 1024,  # the reader's buffer; lines may be longer (MAX_LINE_BYTES)
             )
         return self._session
 
@@ -362,6 +366,7 @@ class RequestClient:
             no_first = f"worker sent no first chunk within {first_chunk_timeout:.1f}s"
             no_next = f"worker sent no next chunk within {idle_timeout:.1f}s"
             reads = _ReadBound(response.content, address)
+            partial = b""  # the start of a line whose end has not arrived yet
             try:
                 while True:
                     if first:
@@ -369,23 +374,31 @@ class RequestClient:
                     else:
                         reads.start(loop.time() + idle_timeout, no_next)
                     try:
-                        line = await response.content.readline()
+                        data = await response.content.readany()  # all that has arrived: 1+ lines
                     except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ValueError) as e:
                         raise WorkerStreamBroken(address, f"stream broke mid-response: {e}") from None
                     finally:
                         reads.stop()
-                    first = False
-                    if not line:
+                    if not data:
                         raise WorkerStreamBroken(address, "stream ended without a final chunk (worker died?)")
+                    *lines, partial = (partial + data).split(b"\n")
+                    if len(partial) > MAX_LINE_BYTES:
+                        raise WorkerStreamBroken(
+                            address, f"a line of the stream exceeds {MAX_LINE_BYTES} bytes"
+                        )
+                    lines = [line for line in lines if line]
+                    if not lines:
+                        continue
+                    first = False
                     try:
-                        chunk = GenerateChunk.model_validate_json(line)
+                        chunks = _CHUNKS.validate_json(b"[" + b",".join(lines) + b"]")
                     except ValidationError as e:
                         raise WorkerStreamBroken(address, f"invalid chunk from worker: {e}") from None
-                    if chunk.finish_reason is not None:
-                        finished = True
-                    yield chunk
-                    if finished:
-                        return
+                    for chunk in _coalesce(chunks):
+                        finished = chunk.finish_reason is not None
+                        yield chunk
+                        if finished:
+                            return
             finally:
                 reads.close()
         finally:
@@ -394,6 +407,34 @@ class RequestClient:
                     response.release()
                 else:
                     response.close()
+
+
+_CHUNKS = TypeAdapter(list[GenerateChunk])
+
+
+def _coalesce(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
+    """Chunks that arrived together, as few chunks: the token ids of consecutive token-only chunks go
+    in one (into the final chunk too, unless it is an error). Nothing waits for this: a chunk that
+    arrives alone is passed on alone; only a reader that fell behind sees several at once, and
+    handing them on together saves it per-chunk work exactly when it is short of time."""
+    if len(chunks) == 1:
+        return chunks
+    out: list[GenerateChunk] = []
+    ids: list[int] = []
+    for chunk in chunks:
+        if chunk.finish_reason is None and chunk.usage is None:
+            ids += chunk.token_ids
+            continue
+        if ids and chunk.error is None:
+            chunk = chunk.model_copy(update={"token_ids": ids + chunk.token_ids})
+        elif ids:
+            out.append(GenerateChunk(token_ids=ids))
+        ids = []
+        out.append(chunk)
+        break  # a final chunk ends the stream
+    if ids:
+        out.append(GenerateChunk(token_ids=ids))
+    return out
 
 
 class _ReadBound:
