@@ -47,7 +47,7 @@ class _Holt:
 class Forecaster:
     """Feed it each interval's observed ``Load``; ``predict`` gives the next interval's."""
 
-    def __init__(self, predictor: Predictor = "constant", alpha: float = 0.5, beta: float = 0.3) -> None:
+    def __init__(self, predictor: Predictor = "constant", alpha: float = 0.8, beta: float = 0.5) -> None:
         if predictor not in PREDICTORS:
             raise ValueError(f"unknown load predictor {predictor!r}; use one of {', '.join(PREDICTORS)}")
         self.predictor = predictor
