@@ -158,6 +158,14 @@ def test_interval_from_two_scrapes_of_the_frontend_metrics():
     obs = interval({"u": b, "v": b}, {"u": a, "v": b}, 10.0)
     assert obs.load.request_rate == 0
     assert parse_frontend_metrics(METRICS.format(req=1, inp=1, out=1, tsum=1), None).requests == 1001
+    # overloaded: nothing finished, but 12 requests arrived and are streaming long outputs
+    before = Totals(requests=5, input_tokens=500, inflight=0, ttft_count=5, itl_count=100)
+    after = Totals(requests=5, input_tokens=1700, inflight=12, ttft_count=17, itl_count=700)
+    obs = interval({"u": before}, {"u": after}, 4.0)
+    assert obs.load == Load(3.0, 100.0, 51.0)  # 12 arrivals / 4 s, 1200 prompt tokens, 612 tokens streamed
+    assert obs.isl_known and obs.osl_known
+    idle = interval({"u": after}, {"u": after}, 4.0)
+    assert idle.load.request_rate == 0 and not idle.isl_known and not idle.osl_known
     assert interval({}, {"u": Totals()}, 5).load == Load(0, 0, 0)
 
 

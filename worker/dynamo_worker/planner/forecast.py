@@ -8,8 +8,8 @@ many replicas after a step down (and a model fitted on a long window, like ARIMA
 step by half its window). ``trend`` (Holt's linear exponential smoothing) is offered for slow steady
 ramps, where following the slope buys one interval of headroom.
 
-Each series (request rate, input length, output length) is forecast on its own; lengths are
-forecast only from intervals that finished requests, so an idle interval does not read as length 0.
+Each series (request rate, input length, output length) is forecast on its own; a length is updated
+only from intervals that could tell it, so an idle interval does not read as length 0.
 """
 
 from __future__ import annotations
@@ -54,10 +54,13 @@ class Forecaster:
         a, b = (1.0, 0.0) if predictor == "constant" else (alpha, beta)
         self._rate, self._isl, self._osl = _Holt(a, b), _Holt(a, b), _Holt(a, b)
 
-    def observe(self, load: Load) -> None:
+    def observe(self, load: Load, *, isl_known: bool | None = None, osl_known: bool | None = None) -> None:
+        """``*_known``: whether the interval could tell that length (default: it had requests)."""
+        busy = load.request_rate > 0
         self._rate.update(load.request_rate)
-        if load.request_rate > 0:
+        if busy if isl_known is None else isl_known:
             self._isl.update(load.isl)
+        if busy if osl_known is None else osl_known:
             self._osl.update(load.osl)
 
     def predict(self) -> Load | None:

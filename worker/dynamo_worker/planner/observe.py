@@ -8,7 +8,15 @@ Frontend metrics used (``dynamo_worker.frontend.metrics``): ``dynamo_frontend_re
 requests), ``dynamo_frontend_input_tokens_total``, ``dynamo_frontend_output_tokens_total``,
 ``dynamo_frontend_inflight_requests``, and the ``_sum`` / ``_count`` of
 ``dynamo_frontend_time_to_first_token_seconds`` and ``dynamo_frontend_inter_token_latency_seconds``.
-A source whose counters went down (a restarted frontend) is left out of that one interval.
+The request rate counts arrivals: requests finished in the interval plus the growth of those in flight,
+so an overloaded graph (whose finished rate is capped by what it can serve) is seen at its real load.
+The input length is per arrival (the frontend counts prompt tokens when it dispatches a request). The
+output length is per finished request (counted when a request ends), but never below the tokens
+streamed in the interval per arrival (each first token counts towards TTFT, each later one towards
+ITL, as it streams): requests with long outputs that have not finished yet still show up in the
+interval they start in. A length the interval cannot tell (nothing arrived, nothing streamed) is
+``None`` in ``Observation``, and the forecast keeps the last one it knew. A source whose counters went
+down (a restarted frontend) is left out of that one interval.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ class Observation:
     itl_s: float | None
     inflight: float
     interval_s: float
+    isl_known: bool = True
+    osl_known: bool = True
 
 
 def parse_frontend_metrics(text: str, model: str | None = None) -> Totals:
@@ -81,17 +91,21 @@ def interval(before: Mapping[str, Totals], after: Mapping[str, Totals], seconds:
     """The traffic between two scrapes of the same sources (keyed by URL). Sources missing from either
     scrape, or whose counters went down, are left out."""
     d = dict.fromkeys(_COUNTERS, 0.0)
+    arrivals = 0.0
     for source, a in after.items():
         b = before.get(source)
         if b is None or any(getattr(a, k) < getattr(b, k) for k in _COUNTERS):
             continue
         for k in _COUNTERS:
             d[k] += getattr(a, k) - getattr(b, k)
+        arrivals += max(a.requests - b.requests + a.inflight - b.inflight, 0.0)
     n = d["requests"]
+    streamed = d["ttft_count"] + d["itl_count"]
+    osl = max(d["output_tokens"] / n if n else 0.0, streamed / arrivals if arrivals else 0.0)
     load = Load(
-        request_rate=n / seconds if seconds > 0 else 0.0,
-        isl=d["input_tokens"] / n if n else 0.0,
-        osl=d["output_tokens"] / n if n else 0.0,
+        request_rate=arrivals / seconds if seconds > 0 else 0.0,
+        isl=d["input_tokens"] / arrivals if arrivals else 0.0,
+        osl=osl,
     )
     return Observation(
         load=load,
@@ -99,6 +113,8 @@ def interval(before: Mapping[str, Totals], after: Mapping[str, Totals], seconds:
         itl_s=d["itl_sum"] / d["itl_count"] if d["itl_count"] else None,
         inflight=sum(a.inflight for a in after.values()),
         interval_s=seconds,
+        isl_known=arrivals > 0 and d["input_tokens"] > 0,
+        osl_known=n > 0 or streamed > 0,
     )
 
 

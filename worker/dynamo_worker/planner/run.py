@@ -122,7 +122,9 @@ class Planner:
         if self._previous is not None:
             then, before = self._previous
             observation = interval(before, totals, now - then)
-            self.forecaster.observe(observation.load)
+            self.forecaster.observe(
+                observation.load, isl_known=observation.isl_known, osl_known=observation.osl_known
+            )
         self._previous = (now, totals)
         if observation is None and s.mode == "sla":
             log.info("First scrape of sources=%s; deciding from the next interval", len(totals))
