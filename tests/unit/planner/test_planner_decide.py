@@ -198,3 +198,17 @@ def test_dynamo_config_fields_are_mapped_checked_or_named(tmp_path):
         read_dynamo_config('{"load_predictor": "prophet"}')
     with pytest.raises(SettingsError, match="--graph / DYN_PARENT_DGD_K8S_NAME is required"):
         parse_args(["--namespace", "ns"], env={})
+
+
+def test_load_reports_are_summarised_per_role_of_live_workers():
+    from dynamo_worker.planner.loadfeed import summarise
+    from dynamo_worker.protocol import LoadMetrics
+
+    def m(i: str, waiting: int, active: int) -> LoadMetrics:
+        return LoadMetrics(instance_id=i, active_blocks=active, total_blocks=100, waiting=waiting, running=1)
+
+    roles = {"a" * 16: "prefill", "b" * 16: "prefill", "c" * 16: "decode", "d" * 16: "decode"}
+    reports = {"a" * 16: m("a" * 16, 4, 10), "b" * 16: m("b" * 16, 0, 30), "e" * 16: m("e" * 16, 99, 99)}
+    out = summarise(roles, reports)
+    assert out["prefill"] == (2.0, pytest.approx(0.2))
+    assert out["decode"] == (None, None)  # alive but silent: the planner leaves decode as it is
