@@ -6,7 +6,9 @@ A planner scales its own graph and nothing else, so each planner service gets:
 - a Role of the same name allowing ``get`` and ``patch`` on ``dynamographdeployments`` restricted by
   ``resourceNames`` to this graph (the replicas are written by server-side apply, a patch), and
   ``create`` on ``events`` (Events cannot be restricted by name: their names are generated);
-- a RoleBinding of the same name granting the Role to the ServiceAccount.
+- a RoleBinding of the same name granting the Role to the ServiceAccount;
+- container port ``system`` (9090) on its main container, where ``python -m dynamo_worker.planner``
+  serves ``/metrics`` (``planner_*``), so the chart's PodMonitor scrapes it like a worker.
 
 The pods run the user's command (``python3 -m dynamo_worker.planner ...``, or NVIDIA Dynamo's planner
 image) with the graph's name and namespace in ``DYN_PARENT_DGD_K8S_NAME`` / ``_NAMESPACE``.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from dynamo_operator.api import contract
 from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.render.names import child_name
@@ -62,11 +65,17 @@ def planner_rbac(dgd: DynamoGraphDeployment, c: Component) -> list[dict[str, Any
 
 
 def with_service_account(objects: list[dict[str, Any]], workload: str, account: str) -> list[dict[str, Any]]:
-    """``objects`` with the pods of Deployment ``workload`` running as ``account`` (a new list)."""
+    """``objects`` with the pods of Deployment ``workload`` running as ``account`` and declaring the
+    metrics port (a new list)."""
     out = []
     for obj in objects:
         if obj["kind"] == "Deployment" and obj["metadata"]["name"] == workload:
             obj = copy.deepcopy(obj)
-            obj["spec"]["template"]["spec"]["serviceAccountName"] = account
+            pod = obj["spec"]["template"]["spec"]
+            pod["serviceAccountName"] = account
+            for container in pod["containers"]:
+                ports = container.setdefault("ports", [])
+                if container["name"] == "main" and not any(p.get("name") == "system" for p in ports):
+                    ports.append({"name": "system", "containerPort": contract.SYSTEM_PORT, "protocol": "TCP"})
         out.append(obj)
     return out

@@ -36,6 +36,7 @@ def test_planner_rbac_is_scoped_to_its_graph():
     assert ("ServiceAccount", name) in objs
     pod = objs[("Deployment", name)]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == name
+    assert {"name": "system", "containerPort": 9090, "protocol": "TCP"} in pod["containers"][0]["ports"]
     # no other workload runs as the planner's account, and no other component gets RBAC
     others = [o for (k, n), o in objs.items() if k == "Deployment" and n != name]
     assert others and all("serviceAccountName" not in o["spec"]["template"]["spec"] for o in others)
