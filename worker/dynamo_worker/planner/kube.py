@@ -115,7 +115,9 @@ class GraphClient:
         return await self._call("GET", self._path, f"get graph {self.namespace}/{self.graph}")
 
     async def set_replicas(self, replicas: dict[str, int]) -> None:
-        """Server-side apply of ``spec.services.<name>.replicas`` for the given services only."""
+        """Server-side apply of ``spec.services.<name>.replicas``. Pass every service the planner
+        manages, every time: server-side apply removes a field its manager stops sending (a service
+        left out would fall back to the default of 1 replica)."""
         body = {
             "apiVersion": GROUP_VERSION,
             "kind": "DynamoGraphDeployment",

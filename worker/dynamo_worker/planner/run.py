@@ -146,7 +146,7 @@ class Planner:
         message = decision.message()
         if changes and not s.dry_run:
             try:
-                await kube.set_replicas(changes)
+                await kube.set_replicas({d.service: d.replicas for d in decision.roles.values()})
             except KubeError as e:
                 self.metrics.errors.labels("patch").inc()
                 log.warning("Could not apply a decision: %s", e)
