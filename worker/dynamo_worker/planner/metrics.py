@@ -57,7 +57,7 @@ class PlannerMetrics:
             registry=r,
         )
         self.errors = Counter(
-            "planner_errors", "Failed steps, by kind (scrape, graph, patch).", ["kind"], registry=r
+            "planner_errors", "Failures, by kind (scrape, graph, patch, event).", ["kind"], registry=r
         )
 
     def record(self, obs: Observation | None, decision: Decision, gpus_used: int) -> None:

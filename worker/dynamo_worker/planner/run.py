@@ -99,8 +99,7 @@ class Planner:
         except (KubeError, GraphError) as e:
             self.metrics.errors.labels("graph").inc()
             log.warning("Skipped a planning step: %s", e)
-            with contextlib.suppress(KubeError):
-                await kube.event({}, "PlannerGraphError", f"Skipped a planning step: {e}", "Warning")
+            await self._event(kube, {}, "PlannerGraphError", f"Skipped a planning step: {e}", "Warning")
             return
         urls = self._urls(discovered)
         now = self.clock()
@@ -115,7 +114,7 @@ class Planner:
                 "if the frontends are elsewhere"
             )
             log.warning(msg)
-            await kube.event(graph, "MetricsUnavailable", msg, "Warning")
+            await self._event(kube, graph, "MetricsUnavailable", msg, "Warning")
         if not totals:
             return
         observation: Observation | None = None
@@ -150,8 +149,7 @@ class Planner:
             except KubeError as e:
                 self.metrics.errors.labels("patch").inc()
                 log.warning("Could not apply a decision: %s", e)
-                with contextlib.suppress(KubeError):
-                    await kube.event(graph, "ScaleFailed", f"{e} (decision: {message})", "Warning")
+                await self._event(kube, graph, "ScaleFailed", f"{e} (decision: {message})", "Warning")
                 return
         self.metrics.record(observation, decision, gpus_used)
         for d in decision.roles.values():
@@ -161,13 +159,24 @@ class Planner:
         if changes:
             verb = "Would scale" if s.dry_run else "Scaled"
             log.info("%s %s; %s", verb, message, observed)
-            await kube.event(graph, "Scaled", f"{verb}: {message}; {observed}")
+            await self._event(kube, graph, "Scaled", f"{verb}: {message}; {observed}")
             self._quiet = 0
         else:
             self._quiet += 1
             log.info("Decision: %s; %s", message, observed)
             if self._quiet % QUIET_EVENTS == 1:
-                await kube.event(graph, "PlannerDecision", f"{message}; {observed}")
+                await self._event(kube, graph, "PlannerDecision", f"{message}; {observed}")
+
+    async def _event(
+        self, kube: GraphClient, graph: dict, reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        """Post an Event; a failure is logged and counted (planner_errors_total{kind="event"}), never
+        fatal: the decision it explains has been made (and logged) already."""
+        try:
+            await kube.event(graph, reason, message, type_)
+        except KubeError as e:
+            self.metrics.errors.labels("event").inc()
+            log.warning("Could not post Event reason=%s: %s", reason, e)
 
     # --- running -----------------------------------------------------------------------------------
 
