@@ -18,6 +18,9 @@ generator); processes from ``tests.bench.fleet`` (free ports on 127.0.0.1, all s
    owned by the operator work): time to children created and to Ready, the operator's CPU and RSS.
 5. request-plane: round trip and streaming tokens/s between two processes
    (``tests/bench/bench_request_plane.py``, owned by the runtime work).
+6. planner: one traffic pattern served by a fixed 1P:1D graph, a fixed pair of aggregated workers, and
+   a graph the SLA planner scales within a GPU budget: GPU-seconds and SLO attainment of each
+   (``tests/bench/bench_planner.py``).
 
 Side by side with NVIDIA Dynamo's frontend: ``python -m tests.bench.peers`` (``make bench-peers``).
 
@@ -54,7 +57,7 @@ from dynamo_worker.bench.workload import (
 from tests.bench.fleet import MODEL, Fleet
 
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
-SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane")
+SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -369,12 +372,19 @@ LEGEND = (
 )
 
 
+def scenario_planner(workdir: Path, scale: float) -> dict:
+    from tests.bench import bench_planner
+
+    return bench_planner.run(workdir / "planner")
+
+
 RUNNERS = {
     "frontend": scenario_frontend,
     "router": scenario_router,
     "disagg": scenario_disagg,
     "operator": scenario_operator,
     "request-plane": scenario_request_plane,
+    "planner": scenario_planner,
 }
 
 

@@ -89,6 +89,11 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments"]
   verbs: ["get", "list", "watch"]
+# A graph's planner gets a Role allowing get and patch on that graph only; Kubernetes lets the operator
+# grant only what it holds itself, so it holds patch (it never patches a graph's spec).
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeployments"]
+  verbs: ["patch"]
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments/status"]
   verbs: ["get", "patch"]
@@ -113,6 +118,13 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]
+# A planner component's ServiceAccount, Role and RoleBinding (render.planner).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Kubernetes Events (core/v1, each posted once) for every decision and error.
 - apiGroups: [""]
   resources: ["events"]

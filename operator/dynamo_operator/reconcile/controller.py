@@ -32,7 +32,10 @@ from dynamo_operator.reconcile.kube import (
     FIELD_MANAGER,
     LWS,
     POD,
+    ROLE,
+    ROLE_BINDING,
     SERVICE,
+    SERVICE_ACCOUNT,
     STATEFULSET,
     Kube,
     KubeError,
@@ -51,7 +54,7 @@ Key = tuple[str, str]  # (namespace, name)
 
 # Kinds whose children of a graph are pruned when no longer desired. PersistentVolumeClaims are
 # deliberately not pruned: removing a volume from the spec must not delete its data.
-PRUNE_TYPES = (DEPLOYMENT, STATEFULSET, SERVICE, LWS)
+PRUNE_TYPES = (DEPLOYMENT, STATEFULSET, SERVICE, LWS, SERVICE_ACCOUNT, ROLE, ROLE_BINDING)
 WARNINGS = "SpecWarnings"
 TRANSPORT = "Transport"
 MAX_BACKOFF_S = 300.0

@@ -60,13 +60,30 @@ SERVICE = ResourceType("v1", "Service", "services")
 POD = ResourceType("v1", "Pod", "pods")
 EVENT = ResourceType("v1", "Event", "events")
 PVC = ResourceType("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+SERVICE_ACCOUNT = ResourceType("v1", "ServiceAccount", "serviceaccounts")
+ROLE = ResourceType("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDING = ResourceType("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
 LWS = ResourceType("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
 CRD = ResourceType(
     "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False
 )
 
 KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
-    (t.api_version, t.kind): t for t in (DGD, DEPLOYMENT, STATEFULSET, SERVICE, POD, EVENT, PVC, LWS, CRD)
+    (t.api_version, t.kind): t
+    for t in (
+        DGD,
+        DEPLOYMENT,
+        STATEFULSET,
+        SERVICE,
+        POD,
+        EVENT,
+        PVC,
+        LWS,
+        CRD,
+        SERVICE_ACCOUNT,
+        ROLE,
+        ROLE_BINDING,
+    )
 }
 
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"

@@ -17,7 +17,9 @@ What a graph becomes (names: ``<graph>-<service lowercased>``, hashed when too l
   is ``<group>-0.<group>.<namespace>.svc`` in both cases; the rank comes from the controller's pod
   index label. Restarting a whole group when one pod fails is built into LWS; for StatefulSets the
   reconciler deletes the group's pods (label ``nvidia.com/dynamo-group``);
-- other component types (planner, ...): a Deployment running the user's command as given;
+- other component types (planner, ...): a Deployment running the user's command as given; a planner
+  also gets a ServiceAccount, Role and RoleBinding allowing it to get and patch only its own graph and
+  to create Events (``render.planner``);
 - ``spec.pvcs`` entries with ``create: true``: a PersistentVolumeClaim.
 """
 
@@ -28,6 +30,8 @@ from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.api.validation import validate
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import notices as _notices
+from dynamo_operator.render import planner as _planner
+from dynamo_operator.render.names import child_name
 from dynamo_operator.render.pods import main_container, rdma_settings
 from dynamo_operator.render.services import render_service
 from dynamo_operator.render.types import GroupPlan, Notice, Problem, Rendered, ServicePlan, Workload
@@ -49,7 +53,12 @@ def render(dgd: DynamoGraphDeployment, config: OperatorConfig) -> Rendered:
     for c in comps:
         container, container_notices = main_container(dgd, c, config)
         output = render_service(dgd, c, config, container, rdma[c.name])
-        objects += output.objects
+        if _planner.is_planner(c):
+            name = child_name(dgd.name, c.name)
+            objects += _planner.planner_rbac(dgd, c)
+            objects += _planner.with_service_account(output.objects, name, name)
+        else:
+            objects += output.objects
         plans[c.name] = output.plan
         notices += _notices.ignored_fields(c)
         notices += _notices.unmanaged(c)

@@ -96,7 +96,12 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         who = f"--as=system:serviceaccount:{ns}:{sa}"
         can = lambda *a: kube_cluster.kubectl("auth", "can-i", *a, who, check=False).strip()  # noqa: E731
         assert can("patch", "dynamographdeployments.nvidia.com", "--subresource=status", "-n", ns) == "yes"
-        assert can("patch", "dynamographdeployments.nvidia.com", "-n", ns) == "no"  # spec is the user's
+        # Patch on graphs is held only so that the operator may grant a graph's planner patch on that one
+        # graph (Kubernetes lets a Role grant only what its creator holds); the operator never patches
+        # a spec. It may create Roles but not escalate or bind beyond what it holds.
+        assert can("patch", "dynamographdeployments.nvidia.com", "-n", ns) == "yes"
+        assert can("escalate", "roles.rbac.authorization.k8s.io", "-n", ns) == "no"
+        assert can("bind", "roles.rbac.authorization.k8s.io", "-n", ns) == "no"
         assert can("delete", "pods", "-n", ns) == "yes"
         assert can("patch", "pods", "-n", ns) == "yes"  # group restarts mark the pods they delete
         assert can("list", "secrets", "-n", ns) == "no"
@@ -121,7 +126,19 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
             main = child["spec"]["template"]["spec"]["containers"][0]
             assert {"name": "NATS_SERVER", "value": nats_address} in main["env"], child["metadata"]["name"]
 
-        kube_cluster.kubectl("delete", "-n", ns, "dgd/sglang-disagg", "--timeout=60s")
+        # A graph with a planner: the operator, with the chart's RBAC, may grant it its own Role.
+        kube_cluster.kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "disagg-planner.yaml"))
+        kube_cluster.kubectl(
+            "wait", "-n", ns, "--for=condition=Ready", "dgd/sglang-disagg-planner", "--timeout=120s"
+        )
+        role = json.loads(
+            kube_cluster.kubectl("get", "role", "-n", ns, "sglang-disagg-planner-planner", "-o", "json")
+        )
+        assert role["rules"][0]["resourceNames"] == ["sglang-disagg-planner"]
+
+        kube_cluster.kubectl(
+            "delete", "-n", ns, "dgd/sglang-disagg", "dgd/sglang-disagg-planner", "--timeout=60s"
+        )
         op.stop()
         log = (tmp_path / "operator.log").read_text()
         op = None

@@ -41,3 +41,18 @@ def test_speedup_divides_every_duration():
 def test_invalid_knobs_are_rejected(bad):
     with pytest.raises(ValueError):
         TimingModel(**bad)
+
+
+def test_a_profile_replaces_the_formulas():
+    """With --profile, a lone prefill costs the profiled TTFT, a cached prefix only its share, and a
+    decode step the profiled ITL at the batch's size and mean context; speedup still divides."""
+    from dynamo_worker.mocker.settings import MockerSettings
+    from dynamo_worker.profile.model import builtin_profile
+
+    p = builtin_profile("sglang-8b-h100")
+    t = MockerSettings(profile="builtin:sglang-8b-h100").timing(131072)
+    assert t.prefill_s(2048) == pytest.approx(p.ttft_s(2048))
+    assert t.prefill_s(1024, cached_tokens=1024) == pytest.approx(p.ttft_s(2048) / 2)
+    assert t.decode_step_s(32, 32 * 2048) == pytest.approx(p.itl_s(32, 2048))
+    fast = MockerSettings(profile="builtin:sglang-8b-h100", speedup=10).timing(131072)
+    assert fast.decode_step_s(8, 8 * 1024) == pytest.approx(p.itl_s(8, 1024) / 10)

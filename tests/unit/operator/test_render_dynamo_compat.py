@@ -127,7 +127,11 @@ def test_worker_module_annotation_swaps_modules():
     script = template["spec"]["containers"][0]["args"][0]
     assert script.startswith("python3 -m dynamo_worker.sglang --model-path")
     assert script.endswith("--nnodes 2 --node-rank '$(DYN_NODE_RANK)'")
-    planner = next(o for o in rendered.objects if o["metadata"]["name"] == "sglang-disagg-multinode-planner")
+    planner = next(
+        o
+        for o in rendered.objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "sglang-disagg-multinode-planner"
+    )
     assert planner["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "python3",
         "-m",

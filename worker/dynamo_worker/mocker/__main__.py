@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from dynamo_worker.mocker.engine import MockerEngine
 from dynamo_worker.mocker.settings import parse_args
+from dynamo_worker.profile.model import ProfileError
 from dynamo_worker.runtime import aio
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.worker import run_worker
@@ -38,7 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.node_rank > 0:
         log.info("Non-leader rank node_rank=%s: the leader serves; idling until stopped", settings.node_rank)
         return asyncio.run(_idle_until_signal())
-    engine = MockerEngine(settings, listen_host=runtime.listen_host, advertise_host=runtime.advertise_host)
+    try:
+        engine = MockerEngine(
+            settings, listen_host=runtime.listen_host, advertise_host=runtime.advertise_host
+        )
+    except ProfileError as e:
+        print(f"error: --profile: {e}", file=sys.stderr)
+        return 2
     return aio.run(run_worker(engine, runtime))
 
 

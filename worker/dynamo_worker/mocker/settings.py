@@ -16,6 +16,7 @@ from dynamo_operator.api import contract
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.mocker.timing import TimingModel
+from dynamo_worker.profile.model import load_profile
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 
 __all__ = ["MockerSettings", "parse_args"]
@@ -88,6 +89,11 @@ class MockerSettings(BaseModel):
         description="Folder with tokenizer.json etc. when --model-path is a hub id (default: tiny model).",
     )
     num_kv_blocks: int = Field(16384, ge=1, description="KV cache size in blocks of --page-size tokens.")
+    profile: str | None = Field(
+        None,
+        description="Profile file (python -m dynamo_worker.profile), or builtin:<name>: its TTFT and ITL "
+        "tables replace the prefill_* and decode_* knobs.",
+    )
     speedup: float = Field(1.0, gt=0, description="Divides every simulated duration (10: ten times faster).")
     prefill_base_ms: float = Field(5.0, ge=0, description="Fixed cost of a prefill (ms).")
     prefill_per_token_us: float = Field(50.0, ge=0, description="Prefill cost per uncached token (us).")
@@ -135,6 +141,7 @@ class MockerSettings(BaseModel):
             kv_transfer_gbps=self.kv_transfer_gbps,
             kv_transfer_latency_ms=self.kv_transfer_latency_ms,
             speedup=self.speedup,
+            profile=load_profile(self.profile) if self.profile else None,
         )
 
 

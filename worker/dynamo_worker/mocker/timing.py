@@ -19,6 +19,11 @@ One decode step of a batch of ``b`` running sequences holding ``k`` KV tokens in
 A scheduler step that admits prefills and advances the running batch takes the sum of the prefills it
 admitted plus one decode step (the batch is fused, as in SGLang's mixed batches).
 
+With a profile (``--profile``, see ``dynamo_worker.profile.model``) the prefill and decode formulas
+are replaced by the profile's tables: a prefill of ``n`` new tokens after ``c`` cached ones costs the
+share ``n / (c + n)`` of the profiled TTFT at ``c + n`` tokens (at least one token's share), and a decode
+step costs the profiled ITL at batch ``b`` and context ``k / b``; ``speedup`` still divides both.
+
 Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
 
     kv_transfer_s = (kv_transfer_latency_ms / 1e3
@@ -28,6 +33,8 @@ Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from dynamo_worker.profile.model import Profile
 
 __all__ = ["TimingModel"]
 
@@ -44,6 +51,7 @@ class TimingModel:
     kv_transfer_gbps: float = 100.0  # network bandwidth between prefill and decode, gigabits/s
     kv_transfer_latency_ms: float = 1.0
     speedup: float = 1.0
+    profile: Profile | None = None
 
     def __post_init__(self) -> None:
         if self.speedup <= 0:
@@ -65,6 +73,9 @@ class TimingModel:
 
     def prefill_s(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         n, c = uncached_tokens, cached_tokens
+        if self.profile is not None:
+            total = max(n + c, 1)
+            return self.profile.ttft_s(total) * max(n, 1) / total / self.speedup
         t = (
             self.prefill_base_ms / 1e3
             + n * self.prefill_per_token_us / 1e6
@@ -75,6 +86,8 @@ class TimingModel:
     def decode_step_s(self, batch_size: int, kv_tokens: int) -> float:
         if batch_size <= 0:
             return 0.0
+        if self.profile is not None:
+            return self.profile.itl_s(batch_size, kv_tokens / batch_size) / self.speedup
         t = (
             self.decode_base_ms / 1e3
             + batch_size * self.decode_per_seq_us / 1e6
