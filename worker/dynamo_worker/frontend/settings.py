@@ -60,7 +60,8 @@ class FrontendSettings(BaseModel):
         "(cost = weight x uncached blocks + load blocks); 0 routes on load alone.",
         json_schema_extra={
             "env": contract.ENV_KV_OVERLAP_WEIGHT,
-            "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight"],  # the second: Dynamo's name
+            # The others are NVIDIA Dynamo's names for it (older, newer).
+            "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight", "--router-kv-overlap-score-weight"],
         },
     )
     max_inflight: int = Field(
