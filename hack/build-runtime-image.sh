@@ -19,6 +19,7 @@
 #   FLAVOUR        cpu (default) or cuda
 #   IMAGE          name of the built image (default localhost/dynamo-sglang/runtime:dev-<flavour>)
 #   OCI_ARCHIVE    when set, also write the image to this OCI archive (e.g. to load it elsewhere)
+#   CUDA_MIN_FREE_GB  free disk the cuda flavour insists on before it starts (default 40)
 set -euo pipefail
 
 LOG_PREFIX=build-runtime-image
@@ -34,6 +35,13 @@ IMAGE="${IMAGE:-localhost/dynamo-sglang/runtime:dev-$FLAVOUR}"
 require_tools
 ensure_base_image
 build_mounts
+if [ "$FLAVOUR" = cuda ]; then
+  # buildah's vfs storage keeps every layer as a full copy: the ~10 GB SGLang layer is stored about three
+  # times while it is built and run.
+  free_gb=$(df -Pk "$CACHE" | awk 'NR == 2 { print int($4 / 1048576) }')
+  [ "$free_gb" -ge "${CUDA_MIN_FREE_GB:-40}" ] \
+    || die "only ${free_gb} GB free under $CACHE; the cuda flavour needs about ${CUDA_MIN_FREE_GB:-40} GB with vfs storage (free some, or set DYNAMO_CACHE to a larger disk)"
+fi
 
 # --- the runtime image from images/runtime/Dockerfile ------------------------------------------------
 log "building $IMAGE (target $FLAVOUR) on $BASE_IMAGE"
