@@ -68,7 +68,13 @@ cluster-down: ## stop the local control plane started by cluster-up
 image-operator: venv ## build the operator image with buildah (root, no registry) and run it
 	bash hack/build-operator-image.sh
 
-.PHONY: bench bench-peers image-operator
+image-runtime: ## build the CPU runtime image (mocker, no CUDA) with buildah and serve a disagg graph in it
+	FLAVOUR=cpu bash hack/build-runtime-image.sh
+
+image-runtime-cuda: ## build the CUDA runtime image (SGLang 0.5.17, torch 2.11, NIXL; several GB; not in CI)
+	FLAVOUR=cuda bash hack/build-runtime-image.sh
+
+.PHONY: bench bench-peers image-operator image-runtime image-runtime-cuda
 bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
 	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json
 

@@ -28,6 +28,8 @@ ENV_KV_OVERLAP_WEIGHT: Final = "DYN_KV_OVERLAP_WEIGHT"  # kv router: weight of u
 ENV_HTTP_MAX_INFLIGHT: Final = "DYN_HTTP_MAX_INFLIGHT"  # frontend: requests at once before 503
 ENV_LOG_FORMAT: Final = "DYN_LOG_FORMAT"  # text | json
 ENV_LOG_LEVEL: Final = "DYN_LOG_LEVEL"
+# Set by the runtime image, not the operator: what `python -m dynamo.sglang` runs (sglang | mocker).
+ENV_SGLANG_ENGINE: Final = "DYN_SGLANG_ENGINE"
 ENV_POD_NAME: Final = "POD_NAME"
 ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
 ENV_POD_IP: Final = "POD_IP"
@@ -68,6 +70,7 @@ MOCKER_MODULE: Final = "dynamo_worker.mocker"
 # NVIDIA Dynamo's module names, as found in manifests written for Dynamo's operator.
 DYNAMO_SGLANG_MODULE: Final = "dynamo.sglang"
 DYNAMO_FRONTEND_MODULE: Final = "dynamo.frontend"
+DYNAMO_MOCKER_MODULE: Final = "dynamo.mocker"
 # What a service runs when its extraPodSpec.mainContainer sets no command (its args are appended).
 FRONTEND_COMMAND: Final = ("python3", "-m", FRONTEND_MODULE)
 WORKER_COMMAND: Final = ("python3", "-m", SGLANG_MODULE)

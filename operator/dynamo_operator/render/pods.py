@@ -228,8 +228,6 @@ def main_container(
             notices.append(
                 Notice("ModuleSwapped", f"Service {c.name!r} runs -m {new} instead of -m {old}.", c.name)
             )
-    elif c.kind in ("frontend", "worker") and "image" not in c.user_container:
-        notices += _foreign_module(c, container)
     if c.kind == "worker" and c.role in ("prefill", "decode"):
         container, previous = sglang.ensure_flag(container, "--host", "0.0.0.0")
         if previous is not None:
@@ -273,33 +271,6 @@ def routes_on_kv(dgd: DynamoGraphDeployment) -> bool:
         if mode == "kv":
             return True
     return False
-
-
-def _foreign_module(c: Component, container: dict[str, Any]) -> list[Notice]:
-    """A warning when a service runs NVIDIA Dynamo's module in this operator's image, which lacks it."""
-    old, ours = (
-        (contract.DYNAMO_FRONTEND_MODULE, contract.FRONTEND_MODULE)
-        if c.kind == "frontend"
-        else (contract.DYNAMO_SGLANG_MODULE, contract.SGLANG_MODULE)
-    )
-    tokens = argv(container)
-    runs_old = any(
-        tokens[i - 1] == "-m" and (tokens[i] == old or tokens[i].startswith(old + "."))
-        for i in range(1, len(tokens))
-    )
-    if not runs_old:
-        return []
-    return [
-        Notice(
-            "ForeignModule",
-            f"Service {c.name!r} runs -m {old} (NVIDIA Dynamo's module) in this operator's image, "
-            f"which provides -m {ours} instead, so its pods will fail to start; annotate the graph "
-            f'with {MODULE_ANNOTATION}: "{contract.SGLANG_MODULE}" (or "{contract.MOCKER_MODULE}"), '
-            "or set extraPodSpec.mainContainer.image to a Dynamo image.",
-            c.name,
-            warning=True,
-        )
-    ]
 
 
 def rdma_settings(

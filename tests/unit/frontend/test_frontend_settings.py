@@ -78,3 +78,5 @@ def test_dynamo_flag_alias_and_unknown_flags_are_returned():
     )
     assert s.kv_overlap_weight == 3.0 and s.http_port == 1
     assert unknown == ["--router-temperature", "0.5"]
+    newer, _ = FrontendSettings.parse_known(["--router-kv-overlap-score-weight", "0"], env={})
+    assert newer.kv_overlap_weight == 0.0, "Dynamo's newer name for the same weight"

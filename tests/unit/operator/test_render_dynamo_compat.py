@@ -141,20 +141,16 @@ def test_worker_module_annotation_swaps_modules():
     assert swapped == ["decode", "prefill"], "the frontend sets no command: it runs ours already"
 
 
-def test_dynamo_module_in_our_image_is_warned_about():
-    """Dropping Dynamo's image but keeping `-m dynamo.sglang` would crash-loop: a warning names the fix."""
+def test_dynamo_module_in_our_image_is_kept_without_warning():
+    """Dropping Dynamo's image but keeping `-m dynamo.sglang` works: our runtime image provides the
+    `dynamo.sglang`/`dynamo.frontend` modules (dynamo_worker.aliases), so the command is kept as written
+    and nothing is warned about."""
     body = yaml.safe_load(DYNAMO_DISAGG_MULTINODE)
     for service in body["spec"]["services"].values():
         ((service.get("extraPodSpec") or {}).get("mainContainer") or {}).pop("image", None)
     rendered = render(DynamoGraphDeployment.model_validate(body), OperatorConfig())
-    foreign = {n.service: n for n in rendered.notices if n.reason == "ForeignModule"}
-    assert sorted(foreign) == ["decode", "prefill"], "the frontend sets no command: it runs ours already"
-    assert foreign["decode"].warning
-    assert 'nvidia.com/dynamo-worker-module: "dynamo_worker.sglang"' in foreign["decode"].message
-
-    kept_image = render(
-        DynamoGraphDeployment.model_validate(yaml.safe_load(DYNAMO_DISAGG_MULTINODE)), OperatorConfig()
-    )
-    assert "ForeignModule" not in {n.reason for n in kept_image.notices}
-    annotated = render(_dgd({"nvidia.com/dynamo-worker-module": "dynamo_worker.sglang"}), OperatorConfig())
-    assert "ForeignModule" not in {n.reason for n in annotated.notices}
+    assert rendered.problems == ()
+    assert [n for n in rendered.notices if n.warning and n.reason != "HostOverridden"] == []
+    decode = _leaders(rendered, "decode")
+    assert decode["image"] == OperatorConfig().worker_image
+    assert decode["command"] == ["python3", "-m", "dynamo.sglang"], "the image maps Dynamo's module"

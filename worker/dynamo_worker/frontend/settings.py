@@ -74,7 +74,8 @@ class FrontendSettings(BaseModel):
         "cost model and its defaults are documented in dynamo_worker/router/policy.py.",
         json_schema_extra={
             "env": contract.ENV_KV_OVERLAP_WEIGHT,
-            "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight"],  # the second: Dynamo's name
+            # The others are NVIDIA Dynamo's names for it (older, newer).
+            "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight", "--router-kv-overlap-score-weight"],
         },
     )
     kv_decode_weight: float = Field(

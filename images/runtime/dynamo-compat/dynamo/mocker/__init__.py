@@ -1,0 +1,1 @@
+"""``python -m dynamo.mocker``: runs this image's counterpart (``dynamo_worker.aliases``)."""
