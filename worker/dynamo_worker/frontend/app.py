@@ -75,7 +75,11 @@ class Frontend:
                 self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-frontend-cards-")
             cache = Path(self._tmp.name)
         card, local = await fetch_model_card(self.nc, record.model_card_checksum, cache)
-        files = ModelFiles(context_length=card.context_length, eos_token_ids=tuple(card.eos_token_ids))
+        files = ModelFiles(
+            context_length=card.context_length,
+            eos_token_ids=tuple(card.eos_token_ids),
+            features=card.features,
+        )
         return await asyncio.to_thread(Preprocessor.from_dir, local, files)
 
     def _count_workers(self, counts: dict[tuple[str, str], int]) -> None:

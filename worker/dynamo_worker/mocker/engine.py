@@ -24,6 +24,12 @@ with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_t
 ``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
 for a decode leg, its prefill's hits).
 Closing the request's iterator (the client went away) frees its blocks at once.
+
+Beyond plain tokens (``scripted``): ``--script`` replies, JSON instances for ``json_schema``
+constraints (``--grammar-backend none`` refuses them, as SGLang's engine does; regex, ebnf and
+structural tags are refused as beyond the simulation), logprobs when asked, and with
+``--is-embedding`` an embedding worker that answers ``embed`` requests (one forward pass per batch,
+timed like a prefill) and refuses generation.
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
 from dynamo_worker.mocker.kv_manager import BlockManager
+from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
 from dynamo_worker.mocker.tokens import TokenSampler, prompt_digest
 from dynamo_worker.protocol import (
@@ -52,6 +60,8 @@ from dynamo_worker.protocol import (
     GenerateChunk,
     GenerateRequest,
     KvEvent,
+    ServingFeatures,
+    TokenLogprob,
     Usage,
     WorkerError,
 )
@@ -117,6 +127,7 @@ class _Seq:
     cached_tokens: int | None = None
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
 
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -145,6 +156,9 @@ class MockerEngine(Engine):
         self.sampler = TokenSampler.from_vocab_size(settings.vocab_size)
         self.context_length = settings.context_length or DEFAULT_CONTEXT_LENGTH
         self.stopping = False
+        self.rules: list[ScriptRule] = load_script(settings.script) if settings.script else []
+        self.embedding_dim = settings.embedding_dim or 64
+        self._tokenizer: Any = None  # decodes prompts for --script, encodes replies
 
     # --- Engine interface ------------------------------------------------------------------------
 
@@ -162,6 +176,12 @@ class MockerEngine(Engine):
         kv_bytes = s.kv_bytes_per_token or _kv_bytes_from_config(config) or DEFAULT_KV_BYTES_PER_TOKEN
         self.timing = s.timing(kv_bytes)
         self.sampler = await asyncio.to_thread(TokenSampler.from_model_dir, model_dir, s.vocab_size)
+        if (model_dir / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            self._tokenizer = await asyncio.to_thread(Tokenizer.from_file, str(model_dir / "tokenizer.json"))
+        hidden = config.get("hidden_size")
+        self.embedding_dim = s.embedding_dim or (hidden if isinstance(hidden, int) and hidden > 0 else 64)
         bootstrap_port = None
         if self.role == "prefill":
             self.bootstrap = BootstrapServer(self._listen_host, s.disaggregation_bootstrap_port)
@@ -191,6 +211,20 @@ class MockerEngine(Engine):
             dp_size=s.dp_size,
             model_dir=model_dir,
             context_length=self.context_length,
+            features=self._features(config),
+        )
+
+    def _features(self, config: dict) -> ServingFeatures:
+        s = self.settings
+        matryoshka = config.get("matryoshka_dimensions")
+        return ServingFeatures(
+            model_type="embedding" if s.is_embedding else "generate",
+            tool_call_parser=s.tool_call_parser,
+            reasoning_parser=s.reasoning_parser,
+            grammar_backend=s.grammar_backend,
+            embedding_dim=self.embedding_dim if s.is_embedding else None,
+            is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
+            matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
         )
 
     async def health_check(self) -> None:
@@ -217,9 +251,12 @@ class MockerEngine(Engine):
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         started = time.monotonic()
         queued = False
-        problem = self._check(request)
+        problem = self._check(request) or self._check_kind(request)
         if problem is not None:
             yield problem
+            return
+        if request.embed is not None:
+            yield await self._embed(request)
             return
         prompt = list(request.token_ids)
         seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
@@ -232,6 +269,11 @@ class MockerEngine(Engine):
             else min(request.stop.max_tokens, self.context_length - len(prompt)),
             digest=prompt_digest(prompt, seed),
         )
+        scripted = self._scripted(request, seq.digest)
+        if isinstance(scripted, GenerateChunk):
+            yield scripted
+            return
+        seq.script = scripted
         try:
             if self.role == "decode":
                 assert request.bootstrap_info is not None and self._session is not None
@@ -300,6 +342,71 @@ class MockerEngine(Engine):
                     f"{self.bootstrap.port}",
                 )
         return None
+
+    def _check_kind(self, request: GenerateRequest) -> GenerateChunk | None:
+        if self.settings.is_embedding and request.embed is None:
+            return _error(
+                "invalid_request",
+                "this worker serves embeddings (--is-embedding); send generation to a generation model",
+            )
+        if request.embed is not None:
+            if not self.settings.is_embedding:
+                return _error("invalid_request", "this worker generates text; start it with --is-embedding")
+            dims = request.embed.dimensions
+            if dims is not None and dims > self.embedding_dim:
+                return _error("invalid_request", f"dimensions {dims} exceeds the size {self.embedding_dim}")
+            for ids in request.embed.inputs:
+                if len(ids) > self.context_length:
+                    return _error(
+                        "invalid_request",
+                        f"an input has {len(ids)} tokens; the context length is {self.context_length}",
+                    )
+        return None
+
+    async def _embed(self, request: GenerateRequest) -> GenerateChunk:
+        assert request.embed is not None
+        inputs = request.embed.inputs
+        total = sum(len(i) for i in inputs)
+        await asyncio.sleep(self.timing.prefill_s(total, 0))
+        dims = request.embed.dimensions
+        vectors = [embedding(ids, self.embedding_dim, dims, self.settings.random_seed) for ids in inputs]
+        return GenerateChunk(
+            finish_reason="stop", usage=Usage(prompt_tokens=total, completion_tokens=0), embeddings=vectors
+        )
+
+    def _scripted(self, request: GenerateRequest, digest: int) -> list[int] | GenerateChunk | None:
+        """The output the script or the request's grammar fixes, an error chunk, or None (sampled)."""
+        structured = request.structured
+        if structured is not None:
+            if self.settings.grammar_backend == "none":
+                return _error(
+                    "invalid_request",
+                    "this worker runs --grammar-backend none and cannot constrain decoding",
+                )
+            if structured.json_schema is None:
+                kind = next(k for k, v in structured.model_dump().items() if v is not None)
+                return _error(
+                    "invalid_request",
+                    f"the mocker simulates json_schema constraints only; got a {kind} constraint "
+                    f"({getattr(structured, kind)!r}), which needs SGLang",
+                )
+            try:
+                schema = json.loads(structured.json_schema)
+            except ValueError as e:
+                return _error("invalid_request", f"json_schema is not valid JSON: {e}")
+            return self._encode(json.dumps(json_for_schema(schema, digest & 0xFFFF)))
+        if not self.rules or self._tokenizer is None:
+            return None
+        prompt = self._tokenizer.decode(list(request.token_ids), skip_special_tokens=False)
+        for rule in self.rules:
+            if rule.match in prompt:
+                return self._encode(rule.reply)
+        return None
+
+    def _encode(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            return [self.sampler.token(len(text), i) for i in range(len(text.split()))]
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     async def _hand_over(self, seq: _Seq, chunk: GenerateChunk, started: float) -> GenerateChunk:
         """Prefill leg: publish the result for the decode leg and wait until it is fetched."""
@@ -378,6 +485,11 @@ class MockerEngine(Engine):
         req, pos = seq.request, len(seq.generated)
         if pos == 0 and seq.preset_first is not None:
             token = seq.preset_first
+        elif seq.script is not None:
+            if pos >= len(seq.script):
+                self._finish(seq, [], "stop")
+                return
+            token = seq.script[pos]
         else:
             token = self.sampler.token(seq.digest, pos)
             p = self.settings.eos_probability
@@ -394,17 +506,27 @@ class MockerEngine(Engine):
             self._finish(seq, [], "stop")
             return
         seq.generated.append(token)
+        logprobs = self._logprobs(seq, pos, token)
         if len(seq.generated) >= seq.max_new:
-            self._finish(seq, [token], "length")
+            self._finish(seq, [token], "length", logprobs)
             return
         events = self.kv.append(seq.key, token)
         if events is None:
             self._preempt(seq)
         else:
             self._kv_events(events)
-        seq.out.put_nowait(GenerateChunk(token_ids=[token]))
+        seq.out.put_nowait(GenerateChunk(token_ids=[token], logprobs=logprobs))
 
-    def _finish(self, seq: _Seq, tokens: list[int], reason: FinishReason) -> None:
+    def _logprobs(self, seq: _Seq, pos: int, token: int) -> list[TokenLogprob] | None:
+        k = seq.request.logprobs
+        if k is None:
+            return None
+        alternatives = [self.sampler.token(seq.digest ^ (j + 1), pos) for j in range(k + 1)]
+        return [token_logprobs(token, alternatives, self.sampler.chance(seq.digest, pos), k)]
+
+    def _finish(
+        self, seq: _Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         seq.finished = True
         self._release(seq)
         usage = Usage(
@@ -412,7 +534,10 @@ class MockerEngine(Engine):
             completion_tokens=len(seq.generated),
             cached_tokens=seq.cached_tokens or 0,
         )
-        seq.out.put_nowait(GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage))
+        logprobs = logprobs if tokens else None
+        seq.out.put_nowait(
+            GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage, logprobs=logprobs)
+        )
 
     def _fail(self, seq: _Seq, error_type: ErrorType, message: str) -> None:
         seq.finished = True
