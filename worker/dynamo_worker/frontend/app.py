@@ -104,7 +104,13 @@ class Frontend:
             first_token_timeout_s=s.first_token_timeout_s,
             inter_token_timeout_s=s.inter_token_timeout_s,
         )
-        self.server = OpenAIServer(self.registry, dispatcher, self.metrics, max_inflight=s.max_inflight)
+        self.server = OpenAIServer(
+            self.registry,
+            dispatcher,
+            self.metrics,
+            max_inflight=s.max_inflight,
+            embedding_batch_window_s=s.embedding_batch_window_ms / 1000,
+        )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=2048)
@@ -130,6 +136,8 @@ class Frontend:
                         await self.server.idle.wait()
             await self._runner.cleanup()
             self._runner = None
+        if self.server is not None:
+            await self.server.embedder.close()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -126,6 +126,7 @@ class OpenAIServer:
         metrics: FrontendMetrics,
         *,
         max_inflight: int,
+        embedding_batch_window_s: float = 0.002,
     ) -> None:
         self.registry = registry
         self.dispatcher = dispatcher
@@ -135,7 +136,7 @@ class OpenAIServer:
         self.inflight = 0
         self.idle = asyncio.Event()  # set while no request is in flight
         self.idle.set()
-        self.embedder = EmbeddingBatcher(dispatcher)
+        self.embedder = EmbeddingBatcher(dispatcher, window_s=embedding_batch_window_s)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_openai_errors])
