@@ -117,9 +117,10 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
 def _grammar(features: ServingFeatures, model: str, param: str) -> None:
     if features.grammar_backend == "none":
         raise InvalidRequest(
-            f"The workers of model '{model}' run with --grammar-backend none, so they cannot constrain "
-            f"decoding for '{param}'. Start them with a grammar backend (e.g. --grammar-backend xgrammar) "
-            f"or drop '{param}'.",
+            f"The workers of model '{model}' have no grammar backend (started with --grammar-backend none, "
+            "or with --skip-tokenizer-init, under which SGLang turns grammars off), so they cannot "
+            f"constrain decoding for '{param}'. Start them with --grammar-backend xgrammar and without "
+            f"--skip-tokenizer-init, or drop '{param}'.",
             param=param,
             code="grammar_backend_disabled",
         )

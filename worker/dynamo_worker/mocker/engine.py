@@ -221,7 +221,8 @@ class MockerEngine(Engine):
             model_type="embedding" if s.is_embedding else "generate",
             tool_call_parser=s.tool_call_parser,
             reasoning_parser=s.reasoning_parser,
-            grammar_backend=s.grammar_backend,
+            # as SGLang: no grammars without its tokenizer (--skip-tokenizer-init)
+            grammar_backend="none" if s.skip_tokenizer_init else s.grammar_backend,
             embedding_dim=self.embedding_dim if s.is_embedding else None,
             is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
             matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
@@ -378,10 +379,10 @@ class MockerEngine(Engine):
         """The output the script or the request's grammar fixes, an error chunk, or None (sampled)."""
         structured = request.structured
         if structured is not None:
-            if self.settings.grammar_backend == "none":
+            if self.settings.grammar_backend == "none" or self.settings.skip_tokenizer_init:
                 return _error(
                     "invalid_request",
-                    "this worker runs --grammar-backend none and cannot constrain decoding",
+                    "this worker has no grammar backend (--grammar-backend none or --skip-tokenizer-init)",
                 )
             if structured.json_schema is None:
                 kind = next(k for k, v in structured.model_dump().items() if v is not None)

@@ -168,7 +168,10 @@ class SglangEngine(Engine):
             model_type="embedding" if is_embedding else "generate",
             tool_call_parser=server_args.tool_call_parser,
             reasoning_parser=server_args.reasoning_parser,
-            grammar_backend=str(server_args.grammar_backend or "none"),
+            # SGLang turns grammars off under --skip-tokenizer-init (its GrammarManager has no tokenizer)
+            grammar_backend="none"
+            if server_args.skip_tokenizer_init
+            else str(server_args.grammar_backend or "none"),
             embedding_dim=int(hidden) if is_embedding and isinstance(hidden, int) else None,
             is_matryoshka=bool(getattr(config, "is_matryoshka", False)),
             matryoshka_dimensions=list(matryoshka) if isinstance(matryoshka, list | tuple) else None,
