@@ -10,8 +10,10 @@ Optional request features (all default off, so a plain request is unchanged on t
 ``structured`` constrains decoding to a grammar (SGLang's ``json_schema`` / ``regex`` / ``ebnf`` /
 ``structural_tag`` sampling parameters); ``logprobs`` asks for each output token's log probability and
 that many alternatives, returned per chunk aligned with ``token_ids``; ``embed`` turns the request into
-an embedding request (served by workers whose model card says ``model_type="embedding"``): the final
-chunk then carries one vector per input in ``embeddings`` and no token ids.
+an embedding request (served by workers whose model card says ``model_type="embedding"``): the
+worker then streams the vectors in input order, as base64 little-endian float32 (``pack_vector``),
+a few per chunk so that no line grows past what a reader buffers, the last chunk with
+``finish_reason`` and ``usage``; no token ids.
 
 Discovery records (``InstanceRecord``) and event-plane messages (``KvEventBatch``, ``LoadMetrics``)
 are defined here too, so a frontend, a router and every kind of worker agree on one definition.
@@ -19,6 +21,7 @@ are defined here too, so a frontend, a router and every kind of worker agree on 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -149,7 +152,7 @@ class GenerateChunk(_Wire):
     usage: Usage | None = None
     error: WorkerError | None = None
     logprobs: list[TokenLogprob] | None = None  # aligned with token_ids, when the request asked
-    embeddings: list[list[float]] | None = None  # final chunk of an embedding request
+    embeddings: list[str] | None = None  # embedding request: vectors in input order (``pack_vector``)
 
     @model_validator(mode="after")
     def _error_iff_error_finish(self) -> GenerateChunk:
@@ -174,6 +177,35 @@ class ServingFeatures(_Wire):
     embedding_dim: Annotated[int, Field(ge=1)] | None = None
     is_matryoshka: bool = False
     matryoshka_dimensions: list[int] | None = None
+
+
+MAX_EMBEDDING_CHUNK_BYTES = 48 * 1024  # vectors per chunk: at most this much base64 (and at least one)
+
+
+def pack_vector(vector: Sequence[float]) -> str:
+    """A vector on the wire: base64 of little-endian float32 (OpenAI's ``encoding_format=base64``)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def unpack_vector(packed: str) -> list[float]:
+    data = base64.b64decode(packed)
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def embedding_chunks(vectors: Sequence[Sequence[float]], usage: Usage) -> list[GenerateChunk]:
+    """The chunks a worker streams for an embedding request's ``vectors``."""
+    packed = [pack_vector(v) for v in vectors]
+    chunks: list[GenerateChunk] = []
+    group: list[str] = []
+    size = 0
+    for p in packed:
+        if group and size + len(p) > MAX_EMBEDDING_CHUNK_BYTES:
+            chunks.append(GenerateChunk(embeddings=group))
+            group, size = [], 0
+        group.append(p)
+        size += len(p)
+    chunks.append(GenerateChunk(embeddings=group, finish_reason="stop", usage=usage))
+    return chunks
 
 
 # --- discovery ----------------------------------------------------------------------------------

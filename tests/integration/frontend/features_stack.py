@@ -121,7 +121,11 @@ FAMILIES: dict[str, tuple[list[str], dict[str, str]]] = {
         },
     ),
 }
-EXTRA = {"embed": ["--is-embedding"], "nogrammar": ["--grammar-backend", "none"]}
+EXTRA = {
+    "embed": ["--is-embedding"],
+    "embed-big": ["--is-embedding", "--embedding-dim", "4096"],
+    "nogrammar": ["--grammar-backend", "none"],
+}
 
 
 def prompt(model: str, keyword: str) -> str:

@@ -20,10 +20,8 @@ a bound goes by itself at once. A client that goes away leaves its batch running
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import struct
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -35,7 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, UpstreamError
 from dynamo_worker.frontend.features import check_endpoint, serving
 from dynamo_worker.frontend.openai_models import parse_request
-from dynamo_worker.protocol import EmbedOptions, GenerateRequest, ServingFeatures, StopConditions
+from dynamo_worker.protocol import (
+    EmbedOptions,
+    GenerateRequest,
+    ServingFeatures,
+    StopConditions,
+    unpack_vector,
+)
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.dispatch import Dispatcher
@@ -46,7 +50,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EmbeddingBatcher", "EmbeddingRequest", "prepare_embeddings"]
 
-MAX_INPUTS = 2048  # OpenAI's bound on inputs per request
+MAX_INPUTS = 2048  # OpenAI's bounds: inputs per request, and tokens over all of them
+MAX_TOTAL_TOKENS = 300_000
 _Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
@@ -128,10 +133,9 @@ class EmbeddingPlan:
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
-def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
-    if encoding_format == "float":
-        return vector
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+def _encode(packed: str, encoding_format: str) -> list[float] | str:
+    """The wire already carries OpenAI's base64 form; ``float`` unpacks it."""
+    return packed if encoding_format == "base64" else unpack_vector(packed)
 
 
 async def prepare_embeddings(
@@ -169,6 +173,14 @@ async def prepare_embeddings(
                 code="context_length_exceeded",
             )
         inputs.append(ids)
+    total = sum(map(len, inputs))
+    if total > MAX_TOTAL_TOKENS:
+        raise InvalidRequest(
+            f"The inputs have {total} tokens in all; at most {MAX_TOTAL_TOKENS} fit one request. Split them "
+            "over several requests.",
+            param="input",
+            code="too_many_tokens",
+        )
     request_id = uuid.uuid4().hex
     generate = GenerateRequest(
         request_id=request_id,
@@ -196,7 +208,7 @@ async def prepare_embeddings(
 @dataclass
 class _Waiting:
     inputs: list[list[int]]
-    future: asyncio.Future[list[list[float]]]
+    future: asyncio.Future[list[str]]
 
 
 class EmbeddingBatcher:
@@ -211,14 +223,15 @@ class EmbeddingBatcher:
         self._timers: dict[tuple[str, int | None], asyncio.TimerHandle] = {}
         self._batches: set[asyncio.Task[None]] = set()
 
-    async def embed(self, entry: ModelEntry, request: GenerateRequest) -> list[list[float]]:
-        """One vector per input of ``request.embed``, in order; raises ``ApiError``."""
+    async def embed(self, entry: ModelEntry, request: GenerateRequest) -> list[str]:
+        """One vector per input of ``request.embed``, in order (``protocol.pack_vector``); raises
+        ``ApiError``."""
         assert request.embed is not None
         inputs = request.embed.inputs
         if len(inputs) >= self.max_inputs or sum(map(len, inputs)) >= self.max_tokens:
             return await self._send(entry, request)
         key = (entry.name, request.embed.dimensions)
-        future: asyncio.Future[list[list[float]]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         queue = self._queues.setdefault(key, [])
         queue.append(_Waiting(inputs, future))
         full = (
@@ -265,21 +278,22 @@ class EmbeddingBatcher:
         if len(waiting) > 1:
             log.debug("Batched embeddings model=%s requests=%d inputs=%d", entry.name, len(waiting), pos)
 
-    async def _send(self, entry: ModelEntry, request: GenerateRequest) -> list[list[float]]:
+    async def _send(self, entry: ModelEntry, request: GenerateRequest) -> list[str]:
         assert request.embed is not None
         expected = len(request.embed.inputs)
+        vectors: list[str] = []
         async with contextlib.aclosing(self._dispatcher.generate(entry, request)) as chunks:
             async for chunk in chunks:
+                vectors += chunk.embeddings or []
                 if chunk.finish_reason is None:
                     continue
-                if chunk.embeddings is None or len(chunk.embeddings) != expected:
-                    got = 0 if chunk.embeddings is None else len(chunk.embeddings)
+                if len(vectors) != expected:
                     raise UpstreamError(
-                        f"The worker returned {got} embeddings for {expected} inputs; is it an embedding "
-                        "worker (--is-embedding)?",
+                        f"The worker returned {len(vectors)} embeddings for {expected} inputs; is it an "
+                        "embedding worker (--is-embedding)?",
                         code="bad_worker_answer",
                     )
-                return chunk.embeddings
+                return vectors
         raise UpstreamError("The worker ended the stream without embeddings.", code="bad_worker_answer")
 
     async def close(self) -> None:

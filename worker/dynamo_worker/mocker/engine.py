@@ -64,6 +64,7 @@ from dynamo_worker.protocol import (
     TokenLogprob,
     Usage,
     WorkerError,
+    embedding_chunks,
 )
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
@@ -257,7 +258,8 @@ class MockerEngine(Engine):
             yield problem
             return
         if request.embed is not None:
-            yield await self._embed(request)
+            for chunk in await self._embed(request):
+                yield chunk
             return
         prompt = list(request.token_ids)
         seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
@@ -364,16 +366,14 @@ class MockerEngine(Engine):
                     )
         return None
 
-    async def _embed(self, request: GenerateRequest) -> GenerateChunk:
+    async def _embed(self, request: GenerateRequest) -> list[GenerateChunk]:
         assert request.embed is not None
         inputs = request.embed.inputs
         total = sum(len(i) for i in inputs)
         await asyncio.sleep(self.timing.prefill_s(total, 0))
         dims = request.embed.dimensions
         vectors = [embedding(ids, self.embedding_dim, dims, self.settings.random_seed) for ids in inputs]
-        return GenerateChunk(
-            finish_reason="stop", usage=Usage(prompt_tokens=total, completion_tokens=0), embeddings=vectors
-        )
+        return embedding_chunks(vectors, Usage(prompt_tokens=total, completion_tokens=0))
 
     def _scripted(self, request: GenerateRequest, digest: int) -> list[int] | GenerateChunk | None:
         """The output the script or the request's grammar fixes, an error chunk, or None (sampled)."""

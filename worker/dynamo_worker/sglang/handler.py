@@ -41,6 +41,7 @@ from dynamo_worker.protocol import (
     TopLogprob,
     Usage,
     WorkerError,
+    embedding_chunks,
 )
 
 log = logging.getLogger(__name__)
@@ -230,11 +231,8 @@ async def stream_embedding(
         results = result if isinstance(result, list) else [result]
         vectors = [_floats(r["embedding"]) for r in results]
         tokens = sum(int((r.get("meta_info") or {}).get("prompt_tokens") or 0) for r in results)
-        yield GenerateChunk(
-            finish_reason="stop",
-            usage=Usage(prompt_tokens=tokens, completion_tokens=0),
-            embeddings=vectors,
-        )
+        for chunk in embedding_chunks(vectors, Usage(prompt_tokens=tokens, completion_tokens=0)):
+            yield chunk
     finally:
         if not finished:
             for one in kwargs["rid"]:
