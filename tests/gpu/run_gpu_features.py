@@ -178,7 +178,7 @@ class Stack:
         port = free_port()
         proc = self.add("sglang-native", [
             sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-            "--host", "127.0.0.1", "--port", str(port), *flags,
+            "--served-model-name", "embed", "--host", "127.0.0.1", "--port", str(port), *flags,
         ])  # fmt: skip
         wait_http(proc, f"http://127.0.0.1:{port}/health", STARTUP_S)
         return proc, port

@@ -231,6 +231,14 @@ def test_regex_and_ebnf_are_passed_to_the_worker(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="qwen", prompt="x", max_tokens=4, extra_body={"regex": "[0-9]+"})
     assert "[0-9]+" in str(e.value)
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}],
+        "triggers": ["<f>"],
+    }
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, "qwen", "no script", response_format=tag)
+    assert "structural_tag" in str(e.value) and "triggers" in str(e.value)
 
 
 def test_structured_output_on_a_worker_without_grammar_backend_is_a_clear_400(client):
@@ -286,6 +294,7 @@ def test_tools_for_a_model_without_tool_parser_is_a_clear_400(client):
             "response_format.json_schema.schema",
         ),
         ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"response_format": {"type": "structural_tag", "triggers": ["<f>"]}}, "response_format"),
         ({"response_format": {"type": "json_object"}, "regex": "a"}, "regex"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),

@@ -6,7 +6,8 @@ model (or the reverse), tools for a model whose workers run no ``--tool-call-par
 output from workers started with ``--grammar-backend none``, two grammars at once.
 
 - ``response_format`` ``json_object`` -> the JSON schema ``{"type": "object"}``; ``json_schema`` -> its
-  schema; SGLang's ``regex`` / ``ebnf`` (and ``json_schema`` text for completions) as they are. All go
+  schema; SGLang's ``structural_tag`` format, ``regex`` / ``ebnf`` (and ``json_schema`` text for
+  completions) as they are. All go
   to the worker as ``GenerateRequest.structured``, i.e. SGLang's sampling parameters of those names.
 - ``tool_choice``: ``none`` drops the tools (not even shown to the template, as SGLang does); ``auto``
   (the default with tools) parses calls with the model's tool-call parser; ``required`` and a named
@@ -156,6 +157,8 @@ def plan_chat(req: ChatCompletionRequest, features: ServingFeatures) -> FeatureP
         grammars.append(("response_format", StructuredOutput(json_schema='{"type": "object"}')))
     elif rf is not None and rf.type == "json_schema" and rf.json_schema is not None:
         grammars.append(("response_format", StructuredOutput(json_schema=json.dumps(rf.json_schema.schema_))))
+    elif rf is not None and rf.type == "structural_tag":
+        grammars.append(("response_format", StructuredOutput(structural_tag=rf.structural_tag())))
     grammars += _extension_grammars(req)
 
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]

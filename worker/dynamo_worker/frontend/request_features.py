@@ -9,6 +9,7 @@ the client gets a 400 naming the place instead of an engine error.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -137,12 +138,33 @@ class JsonSchemaFormat(_Body):
         return v
 
 
+class _Structure(_Body):
+    begin: str
+    end: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's ``text`` / ``json_object`` / ``json_schema``, and SGLang's ``structural_tag`` (its legacy
+    ``structures`` + ``triggers`` form, or xgrammar's ``format``), passed to the engine as sent."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[_Structure] | None = None
+    triggers: list[Annotated[str, Field(min_length=1)]] | None = None
+    at_least_one: bool | None = None
+    format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type 'json_schema' needs a 'json_schema' object with a 'schema'")
+        if self.type == "structural_tag" and self.format is None and not (self.structures and self.triggers):
+            raise ValueError("type 'structural_tag' needs 'structures' and 'triggers', or a 'format'")
         return self
+
+    def structural_tag(self) -> str:
+        """The tag as SGLang's engine takes it: this object as JSON."""
+        return json.dumps(self.model_dump(exclude_none=True, by_alias=True, exclude={"json_schema"}))
