@@ -70,3 +70,22 @@ def test_tools_calls_and_results_render_in_the_template(tmp_path):
     none = parse_request(ChatCompletionRequest, json.dumps(body | {"tool_choice": "none"}).encode())
     plan = plan_chat(none, ServingFeatures(tool_call_parser="hermes"))
     assert plan is not None and "tools" not in plan.template_kwargs  # tool_choice none hides the tools
+
+
+def test_a_template_choking_on_a_request_value_is_a_400(tmp_path):
+    from dynamo_worker.frontend.errors import InvalidRequest
+
+    model = ensure_tiny_model(tmp_path / "m")
+    pre = Preprocessor(
+        Tokenizer.from_file(str(model / "tokenizer.json")),
+        chat_template="{{ extra + 1 }}",  # str + int: a TypeError inside the template
+        special_tokens={},
+        eos_token_ids=[2],
+        context_length=4096,
+    )
+    try:
+        pre.render_chat([{"role": "user", "content": "x"}], True, {"extra": "not a mapping"})
+    except InvalidRequest as e:
+        assert e.param == "messages" and e.code == "chat_template_error"
+    else:
+        raise AssertionError("expected a 400")

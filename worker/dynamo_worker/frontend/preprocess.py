@@ -175,6 +175,15 @@ class Preprocessor:
                 param="messages",
                 code="chat_template_error",
             ) from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            # a template reading a value the request sent in a shape it does not expect (a replayed
+            # tool call's arguments, a chat_template_kwargs value)
+            raise InvalidRequest(
+                f"The model's chat template could not render the request ({type(e).__name__}: {e}); check "
+                "the shape of the messages' tool calls and of chat_template_kwargs.",
+                param="messages",
+                code="chat_template_error",
+            ) from None
 
     def encode_chat(
         self,
