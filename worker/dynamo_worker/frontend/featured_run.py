@@ -128,8 +128,10 @@ async def run_featured(
     text_parts: list[str] = []
     last_token_at: float | None = None
 
-    def chunk(delta: dict[str, Any] | None, text: str = "", reason: str | None = None) -> bytes:
-        lp = logprobs.take() if logprobs is not None else None
+    def chunk(
+        delta: dict[str, Any] | None, text: str = "", reason: str | None = None, with_logprobs: bool = True
+    ) -> bytes:
+        lp = logprobs.take() if logprobs is not None and with_logprobs else None
         if chat:
             choice = {"index": 0, "delta": delta or {}, "logprobs": lp, "finish_reason": reason}
         else:
@@ -151,7 +153,7 @@ async def run_featured(
             )
             await response.prepare(http_request)
             if chat:
-                events.append(chunk({"role": "assistant", "content": ""}))
+                events.append(chunk({"role": "assistant", "content": ""}, with_logprobs=False))
         if answer is not None:
             events += [chunk(d) for d in (answer.finish() if final else answer.push(text))]
         elif text:
