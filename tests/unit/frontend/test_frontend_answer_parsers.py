@@ -135,3 +135,33 @@ def test_supported_names_are_sglangs():
         supported_tool_parsers()
     )
     assert {"deepseek-r1", "qwen3", "gpt-oss"} <= set(REASONING_PARSERS)
+
+
+@pytest.mark.parametrize(
+    ("parser", "prefix"),
+    [
+        (
+            AnswerParser(reasoning=REASONING_PARSERS["qwen3"], tool_parser="qwen25", tool_mode="auto"),
+            "<think>",
+        ),
+        (AnswerParser(reasoning=REASONING_PARSERS["gpt-oss"], tool_parser="gpt-oss", tool_mode="auto"), ""),
+        (AnswerParser(tool_parser="llama3", tool_mode="auto"), ""),
+        (AnswerParser(tool_parser="deepseekv3", tool_mode="auto"), ""),
+    ],
+)
+def test_a_long_answer_is_not_reparsed_from_its_start(parser, prefix):
+    """What the parsers settle is never read again: the text kept for re-parsing stays short while a
+    long reasoning block and a long answer stream through (a long answer costs linear time)."""
+    stream = AnswerStream(parser)
+    thinking = "<|channel|>analysis<|message|>" if parser.harmony else prefix
+    answer = "<|end|><|start|>assistant<|channel|>final<|message|>" if parser.harmony else "</think>"
+    longest = 0
+    for piece in [thinking, *["think more " * 3] * 500, answer, *["and say it " * 3] * 500]:
+        stream.push(piece)
+        longest = max(longest, len(stream._tail))
+    stream.finish()
+    assert longest < 200, longest
+    message = stream.message()
+    assert message["content"].rstrip().endswith("and say it") and len(message["content"]) > 10_000
+    if parser.reasoning is not None:
+        assert message["content"].startswith("and say it") and len(message["reasoning_content"]) > 10_000

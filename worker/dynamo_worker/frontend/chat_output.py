@@ -10,11 +10,11 @@
   (``tool_choice_schema``): ``[{"name", "parameters"}, ...]`` or the named function's arguments;
 - ``gpt-oss`` reads harmony for both (``frontend.harmony``).
 
-``AnswerStream`` re-parses all the text so far on every push (parsers are prefix-stable, see
-``tools.base``) and emits what grew since the last push: O(n^2) in the answer length, a few
-milliseconds for answers of thousands of tokens, paid only by requests that use these features.
-Trailing whitespace is held back until more text follows, so whitespace between a text and a tool
-call never reaches the client.
+``AnswerStream`` splits reasoning as it streams (``reasoning.ReasoningSplitter``), then re-parses
+the rest from the last point the tool-call parser *settled* (parsers are prefix-stable, see
+``tools.base``) and emits what grew since the last push: linear in the answer's length, except
+inside an unfinished tool call, which is re-read until it completes. Trailing whitespace is held back
+until more text follows, so whitespace between a text and a tool call never reaches the client.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dynamo_worker.frontend.harmony import HARMONY_TOKENS, parse_harmony
+from dynamo_worker.frontend.harmony import HARMONY_TOKENS, Open, parse_harmony
 from dynamo_worker.frontend.reasoning import ReasoningParser
 from dynamo_worker.frontend.tools import HARMONY_PARSER, TOOL_PARSERS, Parsed, ToolCall
 
@@ -89,20 +89,18 @@ class AnswerParser:
             keep.update(TOOL_PARSERS[self.tool_parser].keep_special)
         return frozenset(keep)
 
-    def parse(self, text: str, final: bool) -> tuple[str, Parsed]:
+    def parse_rest(
+        self, text: str, final: bool, at_start: bool, resume: Open | None = None
+    ) -> tuple[str, int, Parsed, Open | None]:
+        """(reasoning, settled reasoning, content and calls, harmony resume point) of the text after
+        the reasoning split."""
         if self.tool_mode in ("required", "named"):
-            return "", self._constrained(text, final)
+            return "", 0, self._constrained(text, final), None
         if self.harmony:
-            reasoning, parsed = parse_harmony(text, final, tools=self.tool_mode == "auto")
-        else:
-            reasoning, rest = self.reasoning.split(text, final) if self.reasoning else ("", text)
-            if self.tool_mode == "auto" and self.tool_parser in TOOL_PARSERS:
-                parsed = TOOL_PARSERS[self.tool_parser].parse(rest, final)
-            else:
-                parsed = Parsed(rest)
-        if not self.parallel and len(parsed.calls) > 1:
-            parsed = Parsed(parsed.content, parsed.calls[:1])
-        return reasoning, parsed
+            return parse_harmony(text, final, self.tool_mode == "auto", resume)
+        if self.tool_mode == "auto" and self.tool_parser in TOOL_PARSERS:
+            return "", 0, TOOL_PARSERS[self.tool_parser].parse(text, final, at_start), None
+        return "", 0, Parsed(text, [], len(text), len(text)), None
 
     def _constrained(self, text: str, final: bool) -> Parsed:
         if not final:
@@ -115,18 +113,13 @@ class AnswerParser:
             if not isinstance(value, dict):
                 return Parsed(text)
             return Parsed("", [ToolCall(self.named or "", json.dumps(value, ensure_ascii=False))])
-        calls = (
-            [
-                ToolCall(v["name"], json.dumps(v.get("parameters") or {}, ensure_ascii=False))
-                for v in value
-                if isinstance(v, dict) and isinstance(v.get("name"), str)
-            ]
-            if isinstance(value, list)
-            else []
-        )
-        if not calls:
-            return Parsed(text)
-        return Parsed("", calls if self.parallel else calls[:1])
+        items = value if isinstance(value, list) else []
+        calls = [
+            ToolCall(v["name"], json.dumps(v.get("parameters") or {}, ensure_ascii=False))
+            for v in items
+            if isinstance(v, dict) and isinstance(v.get("name"), str)
+        ]
+        return Parsed("", calls) if calls else Parsed(text)
 
 
 def _call_id() -> str:
@@ -134,28 +127,87 @@ def _call_id() -> str:
 
 
 @dataclass
-class AnswerStream:
-    """Feeds text in, gets OpenAI ``delta`` dicts out; ``message`` gives the whole answer at the end."""
+class _Field:
+    """One message field as it streams: what was sent, and whitespace at its end held back until
+    more text follows it. ``follow`` takes the field's text from the unsettled part of a re-parse."""
 
-    parser: AnswerParser
-    text: str = ""
-    reasoning: str = ""
-    content: str = ""
-    calls: list[tuple[str, ToolCall]] = field(default_factory=list)  # (id, call) as emitted
+    parts: list[str] = field(default_factory=list)
+    pending: str = ""
+    fed: int = 0  # characters of the unsettled part's text already taken
+
+    def add(self, piece: str) -> str:
+        if not piece:
+            return ""
+        text = self.pending + piece
+        keep = len(text.rstrip())
+        self.pending, out = text[keep:], text[:keep]
+        if out:
+            self.parts.append(out)
+        return out
+
+    def follow(self, unsettled: str, settled: int) -> str:
+        out = self.add(unsettled[self.fed :])
+        self.fed = len(unsettled) - settled
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        if out:
+            self.parts.append(out)
+        return out
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+class AnswerStream:
+    """Feeds text in, gets OpenAI ``delta`` dicts out; ``message`` gives the whole answer at the end.
+    Only the text after the last settled point is re-parsed, so an answer costs linear time."""
+
+    def __init__(self, parser: AnswerParser) -> None:
+        self.parser = parser
+        self._split = (
+            parser.reasoning.splitter()
+            if parser.reasoning is not None
+            and not parser.harmony
+            and parser.tool_mode not in ("required", "named")
+            else None
+        )
+        self._tail = ""  # text after the last settled point
+        self._restarted = False
+        self._resume: Open | None = None  # harmony: the tail starts inside this message's body
+        self._reasoning = _Field()
+        self._content = _Field()
+        self._calls_fed = 0  # calls of the unsettled part already taken
+        self.calls: list[tuple[str, ToolCall]] = []  # (id, call) as emitted
 
     def push(self, text: str, final: bool = False) -> list[dict[str, Any]]:
-        self.text += text
-        reasoning, parsed = self.parser.parse(self.text, final)
+        reasoning = ""
+        if self._split is not None:
+            reasoning, text = self._split.push(text, final)
+            reasoning = self._reasoning.add(reasoning)
+        self._tail += text
+        unsettled_reasoning, settled_reasoning, parsed, resume = self.parser.parse_rest(
+            self._tail, final, not self._restarted, self._resume
+        )
+        settle = parsed.settled if not final else 0
+        if self._split is None:
+            reasoning = self._reasoning.follow(unsettled_reasoning, settled_reasoning if settle else 0)
+        content = self._content.follow(parsed.content, parsed.settled_content if settle else 0)
+        new_calls = parsed.calls[self._calls_fed :]
+        self._calls_fed = len(parsed.calls) - (parsed.settled_calls if settle else 0)
+        if settle:
+            self._tail, self._restarted, self._resume = self._tail[settle:], True, resume
         deltas: list[dict[str, Any]] = []
-        reasoning = reasoning.rstrip()
-        content = parsed.content.rstrip() if (not final or parsed.calls or self.calls) else parsed.content
-        if reasoning.startswith(self.reasoning) and len(reasoning) > len(self.reasoning):
-            deltas.append({"reasoning_content": reasoning[len(self.reasoning) :]})
-            self.reasoning = reasoning
-        if content.startswith(self.content) and len(content) > len(self.content):
-            deltas.append({"content": content[len(self.content) :]})
-            self.content = content
-        for call in parsed.calls[len(self.calls) :]:
+        if reasoning:
+            deltas.append({"reasoning_content": reasoning})
+        if final and not self.calls and not new_calls:
+            content += self._content.flush()  # no tool call: the answer's own trailing whitespace
+        if content:
+            deltas.append({"content": content})
+        for call in new_calls:
+            if self.calls and not self.parser.parallel:
+                break
             index, call_id = len(self.calls), _call_id()
             self.calls.append((call_id, call))
             head = {"index": index, "id": call_id, "type": "function"}
@@ -168,11 +220,11 @@ class AnswerStream:
 
     def message(self) -> dict[str, Any]:
         """The whole assistant message (after ``finish``)."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
-        if not self.calls and not self.content:
-            message["content"] = ""
-        if self.reasoning:
-            message["reasoning_content"] = self.reasoning
+        content = self._content.text()
+        message: dict[str, Any] = {"role": "assistant", "content": content or (None if self.calls else "")}
+        reasoning = self._reasoning.text()
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if self.calls:
             message["tool_calls"] = [
                 {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

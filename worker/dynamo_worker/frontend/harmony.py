@@ -42,54 +42,59 @@ class HarmonyMessage:
     complete: bool
 
 
-def harmony_messages(text: str, final: bool) -> list[HarmonyMessage]:
+Open = tuple[str, str | None]  # (channel, recipient) of a message whose body the text starts inside
+
+
+def harmony_messages(
+    text: str, final: bool, open_message: Open | None = None
+) -> tuple[list[HarmonyMessage], int, Open | None]:
+    """The messages in ``text``; where parsing may restart (after the last complete message, or inside
+    the body of an unfinished one that is not a tool call); and that message's header when the restart
+    point is inside it. ``open_message``: ``text`` starts inside the body of such a message."""
     out: list[HarmonyMessage] = []
-    pos = 0
-    while pos < len(text):
-        m = text.find("<|message|>", pos)
-        if m < 0:
-            rest = text[pos:]
-            if final and not any(t in rest for t in HARMONY_TOKENS) and rest.strip():
-                out.append(HarmonyMessage("final", None, rest, True))  # plain text: no harmony at all
-            break
-        header = text[pos:m]
-        channel = _CHANNEL.search(header)
-        recipient = _RECIPIENT.search(header)
-        start = m + len("<|message|>")
+    pos = settled = 0
+    resume: Open | None = None
+    while pos < len(text) or open_message is not None:
+        if open_message is not None:
+            (channel, recipient), start, open_message = open_message, 0, None
+        else:
+            m = text.find("<|message|>", pos)
+            if m < 0:
+                rest = text[pos:]
+                if final and not any(t in rest for t in HARMONY_TOKENS) and rest.strip():
+                    out.append(HarmonyMessage("final", None, rest, True))  # plain text: no harmony at all
+                break
+            header = text[pos:m]
+            found_channel, found_recipient = _CHANNEL.search(header), _RECIPIENT.search(header)
+            channel = found_channel.group(1) if found_channel else "final"
+            recipient = found_recipient.group(1) if found_recipient else None
+            start = m + len("<|message|>")
         ends = [(i, t) for t in _ENDS if (i := text.find(t, start)) >= 0]
         if not ends:
             body = text[start:]
             if not final:
                 body = body[: len(body) - held_back(body, HARMONY_TOKENS)]
-            out.append(
-                HarmonyMessage(
-                    channel.group(1) if channel else "final",
-                    recipient.group(1) if recipient else None,
-                    body,
-                    final,
-                )
-            )
+                if not (recipient or "").startswith("functions."):
+                    settled, resume = start + len(body), (channel, recipient)
+            out.append(HarmonyMessage(channel, recipient, body, final))
             break
         end, token = min(ends)
-        out.append(
-            HarmonyMessage(
-                channel.group(1) if channel else "final",
-                recipient.group(1) if recipient else None,
-                text[start:end],
-                True,
-            )
-        )
-        pos = end if token == "<|start|>" else end + len(token)
-    return out
+        out.append(HarmonyMessage(channel, recipient, text[start:end], True))
+        pos = settled = end if token == "<|start|>" else end + len(token)
+    return out, settled, resume
 
 
-def parse_harmony(text: str, final: bool, tools: bool) -> tuple[str, Parsed]:
-    """(reasoning, content and calls) of a harmony answer. Without ``tools`` a function call's message
-    is content (the caller offered no tools, so there is nothing to call)."""
+def parse_harmony(
+    text: str, final: bool, tools: bool, open_message: Open | None = None
+) -> tuple[str, int, Parsed, Open | None]:
+    """(reasoning, how much of it is settled, content and calls, the open message to resume in) of a
+    harmony answer (see ``harmony_messages`` for where it settles). Without ``tools`` a function
+    call's message is content (the caller offered no tools, so there is nothing to call)."""
     reasoning: list[str] = []
     content: list[str] = []
     calls: list[ToolCall] = []
-    for msg in harmony_messages(text, final):
+    messages, settled, resume = harmony_messages(text, final, open_message)
+    for msg in messages:
         if msg.channel == "analysis":
             reasoning.append(msg.body)
         elif tools and msg.recipient and msg.recipient.startswith("functions."):
@@ -97,7 +102,10 @@ def parse_harmony(text: str, final: bool, tools: bool) -> tuple[str, Parsed]:
                 calls.append(ToolCall(msg.recipient[len("functions.") :], _arguments(msg.body)))
         else:
             content.append(msg.body)
-    return "".join(reasoning), Parsed("".join(content), calls)
+    # everything parsed is settled except an unfinished tool call, which adds nothing yet
+    r, c = "".join(reasoning), "".join(content)
+    parsed = Parsed(c, calls, settled, len(c) if settled else 0, len(calls) if settled else 0)
+    return r, len(r) if settled else 0, parsed, resume
 
 
 def _arguments(body: str) -> str:

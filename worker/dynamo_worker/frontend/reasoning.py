@@ -9,8 +9,8 @@ Written for this project; the names are SGLang's ``--reasoning-parser`` values:
   otherwise all of it is content.
 - ``gpt-oss``: harmony's ``analysis`` channel (``frontend.harmony``).
 
-``ReasoningParser.split(text, final)`` follows the prefix-stable contract of ``tools.base``: the
-reasoning and the rest grow as the text grows; the rest then goes to the tool-call parser.
+``ReasoningParser.splitter()`` splits one answer as it streams (``ReasoningSplitter``); the rest then
+goes to the tool-call parser.
 """
 
 from __future__ import annotations
@@ -34,22 +34,52 @@ class ReasoningParser:
     def keep_special(self) -> tuple[str, ...]:
         return () if self.harmony else (THINK, END_THINK)
 
-    def split(self, text: str, final: bool) -> tuple[str, str]:
-        """(reasoning, rest) of the text so far."""
-        body = text.lstrip()
-        if body.startswith(THINK):
-            body = body[len(THINK) :]
-        elif not self.forced:
-            if not final and THINK.startswith(body):
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.forced)
+
+
+class ReasoningSplitter:
+    """Splits one answer as it streams: ``push(text, final)`` returns the new reasoning and the new
+    rest (the answer, for the tool-call parser). Newlines after ``<think>`` and whitespace around
+    ``</think>`` are dropped; whitespace at the end of the reasoning is held until more follows.
+    Linear in the answer's length (only the unsent tail is searched)."""
+
+    def __init__(self, forced: bool) -> None:
+        self.forced = forced
+        self.phase = "start"  # -> "think" -> "answer"
+        self.buf = ""
+        self.started = False  # the current phase's first visible character was seen
+
+    def push(self, text: str, final: bool) -> tuple[str, str]:
+        self.buf += text
+        reasoning = ""
+        if self.phase == "start":
+            body = self.buf.lstrip()
+            if body.startswith(THINK):
+                self.buf, self.phase = body[len(THINK) :], "think"
+            elif not final and THINK.startswith(body):
                 return "", ""  # could still become "<think>"
-            return "", text
-        elif not final and body and THINK.startswith(body):
-            return "", ""
-        end = body.find(END_THINK)
-        if end < 0:
-            reasoning = body if final else body[: len(body) - held_back(body, (END_THINK,))]
-            return reasoning.lstrip("\n"), ""
-        return body[:end].lstrip("\n"), body[end + len(END_THINK) :].lstrip()
+            elif self.forced:
+                self.buf, self.phase = body, "think"
+            else:
+                self.phase = "answer"
+        if self.phase == "think":
+            if not self.started:
+                self.buf = self.buf.lstrip("\n")
+                self.started = bool(self.buf)
+            end = self.buf.find(END_THINK)
+            if end < 0:
+                keep = 0 if final else held_back(self.buf, (END_THINK,))
+                reasoning = self.buf[: len(self.buf) - keep].rstrip()
+                self.buf = "" if final else self.buf[len(reasoning) :]
+                return reasoning, ""
+            reasoning = self.buf[:end].rstrip()
+            self.buf, self.phase, self.started = self.buf[end + len(END_THINK) :], "answer", False
+        if not self.started:
+            self.buf = self.buf.lstrip()
+            self.started = bool(self.buf)
+        rest, self.buf = self.buf, ""
+        return reasoning, rest
 
 
 REASONING_PARSERS = {

@@ -6,7 +6,8 @@ content and the complete tool calls found in it. While ``final`` is False, the r
 extend this list. Parsers achieve that by holding back what is still ambiguous: the beginning of a
 marker at the end of the text, and a call whose end has not arrived. With ``final`` True the text is
 complete and whatever is held is decided (an unterminated call that parses is a call, else content).
-The streaming layer (``frontend.chat_output``) turns successive results into OpenAI deltas.
+The streaming layer (``frontend.chat_output``) turns successive results into OpenAI deltas, re-parsing
+only from the last *settled* point a parser reports (``Parsed.settled``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,17 @@ class ToolCall:
 
 @dataclass
 class Parsed:
+    """Content and calls, and how much of them is *settled*: ``text[:settled]`` is decided for good
+    (it gave the first ``settled_content`` characters of ``content`` and the first ``settled_calls``
+    calls), and parsing may restart at ``settled`` as if the text began there. The streaming layer
+    keeps settled results and re-parses only the rest, so a long answer costs linear time. 0 (the
+    default) settles nothing, which is always correct."""
+
     content: str
     calls: list[ToolCall] = field(default_factory=list)
+    settled: int = 0
+    settled_content: int = 0
+    settled_calls: int = 0
 
 
 class ToolParser(abc.ABC):
@@ -40,12 +50,17 @@ class ToolParser(abc.ABC):
     keep_special: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
-    def parse(self, text: str, final: bool) -> Parsed:
-        """Content and complete calls in ``text``; prefix-stable while not ``final`` (module doc)."""
+    def parse(self, text: str, final: bool, at_start: bool = True) -> Parsed:
+        """Content and complete calls in ``text``; prefix-stable while not ``final`` (module doc).
+        ``at_start``: ``text`` begins the answer (False when the caller restarts at a settled point)."""
 
 
 def held_back(text: str, markers: Iterable[str]) -> int:
     """How many characters at the end of ``text`` could be the start of one of ``markers``."""
+    markers = tuple(markers)
+    window = text[-max(len(m) for m in markers) :]
+    if not any(m[0] in window for m in markers):
+        return 0  # the common case, decided without slicing per marker
     best = 0
     for marker in markers:
         for k in range(min(len(text), len(marker) - 1), best, -1):

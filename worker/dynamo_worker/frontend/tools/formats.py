@@ -37,17 +37,24 @@ def _blocks(
     text: str, final: bool, start: str, end: str, body: Callable[[str], list[ToolCall] | None]
 ) -> Parsed:
     """Content outside ``start``...``end`` blocks, and the calls ``body`` finds inside them. A block
-    whose body is not a call stays content; an unterminated one is held until the text is final."""
+    whose body is not a call stays content; an unterminated one is held until the text is final.
+    Settled: everything before an unterminated block, or before a held-back partial marker."""
     content: list[str] = []
     calls: list[ToolCall] = []
-    pos = 0
+    pos = size = 0
+    settled = settled_content = settled_calls = 0
     while True:
         i = text.find(start, pos)
         if i < 0:
             tail = text[pos:]
-            content.append(tail if final else tail[: len(tail) - held_back(tail, (start,))])
+            tail = tail if final else tail[: len(tail) - held_back(tail, (start,))]
+            content.append(tail)
+            size += len(tail)
+            settled, settled_content, settled_calls = pos + len(tail), size, len(calls)
             break
         content.append(text[pos:i])
+        size += i - pos
+        settled, settled_content, settled_calls = i, size, len(calls)
         j = text.find(end, i + len(start))
         if j < 0:
             if final:
@@ -60,10 +67,11 @@ def _blocks(
         found = body(text[i + len(start) : j])
         if found is None:
             content.append(text[i : j + len(end)])
+            size += j + len(end) - i
         else:
             calls.extend(found)
         pos = j + len(end)
-    return Parsed("".join(content), calls)
+    return Parsed("".join(content), calls, settled, settled_content, settled_calls)
 
 
 def _one_json_call(body: str) -> list[ToolCall] | None:
@@ -79,7 +87,7 @@ class HermesParser(ToolParser):
     START, END = "<tool_call>", "</tool_call>"
     keep_special = (START, END)
 
-    def parse(self, text: str, final: bool) -> Parsed:
+    def parse(self, text: str, final: bool, at_start: bool = True) -> Parsed:
         return _blocks(text, final, self.START, self.END, _one_json_call)
 
 
@@ -110,12 +118,15 @@ class Llama3Parser(ToolParser):
     TAG = "<|python_tag|>"
     keep_special = (TAG,)
 
-    def parse(self, text: str, final: bool) -> Parsed:
+    def parse(self, text: str, final: bool, at_start: bool = True) -> Parsed:
         i = text.find(self.TAG)
         if i >= 0:
             calls, rest = _json_calls(text, i + len(self.TAG), final, ";")
-            return Parsed(text[:i] + rest, calls)
+            return Parsed(text[:i] + rest, calls, settled=i, settled_content=i)
         stripped = text.lstrip()
+        if not at_start:  # bare JSON calls count only at the start of the answer
+            held = 0 if final else held_back(text, (self.TAG,))
+            return _plain(text[: len(text) - held])
         if stripped.startswith("{"):
             calls, rest = _json_calls(stripped, 0, final, ";")
             if not calls and final:
@@ -124,7 +135,12 @@ class Llama3Parser(ToolParser):
         if not stripped and not final:
             return Parsed("", [])
         held = 0 if final else held_back(text, (self.TAG,))
-        return Parsed(text[: len(text) - held], [])
+        return _plain(text[: len(text) - held])
+
+
+def _plain(content: str) -> Parsed:
+    """Text without any marker: all of it is content, and settled."""
+    return Parsed(content, [], settled=len(content), settled_content=len(content))
 
 
 class MistralParser(ToolParser):
@@ -133,11 +149,11 @@ class MistralParser(ToolParser):
     keep_special = (TAG, ARGS, "[CALL_ID]")
     _NAME = re.compile(r"\s*([A-Za-z0-9_.-]+)(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]")
 
-    def parse(self, text: str, final: bool) -> Parsed:
+    def parse(self, text: str, final: bool, at_start: bool = True) -> Parsed:
         i = text.find(self.TAG)
         if i < 0:
             held = 0 if final else held_back(text, (self.TAG,))
-            return Parsed(text[: len(text) - held], [])
+            return _plain(text[: len(text) - held])
         content, pos, calls = text[:i], i, []
         while True:
             if text.startswith(self.TAG, pos):
@@ -159,7 +175,7 @@ class MistralParser(ToolParser):
                 break
             calls.append(ToolCall(m.group(1), json.dumps(got[0], ensure_ascii=False)))
             pos = got[1]
-        return Parsed(content, calls)
+        return Parsed(content, calls, settled=i, settled_content=i)
 
 
 def _deepseek(name: str) -> str:
@@ -196,7 +212,7 @@ class DeepSeekV3Parser(ToolParser):
             calls.append(ToolCall(m.group(1), json.dumps(args, ensure_ascii=False)))
         return calls or None
 
-    def parse(self, text: str, final: bool) -> Parsed:
+    def parse(self, text: str, final: bool, at_start: bool = True) -> Parsed:
         return _blocks(text, final, _CALLS_BEGIN, _CALLS_END, self._calls)
 
 
