@@ -9,6 +9,10 @@ worker unreachable, overload) is an ordinary HTTP error status. A failure after 
 SSE event ``data: {"error": {...}}`` (the ``openai`` client raises it) without ``data: [DONE]``.
 A client that goes away cancels the handler (``handler_cancellation``), which closes the worker
 streams, which cancels the request on the workers.
+
+Requests that use tools, reasoning, structured output or logprobs (``features``: a ``FeaturePlan``
+on the job) run through ``featured_run``, embeddings through ``embeddings``; plain requests never
+leave the path below.
 """
 
 from __future__ import annotations
