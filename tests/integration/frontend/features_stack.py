@@ -124,6 +124,7 @@ FAMILIES: dict[str, tuple[list[str], dict[str, str]]] = {
 EXTRA = {
     "embed": ["--is-embedding"],
     "embed-big": ["--is-embedding", "--embedding-dim", "4096"],
+    "embed-mrl": ["--is-embedding"],  # a Matryoshka model (its config.json lists the sizes)
     "nogrammar": ["--grammar-backend", "none"],
 }
 
@@ -161,11 +162,18 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
     stack = Stack(f"http://127.0.0.1:{http_port}", namespace)
     common = ["--namespace", namespace, "--nats-server", nats_url]
     workers = {m: flags for m, (flags, _) in FAMILIES.items()} | EXTRA
+    mrl = tmp / "mrl-model"
+    mrl.mkdir()
+    for f in tiny_model.iterdir():
+        (mrl / f.name).write_bytes(f.read_bytes())
+    config = json.loads((tiny_model / "config.json").read_text())
+    (mrl / "config.json").write_text(json.dumps(config | {"matryoshka_dimensions": [16, 32, 64]}))
     for model, flags in workers.items():
         port = free_port()
         stack.system_ports[model] = port
         cmd = [
-            sys.executable, "-m", "dynamo_worker.mocker", "--model-path", str(tiny_model),
+            sys.executable, "-m", "dynamo_worker.mocker",
+            "--model-path", str(mrl if model == "embed-mrl" else tiny_model),
             "--served-model-name", model, "--speedup", "1000", "--script", str(script),
             "--system-port", str(port), "--request-port", "0", "--listen-host", "127.0.0.1",
             "--graceful-shutdown-s", "1", "--component", model.replace("-", "_"), *common, *flags,

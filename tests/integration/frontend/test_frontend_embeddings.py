@@ -81,6 +81,21 @@ def test_many_large_vectors_come_back_whole(client):
     assert alone.data[0].embedding == r.data[20].embedding
 
 
+def test_matryoshka_models_shorten_vectors_to_the_sizes_they_list(client):
+    full = client.embeddings.create(model="embed-mrl", input="hello world").data[0].embedding
+    short = client.embeddings.create(model="embed-mrl", input="hello world", dimensions=16).data[0].embedding
+    assert len(full) == 64 and len(short) == 16 and abs(norm(short) - 1.0) < 1e-5
+    head = full[:16]
+    assert all(
+        abs(a - b / norm(head)) < 1e-5 for a, b in zip(short, head, strict=True)
+    )  # renormalized prefix
+    same = client.embeddings.create(model="embed-mrl", input="hello world", dimensions=64).data[0].embedding
+    assert same == full
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="embed-mrl", input="hello", dimensions=20)
+    assert e.value.body["param"] == "dimensions" and "[16, 32, 64]" in e.value.body["message"]
+
+
 def test_models_lists_embedding_and_generation_models(client):
     ids = {m.id for m in client.models.list().data}
     assert {"embed", "qwen", "llama3"} <= ids

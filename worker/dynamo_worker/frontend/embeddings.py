@@ -147,8 +147,11 @@ async def prepare_embeddings(
     assert pre is not None
     features = serving(pre)
     check_endpoint(features, "embedding", req.model)
-    if req.dimensions is not None:
-        _check_dimensions(features, req.dimensions, req.model)
+    dimensions = req.dimensions
+    if dimensions is not None:
+        _check_dimensions(features, dimensions, req.model)
+        if dimensions == features.embedding_dim:
+            dimensions = None  # the full size: nothing to cut (SGLang refuses dimensions on other models)
     inputs: list[list[int]] = []
     for i, item in enumerate(req.inputs()):
         param = "input" if isinstance(req.input, str) or isinstance(req.input[0], int) else f"input[{i}]"
@@ -187,7 +190,7 @@ async def prepare_embeddings(
         model=req.model,
         token_ids=inputs[0],
         stop=StopConditions(max_tokens=1),
-        embed=EmbedOptions(inputs=inputs, dimensions=req.dimensions),
+        embed=EmbedOptions(inputs=inputs, dimensions=dimensions),
     )
     return job_cls(
         kind="embedding",
