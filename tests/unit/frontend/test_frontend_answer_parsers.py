@@ -78,19 +78,33 @@ def test_any_chunking_of_a_golden_output_streams_the_same_message(data):
     assert fold(parser, pieces) == whole(parser, reply)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     text=st.lists(
-        st.sampled_from([*"ab <>/{}\"':;[]|_\n", "<tool_call>", "</tool_call>", "</think>", '{"name": "f"}']),
+        st.sampled_from(
+            [
+                *"ab <>/{}\"':;[]|_\n",
+                "<tool_call>",
+                "</tool_call>",
+                "<think>",
+                "</think>",
+                '{"name": "f"}',
+                "[TOOL_CALLS]",
+            ]
+        ),
         max_size=20,
     ).map("".join),
     name=st.sampled_from(sorted(TOOL_PARSERS)),
-    cut=st.integers(0, 40),
+    reasoning=st.sampled_from([None, "qwen3", "deepseek-r1"]),
+    cuts=st.lists(st.integers(0, 60), max_size=4),
 )
-def test_streaming_arbitrary_text_never_emits_what_the_whole_answer_does_not_have(text, name, cut):
-    parser = AnswerParser(tool_parser=name, tool_mode="auto", reasoning=REASONING_PARSERS["qwen3"])
-    streamed = fold(parser, [text[:cut], text[cut:]])
-    assert streamed == whole(parser, text)
+def test_streaming_arbitrary_text_gives_the_whole_answer(text, name, reasoning, cuts):
+    parser = AnswerParser(
+        tool_parser=name, tool_mode="auto", reasoning=REASONING_PARSERS.get(reasoning or "")
+    )
+    bounds = sorted({min(c, len(text)) for c in cuts})
+    chunks = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)], strict=True)]
+    assert fold(parser, chunks) == whole(parser, text)
 
 
 def test_a_partial_marker_is_held_back_until_it_is_decided():
@@ -165,3 +179,35 @@ def test_a_long_answer_is_not_reparsed_from_its_start(parser, prefix):
     assert message["content"].rstrip().endswith("and say it") and len(message["content"]) > 10_000
     if parser.reasoning is not None:
         assert message["content"].startswith("and say it") and len(message["reasoning_content"]) > 10_000
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=st.lists(
+        st.sampled_from(
+            [
+                "<|channel|>",
+                "analysis",
+                "final",
+                "commentary to=functions.f ",
+                "<|constrain|>json",
+                "<|message|>",
+                "<|end|>",
+                "<|call|>",
+                "<|start|>assistant",
+                '{"a": 1}',
+                "hi ",
+                "\n",
+                "<|",
+            ]
+        ),
+        max_size=16,
+    ),
+    cuts=st.lists(st.integers(0, 200), max_size=6),
+)
+def test_harmony_streams_like_the_whole_answer_for_any_text_and_chunking(pieces, cuts):
+    text = "".join(pieces)
+    bounds = sorted({min(c, len(text)) for c in cuts})
+    chunks = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)], strict=True)]
+    parser = AnswerParser(reasoning=REASONING_PARSERS["gpt-oss"], tool_parser="gpt-oss", tool_mode="auto")
+    assert fold(parser, chunks) == whole(parser, text)
