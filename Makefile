@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries run test test-unit test-integration test-e2e lint fmt crds cluster-up cluster-down
+.PHONY: help venv binaries run test test-unit test-integration test-e2e lint compat fmt crds cluster-up cluster-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ lint: venv binaries ## ruff, formatting, import contracts, CRD drift, helm lint 
 	$(BIN)/lint-imports
 	$(BIN)/python -m dynamo_operator.api.crdgen --check
 	bash hack/lint-chart.sh
+
+compat: venv ## check our use of SGLang against the oldest and newest release of the window (no torch)
+	bash hack/sglang-compat.sh
 
 fmt: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

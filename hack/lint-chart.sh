@@ -2,7 +2,7 @@
 # Lints what users install: the Helm chart, the example manifests and both Dockerfiles. Offline.
 #
 #   1. helm lint of the chart, with the default values and with each other supported mode;
-#   2. helm template of the same value sets, the chart's CRD and every examples/*.yaml through
+#   2. helm template of the same value sets, the chart's CRD and every example (both API versions) through
 #      kubeconform -strict, against schemas written by hack/kubeschemas.py (Kubernetes' own OpenAPI
 #      documents plus our CRD's openAPIV3Schema), so unknown fields and wrong types fail;
 #   3. hadolint on images/operator/Dockerfile and images/runtime/Dockerfile.
@@ -31,6 +31,7 @@ VALUE_SETS=(
   "--set nats.enabled=false --set nats.externalAddress=nats://nats.messaging.svc:4222"
   "--set nats.persistence.enabled=true --set nats.persistence.storageClassName=fast"
   "--set operator.replicas=0 --set serviceAccount.name=dynamo"
+  "--set operator.webhook.certSecret=dynamo-operator-webhook-tls"
 )
 
 log "helm lint"
@@ -54,9 +55,10 @@ for values in "${VALUE_SETS[@]}"; do
     | kubeconform -
 done
 
-examples=(examples/*.yaml)
+# Ours in both versions, and NVIDIA Dynamo's v1beta1 SGLang examples the tests apply.
+examples=(examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-v1beta1/*.yaml)
 if [ -e "${examples[0]}" ]; then
-  log "kubeconform examples/*.yaml"
+  log "kubeconform examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-v1beta1/*.yaml"
   kubeconform "${examples[@]}"
 fi
 

@@ -1,7 +1,8 @@
 """``python -m dynamo_operator`` / ``dynamo-operator``: run the operator (kopf, in-process).
 
-Start-up: read settings (flags and ``DYN_OPERATOR_*``), connect to the API server, resolve the
-multinode group backend (``auto``: LeaderWorkerSet when its CRD is installed), then run kopf scoped
+Start-up: read settings (flags and ``DYN_OPERATOR_*``), connect to the API server, serve the
+conversion webhook and point the CRD at it (:mod:`dynamo_operator.webhook`), resolve the multinode group
+backend (``auto``: LeaderWorkerSet when its CRD is installed), then run kopf scoped
 to the given namespaces (or the whole cluster), standalone unless ``--peering`` is given, with the
 liveness endpoint ``GET /healthz``. SIGTERM/SIGINT stop it gracefully.
 """
@@ -11,16 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Literal
 
 import aiohttp
 import kopf
 
+from dynamo_operator import certs, webhook
+from dynamo_operator.certs import CertError
 from dynamo_operator.reconcile import handlers  # noqa: F401  (importing registers the kopf handlers)
 from dynamo_operator.reconcile.controller import Controller
 from dynamo_operator.reconcile.kube import LWS_CRD_NAME, Credentials, Kube, KubeError, load_credentials
 from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
+from dynamo_operator.webhook import WebhookServer
 
 logger = logging.getLogger("dynamo_operator")
 
@@ -51,27 +57,68 @@ def _configure_logging(settings: OperatorSettings) -> None:
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
 
 
+async def start_webhook(
+    kube: Kube, settings: OperatorSettings, scratch: Path
+) -> tuple[WebhookServer, asyncio.Task[None] | None]:
+    """Serve the conversion webhook and point the CRD at it (raises CertError, OSError, KubeError)."""
+    cert = certs.load_or_generate(settings.webhook_cert_dir, settings.webhook_hosts(), scratch)
+    server = WebhookServer(cert, settings.webhook_host, settings.webhook_port)
+    await server.start()
+    if not settings.webhook_configure_crd:
+        return server, None
+    patch = webhook.crd_conversion_patch(settings.webhook_client_config(), cert.ca_pem)
+    try:
+        await webhook.ensure_crd_conversion(kube, patch)
+    except KubeError as exc:
+        await server.stop()
+        if exc.status == 403:
+            raise KubeError(
+                403,
+                exc.reason,
+                f"the operator may not patch the CRD {webhook.CRD_NAME} to configure its conversion webhook "
+                f"({exc.message}); grant get and patch on that CRD (the chart does) or pass "
+                "--no-webhook-configure-crd and set spec.conversion yourself",
+            ) from None
+        raise
+    return server, asyncio.create_task(webhook.keep_crd_conversion(kube, patch))
+
+
 async def run(settings: OperatorSettings, creds: Credentials) -> None:
     async with Kube(creds) as kube:
-        backend = await resolve_group_backend(kube, settings.group_backend)
-        config = settings.operator_config(backend)
-        controller = Controller(
-            kube=kube,
-            config=config,
-            workers=settings.workers,
-            resync_interval_s=settings.resync_interval_s,
-            not_ready_recheck_s=settings.not_ready_recheck_s,
-        )
-        scope = "all namespaces" if settings.all_namespaces else "namespaces " + ",".join(settings.namespace)
-        logger.info("Starting operator scope=%s server=%s", scope, creds.server)
-        await kopf.operator(
-            clusterwide=settings.all_namespaces,
-            namespaces=list(settings.namespace),
-            standalone=settings.peering is None,
-            peering_name=settings.peering,
-            liveness_endpoint=settings.liveness_endpoint,
-            memo=kopf.Memo(controller=controller, credentials=creds),
-        )
+        server: WebhookServer | None = None
+        keeper: asyncio.Task[None] | None = None
+        with tempfile.TemporaryDirectory(prefix="dynamo-operator-webhook-") as scratch:
+            if settings.webhook_port:
+                server, keeper = await start_webhook(kube, settings, Path(scratch))
+            try:
+                await _run_kopf(kube, settings, creds)
+            finally:
+                if keeper is not None:
+                    keeper.cancel()
+                if server is not None:
+                    await server.stop()
+
+
+async def _run_kopf(kube: Kube, settings: OperatorSettings, creds: Credentials) -> None:
+    backend = await resolve_group_backend(kube, settings.group_backend)
+    config = settings.operator_config(backend)
+    controller = Controller(
+        kube=kube,
+        config=config,
+        workers=settings.workers,
+        resync_interval_s=settings.resync_interval_s,
+        not_ready_recheck_s=settings.not_ready_recheck_s,
+    )
+    scope = "all namespaces" if settings.all_namespaces else "namespaces " + ",".join(settings.namespace)
+    logger.info("Starting operator scope=%s server=%s", scope, creds.server)
+    await kopf.operator(
+        clusterwide=settings.all_namespaces,
+        namespaces=list(settings.namespace),
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        liveness_endpoint=settings.liveness_endpoint,
+        memo=kopf.Memo(controller=controller, credentials=creds),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(run(settings, creds))
+    except CertError as exc:
+        print(f"dynamo-operator: {exc}", file=sys.stderr)
+        return 2
     except (aiohttp.ClientError, KubeError, OSError) as exc:
         print(
             f"dynamo-operator: cannot use the Kubernetes API at {creds.server} ({exc}); check the kubeconfig "

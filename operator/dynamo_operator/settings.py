@@ -18,6 +18,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -85,6 +86,35 @@ class OperatorSettings(BaseModel):
     liveness_port: int = Field(
         8080, ge=0, le=65535, description="Port of the liveness endpoint GET /healthz (0 disables it)."
     )
+    # --- conversion webhook (v1alpha1 <-> v1beta1) ------------------------------------------------
+    webhook_port: int = Field(
+        9443,
+        ge=0,
+        le=65535,
+        description="HTTPS port of the conversion webhook (POST /convert). 0 disables it: requests at "
+        "nvidia.com/v1alpha1 then fail unless another operator serves it.",
+    )
+    webhook_host: str = Field("0.0.0.0", description="Address the conversion webhook listens on.")
+    webhook_service: str | None = Field(
+        None,
+        description="NAMESPACE/NAME[:PORT] of the Service in front of the webhook, written into the CRD "
+        "(the chart sets it). Default: a URL, see --webhook-url.",
+    )
+    webhook_url: str | None = Field(
+        None,
+        description="URL the API server calls, written into the CRD, for an operator outside the cluster. "
+        "Default: https://<webhook-host, or 127.0.0.1>:<webhook-port>/convert.",
+    )
+    webhook_cert_dir: Path | None = Field(
+        None,
+        description="Folder with tls.crt, tls.key and ca.crt (a mounted kubernetes.io/tls Secret). "
+        "Default: a CA and certificate generated at start-up.",
+    )
+    webhook_configure_crd: bool = Field(
+        True,
+        description="Write the webhook's address and CA bundle into the CRD's spec.conversion at start "
+        "and keep them there (needs get/patch on that one CRD).",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Operator log level.")
     log_format: Literal["text", "json"] = Field("text", description="Operator log format.")
 
@@ -100,6 +130,51 @@ class OperatorSettings(BaseModel):
     startup_timeout_s: int = _like("startup_timeout_s", ge=60)
     discovery_ttl_s: float = _like("discovery_ttl_s", gt=0)
     pod_log_format: Literal["json", "text"] = _like("log_format")
+
+    @model_validator(mode="after")
+    def _webhook_target(self) -> OperatorSettings:
+        if self.webhook_service and self.webhook_url:
+            raise ValueError(
+                "--webhook-service and --webhook-url both say where the API server reaches the webhook: "
+                "pass only one"
+            )
+        if self.webhook_service and self.webhook_service_ref is None:
+            raise ValueError(
+                f"--webhook-service {self.webhook_service!r} is not NAMESPACE/NAME[:PORT] "
+                "(e.g. dynamo/dynamo-operator-webhook:443)"
+            )
+        if self.webhook_url and not self.webhook_url.startswith("https://"):
+            raise ValueError(f"--webhook-url {self.webhook_url!r} must start with https://")
+        return self
+
+    @property
+    def webhook_service_ref(self) -> dict[str, Any] | None:
+        """The CRD's clientConfig.service for --webhook-service, or None."""
+        if not self.webhook_service:
+            return None
+        where, _, port = self.webhook_service.partition(":")
+        namespace, _, name = where.partition("/")
+        if not namespace or not name or "/" in name or (port and not port.isdigit()):
+            return None
+        return {"namespace": namespace, "name": name, "path": "/convert", "port": int(port or 443)}
+
+    def webhook_client_config(self) -> dict[str, Any]:
+        """Where the API server calls the webhook: ``{"service": ...}`` or ``{"url": ...}``."""
+        service = self.webhook_service_ref
+        if service is not None:
+            return {"service": service}
+        host = "127.0.0.1" if self.webhook_host in ("0.0.0.0", "::", "") else self.webhook_host
+        host = f"[{host}]" if ":" in host else host
+        return {"url": self.webhook_url or f"https://{host}:{self.webhook_port}/convert"}
+
+    def webhook_hosts(self) -> list[str]:
+        """Names the serving certificate is made for (generated certificates)."""
+        service = self.webhook_service_ref
+        if service is not None:
+            ns, name = service["namespace"], service["name"]
+            return [f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local", f"{name}.{ns}", name]
+        host = urlsplit(self.webhook_client_config()["url"]).hostname or "127.0.0.1"
+        return [host] if host in ("127.0.0.1", "localhost") else [host, "127.0.0.1"]
 
     @model_validator(mode="after")
     def _one_scope(self) -> OperatorSettings:
@@ -180,10 +255,10 @@ def _from_env(name: str, annotation: Any, raw: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dynamo-operator",
-        description="Kubernetes operator for DynamoGraphDeployment (nvidia.com/v1alpha1): renders each "
-        "graph into Deployments, StatefulSets/LeaderWorkerSets and Services, keeps them converged, and "
-        "reports status and Events. Every flag can also be set by the environment variable named in its "
-        f"help ({ENV_PREFIX}<FLAG>); flags win.",
+        description="Kubernetes operator for DynamoGraphDeployment (nvidia.com/v1beta1 and v1alpha1, "
+        "converted by its webhook): renders each graph into Deployments, StatefulSets/LeaderWorkerSets "
+        "and Services, keeps them converged, and reports status and Events. Every flag can also be set "
+        f"by the environment variable named in its help ({ENV_PREFIX}<FLAG>); flags win.",
         argument_default=argparse.SUPPRESS,
     )
     for name, info in OperatorSettings.model_fields.items():

@@ -73,6 +73,8 @@ def start_operator(kubeconfig: Path, namespace: str, log: Path) -> subprocess.Po
     cmd = [
         sys.executable, "-m", "dynamo_operator", "--namespace", namespace, "--kubeconfig", str(kubeconfig),
         "--liveness-host", "127.0.0.1", "--liveness-port", str(port), "--not-ready-recheck-s", "5",
+        # the conversion webhook (the graphs are created at v1alpha1), where this apiserver calls it
+        "--webhook-host", "127.0.0.1", "--webhook-port", str(free_port()),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

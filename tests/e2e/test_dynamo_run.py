@@ -1,5 +1,6 @@
-"""dynamo-run end to end: examples/agg.yaml and examples/disagg.yaml served on the mocker as local
-processes, driven by the official openai client: streaming chat, completions and usage counts; killing
+"""dynamo-run end to end: every example (examples/**/*.yaml, multinode ones as the processes of their
+ranks) served on the mocker as local processes, driven by the official openai client: streaming chat,
+completions and usage counts; killing
 the decode process makes requests fail with a clear error and dynamo-run reports it (keeping its log);
 SIGTERM stops every process dynamo-run started (checked by PID and process group) and leaves no
 temporary file, even of a process that was killed."""
@@ -23,6 +24,7 @@ from dynamo_worker.runtime.nats_server import free_port
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(ROOT.glob("examples/**/*.yaml"))
 STARTUP_S = 120.0
 STOP_S = 40.0
 
@@ -136,7 +138,7 @@ def cache_dir(tmp_path_factory) -> Path:
 def dynamo_run(tmp_path, cache_dir):
     runs: list[DynamoRun] = []
 
-    def start(example: str, *, log_dir: bool = True) -> DynamoRun:
+    def start(example: str | Path, *, log_dir: bool = True) -> DynamoRun:
         run = DynamoRun(ROOT / "examples" / example, tmp_path, cache_dir, log_dir=log_dir)
         runs.append(run)
         run.wait_for(r"Serving namespace=", STARTUP_S + 30)
@@ -195,8 +197,13 @@ def stop_and_check_nothing_left(run: DynamoRun) -> None:
     assert left_files == [], "temporary files left behind"
 
 
-def test_agg_serves_chat_and_completions_and_sigterm_leaves_nothing(dynamo_run):
-    run = dynamo_run("agg.yaml")
+def test_examples_are_found():
+    assert {"agg.yaml", "disagg.yaml", "agg-multinode.yaml"} <= {p.name for p in EXAMPLES}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[str(p.relative_to(ROOT / "examples")) for p in EXAMPLES])
+def test_every_example_serves_chat_and_completions_and_sigterm_leaves_nothing(dynamo_run, example):
+    run = dynamo_run(example)
     check_serving(run)
     stop_and_check_nothing_left(run)
 
@@ -224,9 +231,9 @@ def test_disagg_serves_then_a_dead_decode_fails_requests_clearly_and_is_reported
 def test_a_dead_frontend_stops_everything_with_exit_1(dynamo_run):
     run = dynamo_run("agg.yaml")
     pids = run.started_pids()
-    os.killpg(pids["Frontend"], signal.SIGKILL)
+    os.killpg(pids["Frontend-0"], signal.SIGKILL)
     assert run.proc.wait(STOP_S) == 1, run.output()
-    assert "Frontend (the frontend) exited with signal SIGKILL" in run.output()
+    assert "Frontend-0 (the frontend) exited with signal SIGKILL" in run.output()
     assert list(run.tmpdir.iterdir()) == []  # what the killed frontend could not clean up is gone too
     left = {name: pid for name, pid in pids.items() if alive(pid) or group_members(pid)}
     assert left == {}, f"still running after the frontend died: {left}\n{run.output()}"

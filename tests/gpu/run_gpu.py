@@ -51,19 +51,40 @@ SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,16,64").split(",") if c]
 KILL_BOUND_S = float(os.environ.get("KILL_BOUND_S", 30))
 STARTUP_S = float(os.environ.get("STARTUP_S", 420))
 PROBES, PROBE_LEN, PROBE_OUT = int(os.environ.get("PROBES", 4)), 300, 24
+# GPUS=1: every engine shares GPU 0 (one-GPU machines), each with a small memory share and the same
+# KV capacity, so ours and native still compare like for like.
+GPUS = int(os.environ.get("GPUS", 2))
+MEM_FRACTION = os.environ.get("MEM_FRACTION", "0.80" if GPUS > 1 else "0.40")
+MAX_TOTAL_TOKENS = os.environ.get("MAX_TOTAL_TOKENS", "" if GPUS > 1 else "80000")
+# SGLang takes --mem-fraction-static of the memory free when it loads, so on one GPU the engines start
+# one after the other and the second takes this share of what the first left.
+SECOND_MEM_FRACTION = os.environ.get("SECOND_MEM_FRACTION", "0.65")
 MODEL = "llama8b-dummy"
 MODEL_DIR = Path(os.environ.get("MODEL_DIR") or "/tmp/dynamo-gpu-model")
 NAMESPACE = "gpu-proof"
 TOKEN = re.compile(r"w(\d+)")
 
 SGLANG_FLAGS = [
-    "--load-format", "dummy", "--random-seed", "1", "--page-size", "16", "--mem-fraction-static", "0.80",
+    "--load-format", "dummy", "--random-seed", "1", "--page-size", "16",
+    "--mem-fraction-static", MEM_FRACTION,
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
     "--cuda-graph-backend-prefill", "disabled", "--mm-feature-transport", "cpu", "--skip-server-warmup",
     "--context-length", "8192",
 ]  # fmt: skip
 if not GRAPHS:
     SGLANG_FLAGS += ["--cuda-graph-backend-decode", "disabled"]
+if MAX_TOTAL_TOKENS:
+    SGLANG_FLAGS += ["--max-total-tokens", MAX_TOTAL_TOKENS]
+
+
+def gpu(index: int) -> int:
+    """The GPU of the index-th engine: its own on a multi-GPU machine, GPU 0 when GPUS=1."""
+    return index if GPUS > 1 else 0
+
+
+def second_engine_flags() -> list[str]:
+    """Flags of an engine that shares GPU 0 with one already loaded (GPUS=1)."""
+    return [] if GPUS > 1 else ["--mem-fraction-static", SECOND_MEM_FRACTION]
 
 
 def log(msg: str) -> None:
@@ -220,11 +241,11 @@ class Stack:
             cmd += ["--canary-interval-s", "5"]
         return self._add(role, cmd), system_port
 
-    def start_native(self, gpu: int) -> tuple[Proc, int]:
+    def start_native(self, gpu: int, *extra: str) -> tuple[Proc, int]:
         port = free_port()
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(MODEL_DIR),
                "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port), "--base-gpu-id", str(gpu),
-               *SGLANG_FLAGS]  # fmt: skip
+               *SGLANG_FLAGS, *extra]  # fmt: skip
         return self._add("sglang-native", cmd), port
 
     def _add(self, name: str, cmd: list[str]) -> Proc:
@@ -455,12 +476,14 @@ async def phase_agg() -> dict:
         stack.start_nats()
         kv_events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"})
         worker, worker_sys = stack.start_worker("agg", 0, "--kv-events-config", kv_events)
-        native = native_port = None
-        if ENGINE == "sglang":
-            native, native_port = stack.start_native(1)
         frontend = stack.start_frontend()
+        native = native_port = None
+        if ENGINE == "sglang" and GPUS > 1:
+            native, native_port = stack.start_native(gpu(1))
         result["agg_ready_s"] = wait_http(worker, f"http://127.0.0.1:{worker_sys}/health")
         log(f"our agg worker ready in {result['agg_ready_s']:.0f}s")
+        if ENGINE == "sglang" and GPUS == 1:
+            native, native_port = stack.start_native(gpu(1), *second_engine_flags())
         if native is not None:
             result["native_ready_s"] = wait_http(native, f"http://127.0.0.1:{native_port}/health")
             log(f"SGLang's own server ready in {result['native_ready_s']:.0f}s")
@@ -549,9 +572,12 @@ async def phase_disagg(agg: dict | None) -> dict:
     try:
         stack.start_nats()
         prefill, prefill_sys = stack.start_worker("prefill", 0)  # no bootstrap port: the worker picks one
-        decode, decode_sys = stack.start_worker("decode", 1)
         frontend = stack.start_frontend()
+        if GPUS > 1:
+            decode, decode_sys = stack.start_worker("decode", gpu(1))
         result["prefill_ready_s"] = wait_http(prefill, f"http://127.0.0.1:{prefill_sys}/health")
+        if GPUS == 1:
+            decode, decode_sys = stack.start_worker("decode", gpu(1), *second_engine_flags())
         result["decode_ready_s"] = wait_http(decode, f"http://127.0.0.1:{decode_sys}/health")
         log(f"prefill ready in {result['prefill_ready_s']:.0f}s, decode in {result['decode_ready_s']:.0f}s")
         wait_http(frontend, f"http://127.0.0.1:{stack.http_port}/live", 60)
@@ -719,6 +745,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # the run ends with its reason and the summary of what did run
         log(f"FAILED: {e}")
         text, _ = summary(agg, disagg)
+        text = text.rsplit("RESULT:", 1)[0] + f"RESULT: FAIL ({e})"
         print(text, flush=True)
         (OUT / "summary.txt").write_text(text)
         return 1

@@ -8,7 +8,8 @@ Everything listens on 127.0.0.1 on free ports. Certificates (a CA, the apiserver
 an admin client certificate in ``system:masters``, the service-account key pair) and a kubeconfig are
 generated locally with ``openssl``. kwok manages nodes annotated ``kwok.x-k8s.io/node=fake``: it keeps
 them Ready and makes every pod scheduled onto them Running and Ready, so Deployments and StatefulSets
-reach their ready counts. Two such nodes are created, each with ``nvidia.com/gpu: 8``.
+reach their ready counts. Two such nodes are created, each with ``nvidia.com/gpu: 8`` and, like a real
+GPU node, ``ephemeral-storage`` and ``hugepages-2Mi`` (``NODE_RESOURCES``).
 
 Usage from the shell (what ``make cluster-up`` / ``make cluster-down`` run)::
 
@@ -40,6 +41,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 GPU_NODES = ("kwok-gpu-0", "kwok-gpu-1")
 GPUS_PER_NODE = 8
+# What each fake node advertises, like a real 8-GPU node (DGX-class sizes).
+NODE_RESOURCES = {
+    "cpu": "64",
+    "memory": "512Gi",
+    "pods": "250",
+    "ephemeral-storage": "2Ti",
+    "hugepages-2Mi": "16Gi",
+    "nvidia.com/gpu": str(GPUS_PER_NODE),
+    "rdma/ib": "8",
+}
 PORT_ATTEMPTS = 3
 
 
@@ -220,6 +231,8 @@ class LocalCluster:
         self._create_nodes()
 
     def _create_nodes(self) -> None:
+        # kwok's node controller keeps status.capacity/allocatable as created: advertise what a real GPU
+        # node does (ephemeral-storage and hugepages too), so manifests that request them schedule.
         for name in GPU_NODES:
             node = {
                 "apiVersion": "v1",
@@ -231,12 +244,7 @@ class LocalCluster:
                         "type": "kwok", "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
                     },
                 },
-                "status": {
-                    "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "250",
-                                    "nvidia.com/gpu": str(GPUS_PER_NODE), "rdma/ib": "8"},
-                    "capacity": {"cpu": "64", "memory": "512Gi", "pods": "250",
-                                 "nvidia.com/gpu": str(GPUS_PER_NODE), "rdma/ib": "8"},
-                },
+                "status": {"allocatable": NODE_RESOURCES, "capacity": NODE_RESOURCES},
             }  # fmt: skip
             self.kubectl("apply", "-f", "-", input=json.dumps(node))
         self.kubectl("wait", "--for=condition=Ready", "node", *GPU_NODES, "--timeout=60s")

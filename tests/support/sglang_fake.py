@@ -85,15 +85,20 @@ class FakeTokenizerManager:
         return list(self.loads)
 
 
-@dataclass
+@dataclass(frozen=True)
 class FakeServerArgs:
-    """The ``ServerArgs`` fields the worker reads, with SGLang's defaults."""
+    """The ``ServerArgs`` fields the worker reads, with SGLang's defaults. Frozen like SGLang's own:
+    0.5.17's ``ServerArgs.__setattr__`` raises ``AttributeError`` once constructed (0.5.23's once the
+    engine resolved it), so a worker that assigns a field instead of building a new ``ServerArgs``
+    fails here as it would on a GPU. This is the 0.5.17 shape: the fields are the resolved values and
+    there is no ``resolved_dict()``."""
 
     model_path: str = "fake-model"
     served_model_name: str = "fake-model"
     tokenizer_path: str | None = None
     page_size: int = 16
     dp_size: int = 1
+    enable_dp_attention: bool = False
     host: str = "127.0.0.1"
     disaggregation_mode: str = "null"
     disaggregation_bootstrap_port: int = 8998

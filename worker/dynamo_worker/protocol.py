@@ -254,11 +254,13 @@ KvEvent = Annotated[BlockStored | BlockRemoved | AllBlocksCleared, Field(discrim
 
 
 class KvEventBatch(_Wire):
-    """KV cache events of one worker. ``seq`` grows by one per batch; a gap means events were lost."""
+    """KV cache events of one worker. ``seq`` grows by one per batch; a gap means events were lost.
+    A data-parallel engine's batch holds the events of one attention dp rank, ``dp_rank``."""
 
     instance_id: str
     seq: Annotated[int, Field(ge=0)]
     events: list[KvEvent]
+    dp_rank: Annotated[int, Field(ge=0)] = 0
 
 
 class LoadMetrics(_Wire):

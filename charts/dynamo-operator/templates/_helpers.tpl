@@ -130,7 +130,8 @@ LeaderWorkerSet CRD); with a list of namespaces kopf also watches namespaces to 
 {{- end }}
 
 {{/*
-The operator's command-line flags: watch scope and liveness endpoint (see `dynamo-operator --help`).
+The operator's command-line flags: watch scope, liveness endpoint and conversion webhook (see
+`dynamo-operator --help`).
 */}}
 {{- define "dynamo-operator.args" -}}
 {{- if eq .Values.operator.watch.scope "cluster" }}
@@ -141,6 +142,18 @@ The operator's command-line flags: watch scope and liveness endpoint (see `dynam
 {{- end }}
 {{- end }}
 - --liveness-port={{ .Values.operator.healthPort }}
+- --webhook-port={{ .Values.operator.webhook.port }}
+- --webhook-service={{ .Release.Namespace }}/{{ include "dynamo-operator.webhookName" . }}:{{ .Values.operator.webhook.servicePort }}
+{{- if .Values.operator.webhook.certSecret }}
+- --webhook-cert-dir=/etc/dynamo-operator/webhook
+{{- end }}
+{{- end }}
+
+{{/*
+The Service in front of the conversion webhook.
+*/}}
+{{- define "dynamo-operator.webhookName" -}}
+{{ include "dynamo-operator.fullname" . | trunc 55 | trimSuffix "-" }}-webhook
 {{- end }}
 
 {{/*

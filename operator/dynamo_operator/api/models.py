@@ -1,5 +1,9 @@
 """Pydantic models of ``nvidia.com/v1alpha1`` ``DynamoGraphDeployment``: the single source of truth.
 
+This is also the operator's one internal model: ``render`` works from it whichever version a graph was
+written in (:func:`dynamo_operator.api.conversion.load_graph` reads both; v1beta1 lives in
+:mod:`dynamo_operator.api.v1beta1`).
+
 The shape follows NVIDIA Dynamo's CRD, so a manifest written for Dynamo's operator parses here and
 passes our generated schema (``crds/``, made by :mod:`dynamo_operator.api.crdgen`). Fields Dynamo
 accepts but this operator does not act on (``autoscaling``, ``ingress``, ``modelRef``,
@@ -32,6 +36,8 @@ __all__ = [
     "PVC",
     "SHORT_NAME",
     "SINGULAR",
+    "STORAGE_API_VERSION",
+    "STORAGE_VERSION",
     "VERSION",
     "Autoscaling",
     "ComponentType",
@@ -61,6 +67,10 @@ __all__ = [
 GROUP = "nvidia.com"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# The version the API server stores (dynamo_operator.api.v1beta1): what the operator watches and writes
+# status to, and what ownerReferences name, so neither needs the conversion webhook.
+STORAGE_VERSION = "v1beta1"
+STORAGE_API_VERSION = f"{GROUP}/{STORAGE_VERSION}"
 KIND = "DynamoGraphDeployment"
 PLURAL = "dynamographdeployments"
 SINGULAR = "dynamographdeployment"

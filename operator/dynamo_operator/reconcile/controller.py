@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile import conditions, plan, status
@@ -245,7 +246,7 @@ class Controller:
         if meta.get("deletionTimestamp"):
             return None  # the garbage collector removes the children (ownerReferences)
         try:
-            dgd = DynamoGraphDeployment.model_validate(raw)
+            dgd = load_graph(raw)  # v1beta1 as stored -> the internal model render works from
         except ValidationError as exc:
             rendered = Rendered(problems=problems_from_validation(exc))
         else:

@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from dynamo_operator.api.models import GROUP, PLURAL, VERSION
+from dynamo_operator.api.models import GROUP, PLURAL, STORAGE_VERSION
 from dynamo_operator.reconcile.kube import LWS
 from dynamo_operator.render import labels
 
@@ -69,7 +69,7 @@ def reconcile_queue(memo: kopf.Memo, **_: Any) -> int:
     return memo.controller.queue.pending()
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
+@kopf.on.event(GROUP, STORAGE_VERSION, PLURAL)  # v1beta1: the operator never depends on its own webhook
 async def graph_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.controller.graph_event(type, body)
 

@@ -52,7 +52,8 @@ class ResourceType:
         return path
 
 
-DGD = ResourceType("nvidia.com/v1alpha1", "DynamoGraphDeployment", "dynamographdeployments")
+# The stored version: reading and writing it never needs the conversion webhook.
+DGD = ResourceType("nvidia.com/v1beta1", "DynamoGraphDeployment", "dynamographdeployments")
 DEPLOYMENT = ResourceType("apps/v1", "Deployment", "deployments")
 STATEFULSET = ResourceType("apps/v1", "StatefulSet", "statefulsets")
 SERVICE = ResourceType("v1", "Service", "services")

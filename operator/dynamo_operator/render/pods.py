@@ -8,7 +8,7 @@ from typing import Any
 from dynamo_operator.api import contract
 from dynamo_operator.api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
 from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import DynamoGraphDeployment, EnvVar, Probe, ResourceItem
+from dynamo_operator.api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
 from dynamo_operator.api.sglang_args import argv
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
@@ -347,7 +347,7 @@ def object_meta(
     if dgd.metadata.uid:
         meta["ownerReferences"] = [
             {
-                "apiVersion": dgd.api_version,
+                "apiVersion": STORAGE_API_VERSION,  # the stored version: no conversion to resolve it
                 "kind": dgd.kind,
                 "name": dgd.name,
                 "uid": dgd.metadata.uid,

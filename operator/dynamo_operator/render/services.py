@@ -82,9 +82,13 @@ def _member(
         {"name": contract.ENV_NUM_NODES, "value": str(nnodes)},
         {"name": contract.ENV_LEADER_HOST, "value": leader_host},
     ]
-    return sglang.for_group_member(
+    out = sglang.for_group_member(
         _with_env(container, env), nnodes=nnodes, leader_host=leader_host, leader=leader
     )
+    if leader:  # the group's rendezvous listens on the leader: declared, like every port a pod serves
+        dist_init = {"name": "dist-init", "containerPort": contract.DIST_INIT_PORT, "protocol": "TCP"}
+        out["ports"] = [*out.get("ports", []), dist_init]
+    return out
 
 
 def _groups(

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 CRD = "dynamographdeployments.nvidia.com"
 ENV_PREFIX = "DYN_OPERATOR_"
 # Flags the test's OperatorProcess sets itself (its own scope and a free liveness port).
-OWN_FLAGS = ("--namespace", "--all-namespaces", "--liveness-port")
+# The test's operator runs on this machine: its own scope and ports, and its webhook at a 127.0.0.1 URL
+# instead of the chart's Service (which no kube-proxy serves here).
+OWN_FLAGS = ("--namespace", "--all-namespaces", "--liveness-port", "--webhook-port", "--webhook-service")
 
 
 def token_kubeconfig(cluster: LocalCluster, namespace: str, service_account: str, path: Path) -> Path:
@@ -99,6 +101,9 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         assert can("patch", "pods", "-n", ns) == "yes"  # group restarts mark the pods they delete
         assert can("list", "secrets", "-n", ns) == "no"
         assert can("create", "deployments", "-n", "default") == "no"
+        # the conversion webhook: the operator writes its Service and CA into its own CRD, no other
+        assert can("patch", f"customresourcedefinitions.apiextensions.k8s.io/{CRD}") == "yes"
+        assert can("patch", "customresourcedefinitions.apiextensions.k8s.io/other.example.com") == "no"
 
         kubeconfig = token_kubeconfig(kube_cluster, ns, sa, tmp_path / "operator-kubeconfig")
         op = OperatorProcess(

@@ -84,8 +84,18 @@ def test_namespace_scope_writes_only_in_the_watched_namespaces(bins):
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in find(objs, "RoleBinding")) == ["team-a", "team-b"]
     (cluster_role,) = find(objs, "ClusterRole")
-    cluster_verbs = {v for rule in cluster_role["rules"] for v in rule["verbs"]}
-    assert cluster_verbs == {"get", "list", "watch"}  # reads of CRDs and namespaces only
+    cluster_verbs = {
+        v for rule in cluster_role["rules"] if not rule.get("resourceNames") for v in rule["verbs"]
+    }
+    assert cluster_verbs == {"get", "list", "watch"}  # reads of CRDs and namespaces
+    # and one write: the conversion webhook's address and CA into the operator's own CRD
+    (crd_patch,) = [rule for rule in cluster_role["rules"] if rule.get("resourceNames")]
+    assert crd_patch == {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "resourceNames": ["dynamographdeployments.nvidia.com"],
+        "verbs": ["patch"],
+    }
     (deployment,) = find(objs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
@@ -146,7 +156,9 @@ def test_operator_accepts_the_chart_configuration(bins):
 
 def test_external_nats_replaces_the_bundled_server(bins):
     objs = template(bins, "nats.enabled=false", "nats.externalAddress=nats://nats.messaging.svc:4222")
-    assert not find(objs, "StatefulSet") and not find(objs, "Service") and not find(objs, "ConfigMap")
+    services = [s["metadata"]["name"] for s in find(objs, "Service")]
+    assert services == ["t-dynamo-operator-webhook"]  # the conversion webhook's only: no NATS Service
+    assert not find(objs, "StatefulSet") and not find(objs, "ConfigMap")
     assert _operator_settings(objs).nats_url == "nats://nats.messaging.svc:4222"
 
 
@@ -170,3 +182,31 @@ def test_chart_crd_is_the_generated_crd():
     assert chart_copy.read_text() == generated.read_text(), (
         "charts/dynamo-operator/crds/ is stale: run `python -m dynamo_operator.api.crdgen`"
     )
+
+
+def test_conversion_webhook_service_port_and_flags(bins):
+    """The Service the operator writes into the CRD reaches the operator's webhook port; with a cert
+    Secret, the operator reads its certificate from it instead of generating one."""
+    objs = template(bins, "operator.webhook.certSecret=webhook-tls")
+    (service,) = [s for s in find(objs, "Service") if s["metadata"]["name"].endswith("-webhook")]
+    (deployment,) = find(objs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert {"name": "webhook", "containerPort": 9443} in container["ports"]
+    settings = _operator_settings(objs)
+    assert settings.webhook_port == 9443
+    assert settings.webhook_client_config() == {
+        "service": {
+            "namespace": "dynamo",
+            "name": service["metadata"]["name"],
+            "path": "/convert",
+            "port": 443,
+        }
+    }
+    assert str(settings.webhook_cert_dir) == "/etc/dynamo-operator/webhook"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "webhook-cert"]
+    assert volume["secret"]["secretName"] == "webhook-tls"

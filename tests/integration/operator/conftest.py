@@ -1,5 +1,6 @@
 """Fixtures for operator integration tests on the real local control plane: the CRDs installed once,
-the operator run as a real subprocess (``python -m dynamo_operator``) scoped to the test's namespace,
+the operator run as a real subprocess (``python -m dynamo_operator``) scoped to the test's namespace and
+serving the conversion webhook on 127.0.0.1 (it points the shared CRD at itself when it starts),
 and a small kubectl helper that polls the state of the world with deadlines."""
 
 from __future__ import annotations
@@ -48,14 +49,31 @@ def example(name: str) -> dict:
     return copy.deepcopy(yaml.safe_load((EXAMPLES / name).read_text()))
 
 
+DGD_V1ALPHA1 = "dynamographdeployments.v1alpha1.nvidia.com"
+
+
+def _at_version(arg: str, resource: str) -> str:
+    if arg == "dgd":
+        return resource
+    if arg.startswith("dgd/"):
+        return f"{resource}/{arg[4:]}"
+    return arg
+
+
 @dataclass
 class Kubectl:
-    """kubectl against the local control plane, in one namespace, returning parsed JSON."""
+    """kubectl against the local control plane, in one namespace, returning parsed JSON.
+
+    ``dgd`` means the graph at ``dgd_resource``: v1alpha1 by default (what the manifests under examples/
+    are written in; every such request goes through the operator's conversion webhook, since the API
+    server stores v1beta1). Plain ``kubectl get dgd`` would answer v1beta1, the preferred version."""
 
     cluster: LocalCluster
     namespace: str
+    dgd_resource: str = DGD_V1ALPHA1
 
     def run(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        args = tuple(_at_version(a, self.dgd_resource) for a in args)
         return self.cluster.kubectl("-n", self.namespace, *args, input=input, check=check)
 
     def apply(self, manifest: dict) -> None:
@@ -98,9 +116,15 @@ class Kubectl:
 
 @pytest.fixture(scope="session")
 def dgd_crd(kube_cluster: LocalCluster) -> None:
-    """The DynamoGraphDeployment CRD from crds/, applied once per session and Established."""
+    """The DynamoGraphDeployment CRD from crds/, applied once per session and Established.
+
+    When it is already there (the chart test installed it) it is replaced: an operator of an earlier
+    test wrote a webhook URL into it, which a server-side apply of the file's Service could only add to."""
     for path in sorted((REPO / "crds").glob("*.yaml")):
-        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        if kube_cluster.kubectl("get", "-f", str(path), "--ignore-not-found", "-o", "name").strip():
+            kube_cluster.kubectl("replace", "-f", str(path))
+        else:
+            kube_cluster.kubectl("apply", "--server-side", "-f", str(path))
     kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{DGD_CRD}", "--timeout=60s")
 
 
@@ -133,11 +157,13 @@ class OperatorProcess:
     extra_args: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     port: int = 0
+    webhook_port: int = 0
     _log: Any = field(default=None, repr=False)
 
     def start(self, timeout: float = 30.0) -> OperatorProcess:
         assert self.proc is None, "already running"
         self.port = free_port()
+        self.webhook_port = free_port()
         self._log = self.log_path.open("ab")
         cmd = [
             sys.executable, "-m", "dynamo_operator",
@@ -147,6 +173,9 @@ class OperatorProcess:
             "--liveness-port", str(self.port),
             "--not-ready-recheck-s", "5",
             *self.extra_args,
+            # the conversion webhook, where this apiserver (on 127.0.0.1) can call it
+            "--webhook-host", "127.0.0.1",
+            "--webhook-port", str(self.webhook_port),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_OPERATOR_")}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -59,7 +59,7 @@ def test_example_reaches_ready_with_owned_children(
         refs = kid["metadata"]["ownerReferences"]
         assert refs == [
             {
-                "apiVersion": "nvidia.com/v1alpha1",
+                "apiVersion": "nvidia.com/v1beta1",  # the stored version: GC needs no conversion
                 "kind": "DynamoGraphDeployment",
                 "name": name,
                 "uid": uid,
@@ -225,8 +225,12 @@ def test_operator_restart_converges_without_duplicates(
     kc.apply(example("disagg.yaml"))
     kc.wait_ready("sglang-disagg")
     operator.stop()
-    # While the operator is down: scale a service and delete a child.
-    kc.patch("dgd", "sglang-disagg", {"spec": {"services": {"prefill": {"replicas": 2}}}})
+    # While the operator is down: scale a service and delete a child. Without the operator there is no
+    # conversion webhook, so the edit is made at v1beta1, the stored version (README).
+    beta = Kubectl(kc.cluster, kc.namespace, dgd_resource="dynamographdeployments.v1beta1.nvidia.com")
+    comps = [c["name"] for c in beta.get("dgd", "sglang-disagg")["spec"]["components"]]
+    edit = [{"op": "replace", "path": f"/spec/components/{comps.index('prefill')}/replicas", "value": 2}]
+    beta.patch("dgd", "sglang-disagg", edit, type_="json")
     kc.delete("deployment", "sglang-disagg-decode")
     operator_factory()
     wait_until(lambda: kc.get("deployment", "sglang-disagg-decode"), "the deleted Deployment to come back")

@@ -1,6 +1,7 @@
 """The event plane over a real nats-server: KV event batches arrive in order with consecutive seqs,
-a lost batch shows up as a gap (SeqTracker), a publisher overflow skips seqs instead of diverging
-silently, and load metrics are published on change and periodically."""
+each batch holds the events of one dp rank and says which, a lost batch shows up as a gap
+(SeqTracker), a publisher overflow skips seqs instead of diverging silently, and load metrics are
+published on change and periodically."""
 
 from __future__ import annotations
 
@@ -65,6 +66,27 @@ async def test_batches_arrive_in_order_with_consecutive_seqs(nc, namespace):
     assert isinstance(events[-1], BlockRemoved)
     tracker = SeqTracker()
     assert all(tracker.observe(b) == 0 for b in got)
+    await sub.unsubscribe()
+
+
+async def test_each_batch_holds_one_dp_ranks_events_and_names_the_rank(nc, namespace):
+    got: list[KvEventBatch] = []
+    sub = await subscribe_kv_events(nc, namespace, got.append)
+    publisher = KvEventPublisher(nc, namespace, "dddddddddddddddd")
+    publisher.start()
+    publisher.submit([stored(0), stored(1)], dp_rank=0)
+    publisher.submit([stored(10)], dp_rank=1)
+    publisher.submit([stored(2)], dp_rank=0)
+    publisher.submit([stored(3)])  # an engine without dp ranks: rank 0
+    await publisher.stop()
+    await nc.flush()
+    await wait_until(lambda: sum(len(b.events) for b in got) == 5)
+    assert [(b.dp_rank, [e.block_hashes[0] for e in b.events]) for b in got] == [
+        (0, [0, 1]),
+        (1, [10]),
+        (0, [2, 3]),
+    ]
+    assert [b.seq for b in got] == [0, 1, 2]
     await sub.unsubscribe()
 
 

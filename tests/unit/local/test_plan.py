@@ -1,5 +1,6 @@
-"""dynamo_worker.local.plan (with manifest.graph_view): which local processes serve a manifest, with the
-operator's env contract, free ports, GPUs by resources.limits.gpu, and clear refusals of what this
+"""dynamo_worker.local.plan: which local processes serve a manifest: the pods the operator's render()
+makes, run with their rendered command and env (the operator's precedence: the user's env wins), free
+ports, GPUs by resources.limits.gpu, multinode groups as their ranks, and clear refusals of what this
 machine cannot run (the operator's own validation is tested in test_manifest.py)."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import itertools
 
 import pytest
 from dynamo_operator.api import contract as c
-from dynamo_worker.local.manifest import graph_view, parse_manifest
-from dynamo_worker.local.plan import PlanError, plan_graph
+from dynamo_worker.local.manifest import parse_manifest
+from dynamo_worker.local.plan import PlanError, machine_env, plan_graph
 
 DISAGG = """
 apiVersion: nvidia.com/v1alpha1
@@ -66,79 +67,78 @@ spec:
 """
 
 NATS = "nats://127.0.0.1:4999"
+MACHINE = machine_env(http_host="127.0.0.1", grace_s=5, path="/venv/bin:/usr/bin")
 
 
 def plan(text: str = DISAGG, **kw):
-    graph, _notes = graph_view(parse_manifest(text))
     args = {
         "engine": "mocker",
         "nats_url": NATS,
-        "host": "127.0.0.1",
-        "port": 8000,
-        "python": "/py",
+        "http_host": "127.0.0.1",
+        "http_port": 8000,
         "mocker_model_dir": "/tiny",
         "sglang_model_path": None,
         "gpus": (),
         "free_port": itertools.count(20000).__next__,
+        "machine": MACHINE,
     }
     args.update(kw)
-    return plan_graph(graph, **args)
+    return plan_graph(parse_manifest(text), **args)
 
 
 def test_disagg_on_the_mocker_runs_a_frontend_and_each_replica():
     p = plan()
-    assert [x.name for x in p.processes] == ["Frontend", "prefill-0", "prefill-1", "decode-0"]
+    assert [x.name for x in p.processes] == ["Frontend-0", "decode-0", "prefill-0", "prefill-1"]
+    assert [x.pod for x in p.processes][:2] == ["sglang-disagg-frontend-0", "sglang-disagg-decode-0"]
     assert p.url == "http://127.0.0.1:8000"
     assert p.served_models == ("Qwen/Qwen3-0.6B",)
     assert p.namespace == "default-sglang-disagg"
 
 
-def test_the_frontend_gets_our_module_the_port_and_the_manifests_router_mode():
-    fe = plan().processes[0]
+def test_the_frontend_runs_the_manifests_command_on_the_port_asked_for():
+    fe = plan(http_port=8123).processes[0]
     assert fe.kind == "frontend"
-    assert fe.argv == (
-        "/py", "-m", c.FRONTEND_MODULE, "--http-host", "127.0.0.1", "--http-port", "8000",
-        "--namespace", "default-sglang-disagg", "--nats-server", NATS, "--router-mode", "kv",
-    )  # fmt: skip
-    assert fe.health_url == "http://127.0.0.1:8000/health"
-    assert fe.metrics_url == "http://127.0.0.1:8000/metrics" and fe.expected_workers == 3
+    # dynamo.frontend is ours; its --http-port refers to its declared http port, which is --port here
+    assert fe.argv == ("python3", "-m", c.FRONTEND_MODULE, "--router-mode", "kv", "--http-port", "8123")
+    assert fe.env[c.ENV_HTTP_PORT] == "8123"
+    assert fe.health_url == "http://127.0.0.1:8123/health"
+    assert fe.metrics_url == "http://127.0.0.1:8123/metrics" and fe.expected_workers == 3
 
 
-def test_a_prefill_replica_gets_the_mocker_with_the_sglang_args_and_its_own_ports():
-    prefill0 = plan().processes[1]
-    assert prefill0.argv[:3] == ("/py", "-m", c.MOCKER_MODULE)
-    assert prefill0.argv[3:] == (
-        "--model-path", "Qwen/Qwen3-0.6B", "--served-model-name", "Qwen/Qwen3-0.6B", "--page-size", "16",
-        "--tp", "1", "--skip-tokenizer-init", "--disaggregation-mode", "prefill",
-        "--disaggregation-transfer-backend", "nixl",
-        "--host", "127.0.0.1", "--port", "20000", "--disaggregation-bootstrap-port", "20001",
-        "--model-dir", "/tiny",
+def test_a_prefill_replica_runs_the_mocker_with_the_rendered_args_and_its_own_ports():
+    prefill0 = plan().processes[2]
+    bootstrap = prefill0.ports[12345]
+    assert prefill0.argv == (
+        "python3", "-m", c.MOCKER_MODULE, "--model-path", "Qwen/Qwen3-0.6B", "--served-model-name",
+        "Qwen/Qwen3-0.6B", "--page-size", "16", "--tp", "1", "--skip-tokenizer-init",
+        "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl",
+        "--disaggregation-bootstrap-port", str(bootstrap), "--host", "127.0.0.1", "--model-dir", "/tiny",
     )  # fmt: skip
-    assert prefill0.health_url == "http://127.0.0.1:20002/health"
+    assert prefill0.health_url == f"http://127.0.0.1:{prefill0.ports[c.SYSTEM_PORT]}/health"
     assert prefill0.gpus == ()
 
 
 def test_replicas_never_share_a_port():
-    used = []
-    for proc in plan().processes[1:]:
-        used += [proc.env[c.ENV_SYSTEM_PORT], proc.env[c.ENV_REQUEST_PORT]]
-        used += [proc.argv[i + 1] for i, a in enumerate(proc.argv) if a.endswith("port")]
+    used = [port for proc in plan().processes for port in proc.ports.values()]
     assert len(used) == len(set(used))
+    assert all(proc.env[c.ENV_SYSTEM_PORT] == str(proc.ports[c.SYSTEM_PORT]) for proc in plan().processes[1:])
 
 
 def test_a_worker_gets_the_operators_env_contract_and_the_manifests_envs():
-    decode = plan().processes[3]
+    decode = plan().processes[1]
     assert decode.env[c.ENV_NAMESPACE] == "default-sglang-disagg"
     assert decode.env[c.ENV_COMPONENT] == "decode"
     assert decode.env[c.ENV_NATS_SERVER] == NATS
-    assert decode.env[c.ENV_POD_NAME] == "decode-0"
+    assert decode.env[c.ENV_POD_NAME] == "sglang-disagg-decode-0"
     assert decode.env[c.ENV_ENDPOINT] == c.DEFAULT_ENDPOINT
-    assert decode.env[c.ENV_ADVERTISE_HOST] == "127.0.0.1"
+    assert decode.env[c.ENV_ADVERTISE_HOST] == "127.0.0.1"  # $(POD_IP), the pod IP being the loopback
     assert decode.env[c.ENV_GRAPH_NAME] == "sglang-disagg"
+    assert decode.env[c.ENV_LISTEN_HOST] == "127.0.0.1" and decode.env["PATH"] == "/venv/bin:/usr/bin"
     assert decode.env["SHARED"] == "graph"
-    prefill = plan().processes[1]
+    prefill = plan().processes[2]
     assert prefill.env["LEVEL"] == "service"  # a service's envs win over spec.envs
-    assert prefill.env[c.ENV_NATS_SERVER] == NATS  # the contract wins: it points at the embedded NATS
+    # The operator's rule: the user's env wins over the contract's, on Kubernetes and here alike.
+    assert prefill.env[c.ENV_NATS_SERVER] == "nats://elsewhere:4222"
 
 
 def test_sglang_assigns_gpus_in_order_and_keeps_our_sglang_module():
@@ -146,7 +146,8 @@ def test_sglang_assigns_gpus_in_order_and_keeps_our_sglang_module():
     workers = p.processes[1:]
     assert [w.gpus for w in workers] == [("4",), ("5",), ("6",)]
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in workers] == ["4", "5", "6"]
-    assert all(w.argv[2] == c.SGLANG_MODULE and "--model-dir" not in w.argv for w in workers)
+    commands = [" ".join(w.argv) for w in workers]  # decode's is a shell script: sh -c "python3 -m ..."
+    assert all(f"-m {c.SGLANG_MODULE} " in x and "--model-dir" not in x for x in commands)
 
 
 def test_sglang_with_too_few_gpus_says_how_many_are_needed_and_what_to_do():
@@ -158,9 +159,12 @@ def test_sglang_with_too_few_gpus_says_how_many_are_needed_and_what_to_do():
 
 
 def test_sglang_model_dir_replaces_the_model_path():
-    decode = plan(engine="sglang", gpus=("0", "1", "2"), sglang_model_path="/models/q").processes[3]
-    assert decode.argv[decode.argv.index("--model-path") + 1] == "/models/q"
-    assert decode.argv.count("--model-path") == 1
+    decode, prefill0 = plan(engine="sglang", gpus=("0", "1", "2"), sglang_model_path="/models/q").processes[
+        1:3
+    ]
+    assert prefill0.argv[prefill0.argv.index("--model-path") + 1] == "/models/q"
+    assert prefill0.argv.count("--model-path") == 1
+    assert "--model-path /models/q " in decode.argv[2] and "Qwen/Qwen3-0.6B --served" not in decode.argv[2]
 
 
 MULTINODE = """
@@ -181,17 +185,24 @@ spec:
 """
 
 
-def test_multinode_runs_one_process_per_group_and_says_so():
+def test_multinode_runs_each_rank_with_its_rank_and_the_leader_on_this_machine():
     p = plan(MULTINODE)
-    assert [x.name for x in p.processes] == ["Frontend", "worker-0"]
+    assert [x.name for x in p.processes] == ["Frontend-0", "worker-0", "worker-0-1"]
     assert p.namespace == "team-big"
-    assert any("one process per group" in n and "mocker" in n for n in p.notes)
+    leader, rank1 = p.processes[1:]
+    rendezvous = f"127.0.0.1:{leader.ports[c.DIST_INIT_PORT]}"  # the leader's port, in every rank
+    for rank, proc in enumerate((leader, rank1)):
+        tail = ("--dist-init-addr", rendezvous, "--nnodes", "2", "--node-rank", str(rank))
+        assert proc.argv[-8:] == (*tail, "--model-dir", "/tiny")
+        assert proc.env[c.ENV_NODE_RANK] == str(rank) and proc.env[c.ENV_LEADER_HOST] == "127.0.0.1"
+    assert leader.health_url is not None and rank1.health_url is None  # only the leader is probed
+    assert p.processes[0].expected_workers == 1  # only the leader registers
 
 
-def test_multinode_on_sglang_takes_node_count_times_gpus():
+def test_multinode_on_sglang_gives_each_rank_its_gpus():
     p = plan(MULTINODE, engine="sglang", gpus=tuple(str(i) for i in range(8)))
-    assert p.processes[1].gpus == tuple(str(i) for i in range(8))
-    with pytest.raises(PlanError, match="needs 8 GPUs"):
+    assert [x.gpus for x in p.processes[1:]] == [("0", "1", "2", "3"), ("4", "5", "6", "7")]
+    with pytest.raises(PlanError, match=r"needs 8 GPUs.*worker-0 needs 4, worker-0-1 needs 4"):
         plan(MULTINODE, engine="sglang", gpus=("0", "1", "2", "3"))
 
 
@@ -213,8 +224,8 @@ def test_planner_services_and_secrets_are_skipped_with_a_note():
     ).replace("      replicas: 1\n", "      replicas: 1\n      envFromSecret: hf-token\n")
     p = plan(text)
     assert any("hf-token" in n and "export" in n for n in p.notes)
-    assert [x.name for x in p.processes] == ["Frontend", "worker-0"]
-    assert any("Planner" in n and "skipped" in n for n in p.notes)
+    assert [x.name for x in p.processes] == ["Frontend-0", "worker-0", "worker-0-1"]
+    assert any("big-planner-0" in n and "skipped" in n for n in p.notes)
 
 
 ARGS_ONLY = """
@@ -235,8 +246,8 @@ spec:
 
 def test_args_without_command_run_the_operators_default_command():
     p = plan(ARGS_ONLY)
-    assert p.processes[0].argv[-2:] == ("--router-mode", "kv")
-    assert p.processes[1].argv[:5] == ("/py", "-m", c.MOCKER_MODULE, "--model-path", "m")
+    assert p.processes[0].argv == ("python3", "-m", c.FRONTEND_MODULE, "--router-mode", "kv")
+    assert p.processes[1].argv[:5] == ("python3", "-m", c.MOCKER_MODULE, "--model-path", "m")
     assert p.served_models == ("served",)
 
 
@@ -246,11 +257,10 @@ def test_container_env_is_kept_and_value_from_is_skipped_with_a_note():
         "extraPodSpec: {mainContainer: {args: [--model-path, m], env: [{name: A, value: '1'}, "
         "{name: TOKEN, valueFrom: {secretKeyRef: {name: s, key: k}}}]}}",
     )
-    graph, notes = graph_view(parse_manifest(text))
-    decode = plan(text).processes[1]
+    p = plan(text)
+    decode = p.processes[1]
     assert decode.env["A"] == "1" and "TOKEN" not in decode.env
-    assert any("TOKEN" in n and "valueFrom" in n for n in notes)
-    assert graph.services[1].envs == (("A", "1"),)
+    assert any("TOKEN" in n and "valueFrom" in n for n in p.notes)
 
 
 def test_an_sglang_command_without_a_gpu_limit_is_refused_on_sglang():
@@ -261,7 +271,7 @@ def test_an_sglang_command_without_a_gpu_limit_is_refused_on_sglang():
         "      extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.sglang, --model-path, m]}}\n"
         "    Frontend:\n",
     )
-    assert [p.name for p in plan(text).processes] == ["Engine-0", "Frontend", "decode-0"]
+    assert [p.name for p in plan(text).processes] == ["Engine-0", "Frontend-0", "decode-0"]
     with pytest.raises(PlanError) as e:
         plan(text, engine="sglang", gpus=("0",))
     (problem,) = e.value.problems
@@ -269,10 +279,23 @@ def test_an_sglang_command_without_a_gpu_limit_is_refused_on_sglang():
     assert str(e.value).startswith("spec.services.Engine.resources.limits.gpu: an SGLang worker needs GPUs")
 
 
-def test_sglang_prefill_workers_choose_their_own_bootstrap_port():
-    """Our SGLang worker picks a free port itself and retries when SGLang could not bind it; a port
-    chosen by dynamo-run would sit unbound (and could be taken) while the weights load."""
-    workers = plan(engine="sglang", gpus=("0", "1", "2")).processes[1:]
-    assert [w.name for w in workers] == ["prefill-0", "prefill-1", "decode-0"]
-    assert all("--disaggregation-bootstrap-port" not in w.argv for w in workers)
-    assert all("--disaggregation-mode" in w.argv for w in workers)
+def test_any_declared_port_is_remapped_wherever_it_is_referenced_and_other_numbers_are_kept():
+    """A port the renderer (or the user's mainContainer) declares needs no code in dynamo-run: its
+    references in env, flags, shell scripts and endpoints all follow it to the local port."""
+    text = ARGS_ONLY.replace(
+        "extraPodSpec: {mainContainer: {args: [--model-path, m, --served-model-name, served]}}",
+        "extraPodSpec:\n"
+        "        mainContainer:\n"
+        "          ports: [{name: kv-events, containerPort: 5557}]\n"
+        "          env: [{name: KV_PORT, value: '5557'}, {name: KV_ADDR, value: '$(POD_IP):5557'}]\n"
+        "          args: [--model-path, m, --kv-events-port, '5557', --max-running-requests, '5557',\n"
+        '                 --kv-events-config, \'{"endpoint": "tcp://*:5557"}\', --x-port=5557]',
+    )
+    decode = plan(text).processes[1]
+    local = str(decode.ports[5557])
+    assert local != "5557"
+    assert decode.env["KV_PORT"] == local and decode.env["KV_ADDR"] == f"127.0.0.1:{local}"
+    assert decode.argv[decode.argv.index("--kv-events-port") + 1] == local
+    assert decode.argv[decode.argv.index("--max-running-requests") + 1] == "5557"  # not a port reference
+    assert f'"tcp://*:{local}"' in decode.argv[decode.argv.index("--kv-events-config") + 1]
+    assert f"--x-port={local}" in decode.argv

@@ -21,6 +21,10 @@ def _walk(schema, path=""):
         yield from _walk(schema["additionalProperties"], f"{path}.*")
 
 
+def _version(name: str) -> dict:
+    return next(v for v in crdgen.build_crd()["spec"]["versions"] if v["name"] == name)
+
+
 def test_committed_crd_is_fresh():
     committed = (REPO / "crds" / crdgen.CRD_FILENAME).read_text()
     assert committed == crdgen.render_crd_yaml(), "crds/ is stale: run `make crds`"
@@ -33,18 +37,40 @@ def test_crd_shape():
     crd = crdgen.build_crd()
     assert crd["metadata"]["name"] == "dynamographdeployments.nvidia.com"
     assert crd["spec"]["names"]["shortNames"] == ["dgd"]
-    version = crd["spec"]["versions"][0]
-    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
-    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
-    assert columns["Backend"] == ".spec.backendFramework"
-    assert columns["State"] == ".status.state"
-    assert columns["Age"] == ".metadata.creationTimestamp"
+    served = {v["name"]: (v["served"], v["storage"]) for v in crd["spec"]["versions"]}
+    assert served == {"v1beta1": (True, True), "v1alpha1": (True, False)}  # stored as v1beta1, like Dynamo
+    for version in crd["spec"]["versions"]:
+        assert version["subresources"] == {"status": {}}
+        columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+        assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+        assert columns["Backend"] == ".spec.backendFramework"
+        assert columns["State"] == ".status.state"
+        assert columns["Age"] == ".metadata.creationTimestamp"
+    # one status schema, whichever version is read
+    status = [v["schema"]["openAPIV3Schema"]["properties"]["status"] for v in crd["spec"]["versions"]]
+    assert status[0] == status[1]
+    conversion = crd["spec"]["conversion"]
+    assert conversion["strategy"] == "Webhook"
+    assert conversion["webhook"]["conversionReviewVersions"] == ["v1"]
+    assert conversion["webhook"]["clientConfig"]["service"]["path"] == "/convert"
+
+
+def test_v1beta1_schema_rules():
+    nodes = dict(_walk(_version("v1beta1")["schema"]["openAPIV3Schema"]))
+    components = nodes[".spec.components"]
+    assert components["x-kubernetes-list-type"] == "map"
+    assert components["x-kubernetes-list-map-keys"] == ["name"]
+    assert "name" in components["items"]["required"]
+    assert nodes[".spec.components[].type"]["enum"] == [
+        "frontend", "worker", "prefill", "decode", "planner", "epp"
+    ]  # fmt: skip
+    assert nodes[".spec.components[].replicas"]["minimum"] == 0
+    assert nodes[".spec.components[].podTemplate"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert nodes[".spec.env"]["type"] == "array"
 
 
 def test_schema_rules():
-    root = crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    root = _version("v1alpha1")["schema"]["openAPIV3Schema"]
     nodes = dict(_walk(root))
     service = ".spec.services.*"
     assert nodes[f"{service}.componentType"]["enum"][:4] == ["frontend", "worker", "prefill", "decode"]
@@ -61,7 +87,7 @@ def test_schema_rules():
 
 
 def test_structural_and_preserve_unknown_only_where_dynamo_allows():
-    root = crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    root = _version("v1alpha1")["schema"]["openAPIV3Schema"]
     preserved = sorted(p for p, s in _walk(root) if s.get("x-kubernetes-preserve-unknown-fields"))
     assert preserved == [
         ".spec.services.*.autoscaling.behavior",

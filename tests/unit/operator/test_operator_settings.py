@@ -81,3 +81,21 @@ def test_missing_scope_exits_2_with_the_fix(tmp_path: Path):
     )
     assert r.returncode == 2
     assert "--all-namespaces" in r.stderr
+
+
+def test_webhook_address_service_or_url():
+    """The chart names a Service; a local run gets a 127.0.0.1 URL; both at once is refused."""
+    chart = parse_settings(["--all-namespaces", "--webhook-service", "dynamo/op-webhook:443"], environ={})
+    assert chart.webhook_client_config() == {
+        "service": {"namespace": "dynamo", "name": "op-webhook", "path": "/convert", "port": 443}
+    }
+    assert "op-webhook.dynamo.svc" in chart.webhook_hosts()
+    local = parse_settings(["--all-namespaces", "--webhook-port", "9555"], environ={})
+    assert local.webhook_client_config() == {"url": "https://127.0.0.1:9555/convert"}
+    assert local.webhook_hosts() == ["127.0.0.1"]
+    with pytest.raises(SettingsError, match="pass only one"):
+        parse_settings(
+            ["--all-namespaces", "--webhook-service", "a/b", "--webhook-url", "https://x/c"], environ={}
+        )
+    with pytest.raises(SettingsError, match="NAMESPACE/NAME"):
+        parse_settings(["--all-namespaces", "--webhook-service", "no-namespace"], environ={})

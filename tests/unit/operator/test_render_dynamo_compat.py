@@ -108,7 +108,9 @@ def test_same_topology_and_flags():
         "sglang-disagg-multinode-prefill-0-0.sglang-disagg-multinode-prefill-0.prod.svc:29500 "
         "--nnodes 2 --node-rank 0"
     )
-    assert prefill["ports"][-1] == {"name": "bootstrap", "containerPort": 30001, "protocol": "TCP"}
+    ports = {port["name"]: port for port in prefill["ports"]}
+    assert ports["bootstrap"] == {"name": "bootstrap", "containerPort": 30001, "protocol": "TCP"}
+    assert ports["dist-init"] == {"name": "dist-init", "containerPort": 29500, "protocol": "TCP"}  # leader's
     frontend = next(
         o for o in rendered.objects if o["metadata"]["name"] == "sglang-disagg-multinode-frontend"
     )

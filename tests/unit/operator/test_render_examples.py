@@ -1,5 +1,6 @@
 """Every manifest under examples/ parses and renders without problems, with the topology it
-describes, under both multinode group backends."""
+describes, under both multinode group backends; each v1beta1 example renders exactly like its v1alpha1
+twin; NVIDIA Dynamo's v1beta1 SGLang examples render the topology they describe."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
@@ -60,3 +62,36 @@ def test_disagg_multinode_topology():
         assert (plan.role, plan.replicas, plan.nodes_per_replica) == (role, 1, 2)
     transport = [n.reason for n in rendered.notices if n.reason.endswith("Transport")]
     assert transport == ["TcpTransport"]
+
+
+BETA_EXAMPLES = sorted((EXAMPLES[0].parent / "v1beta1").glob("*.yaml"))
+DYNAMO_V1BETA1 = sorted((EXAMPLES[0].parents[1] / "tests" / "fixtures" / "dynamo-v1beta1").glob("*.yaml"))
+
+
+def test_every_example_has_its_v1beta1_twin():
+    assert [p.name for p in BETA_EXAMPLES] == [p.name for p in EXAMPLES]
+
+
+@pytest.mark.parametrize("path", BETA_EXAMPLES, ids=lambda p: p.name)
+def test_v1beta1_example_renders_exactly_like_its_v1alpha1_twin(path):
+    beta = yaml.safe_load(path.read_text())
+    alpha = yaml.safe_load((path.parents[1] / path.name).read_text())
+    assert beta["apiVersion"] == "nvidia.com/v1beta1"
+    config = OperatorConfig(group_backend="statefulset")
+    assert render(load_graph(beta), config) == render(load_graph(alpha), config)
+
+
+@pytest.mark.parametrize("path", DYNAMO_V1BETA1, ids=lambda p: p.name)
+def test_dynamo_v1beta1_example_renders_its_topology(path):
+    """NVIDIA Dynamo's own v1beta1 SGLang examples (images changed to ours) render without problems:
+    a GPU-limited pod per worker, prefill/decode roles from `type`, multinode groups."""
+    raw = yaml.safe_load(path.read_text())
+    rendered = render(load_graph(raw), OperatorConfig(group_backend="statefulset"))
+    assert rendered.problems == ()
+    assert not [n for n in rendered.notices if n.warning]
+    for comp in raw["spec"]["components"]:
+        plan = rendered.services[comp["name"]]
+        assert plan.nodes_per_replica == comp.get("multinode", {}).get("nodeCount", 1)
+        if comp["type"] in ("prefill", "decode"):
+            assert plan.role == comp["type"]
+    assert {c["name"] for c in raw["spec"]["components"]} == set(rendered.services)

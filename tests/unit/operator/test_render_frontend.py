@@ -33,7 +33,7 @@ LABELS = {
 SELECTOR = {"nvidia.com/dynamo-graph-deployment-name": "g", "nvidia.com/dynamo-component": "Frontend"}
 OWNER = [
     {
-        "apiVersion": "nvidia.com/v1alpha1",
+        "apiVersion": "nvidia.com/v1beta1",  # owners are named by the stored version
         "kind": "DynamoGraphDeployment",
         "name": "g",
         "uid": "uid-1",

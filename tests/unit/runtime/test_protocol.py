@@ -98,6 +98,10 @@ def test_kv_events_are_a_discriminated_union():
     with pytest.raises(ValidationError):
         KvEventBatch(instance_id="a", seq=-1, events=[])
     assert isinstance(batch.events[0], BlockStored)
+    assert batch.dp_rank == 0  # a publisher that predates dp ranks still parses: rank 0
+    assert KvEventBatch(instance_id="a", seq=0, events=[], dp_rank=3).dp_rank == 3
+    with pytest.raises(ValidationError):
+        KvEventBatch(instance_id="a", seq=0, events=[], dp_rank=-1)
 
 
 def test_stop_conditions_default_to_no_stop_ids():

@@ -1,9 +1,16 @@
 """The SGLang worker's command line: what it forces for the frontend contract, where decode legs find
-the bootstrap server, which ZMQ endpoints carry KV events, and that --help works without SGLang."""
+the bootstrap server, which ZMQ endpoints carry KV events, that --help works without SGLang; and, with
+the flags of the oldest and the newest SGLang of the window (read from their source) and their own
+``--config`` mergers: a flag the installed SGLang lacks is refused before anything starts with one
+message naming it, the version and the fix, and ``--config`` works on both module paths.
+
+SGLang's ``ServerArgs`` needs torch to import, so ``tests.support.sglang_source.cli_from_source`` stands
+in for it: a parser with exactly the flags that release declares, and a read-only ServerArgs record."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 
@@ -12,6 +19,9 @@ from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.sglang import args
 
 from tests.support.sglang_fake import FakeServerArgs
+from tests.support.sglang_source import cli_from_source
+
+OLDEST, NEWEST = args.SGLANG_WINDOW
 
 RUNTIME = RuntimeSettings(listen_host="0.0.0.0", advertise_host="10.1.2.3")
 
@@ -131,3 +141,103 @@ def test_main_rejects_an_invalid_runtime_flag_with_its_name(capsys):
 
     assert main(["--system-port", "70000", "--model-path", "m"]) == 2
     assert "--system-port" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def newest_cli(newest_src):
+    return cli_from_source(newest_src, NEWEST)
+
+
+@pytest.fixture(scope="module")
+def oldest_cli(oldest_src):
+    return cli_from_source(oldest_src, OLDEST)
+
+
+@pytest.mark.parametrize("flag", ["--enable-prefill-context-parallel", "--torchao-config", "--cuda-graph-bs"])
+def test_a_flag_the_newest_sglang_removed_is_refused_with_its_name_the_version_and_the_fix(newest_cli, flag):
+    argv = ["--model-path", "m", flag, *([] if flag.startswith("--enable") else ["8"])]
+    with pytest.raises(args.WorkerArgsError) as e:
+        args.parse_worker_args(argv, env={}, sglang=newest_cli)
+    message = str(e.value)
+    assert message.startswith(f"{flag} is not a flag of the installed SGLang {NEWEST}")
+    assert f"SGLang {OLDEST} has it" in message and "remove it from the worker's arguments" in message
+
+
+def test_the_removed_flag_has_its_replacement_where_there_is_one(newest_cli):
+    with pytest.raises(args.WorkerArgsError, match="use --cuda-graph-bs-decode and --cuda-graph-bs-prefill"):
+        args.parse_worker_args(["--model-path", "m", "--cuda-graph-bs", "8"], env={}, sglang=newest_cli)
+
+
+def test_the_newest_spelling_on_the_oldest_sglang_names_the_old_spelling(oldest_cli, newest_cli):
+    with pytest.raises(args.WorkerArgsError, match=f"SGLang {OLDEST}; use --dp-size N --enable-dp-attention"):
+        args.parse_worker_args(["--model-path", "m", "--attn-dp-size", "2"], env={}, sglang=oldest_cli)
+    plan = args.parse_worker_args(["--model-path", "m", "--attn-dp-size", "2"], env={}, sglang=newest_cli)
+    assert plan.server_args.attn_dp_size == 2
+
+
+def test_the_worker_exits_2_with_one_line_and_no_traceback_for_a_removed_flag(newest_cli, capsys):
+    from dynamo_worker.sglang.__main__ import main
+
+    assert main(["--model-path", "m", "--torchao-config", "int8wo"], sglang=newest_cli) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --torchao-config is not a flag of the installed SGLang 0.5.23")
+    assert "Traceback" not in err and "usage:" not in err and err.count("\n") == 1
+
+
+def test_other_sglang_parse_errors_are_ours_too(newest_cli):
+    with pytest.raises(
+        args.WorkerArgsError, match=f"SGLang {NEWEST} refused the command line: .*invalid int"
+    ):
+        args.parse_worker_args(["--model-path", "m", "--tp-size", "two"], env={}, sglang=newest_cli)
+    with pytest.raises(args.WorkerArgsError, match="takes no positional arguments"):
+        args.parse_worker_args(["--model-path", "m", "stray"], env={}, sglang=newest_cli)
+
+
+@pytest.mark.parametrize("release", ["oldest", "newest"])
+@pytest.mark.parametrize("spelling", ["--config {}", "--config={}"])
+def test_config_files_work_with_the_merger_of_each_release(release, spelling, request, tmp_path):
+    cli = request.getfixturevalue(f"{release}_cli")
+    config = tmp_path / "sglang.yaml"
+    config.write_text("page-size: 64\ntp-size: 2\n")
+    argv = ["--model-path", "m", *spelling.format(config).split(" ")]
+    plan = args.parse_worker_args(argv, env={}, sglang=cli)
+    assert (plan.server_args.page_size, plan.server_args.tp_size) == (64, 2)
+
+
+def test_a_removed_flag_in_a_config_file_is_refused_too(newest_cli, tmp_path):
+    config = tmp_path / "sglang.yaml"
+    config.write_text("torchao-config: int8wo\n")
+    with pytest.raises(args.WorkerArgsError, match=r"--torchao-config is not a flag .* --config file"):
+        args.parse_worker_args(["--model-path", "m", "--config", str(config)], env={}, sglang=newest_cli)
+
+
+def test_a_missing_config_file_is_named(newest_cli, tmp_path):
+    with pytest.raises(args.WorkerArgsError, match=r"--config: .*not found"):
+        args.parse_worker_args(
+            ["--model-path", "m", "--config", str(tmp_path / "no.yaml")], env={}, sglang=newest_cli
+        )
+
+
+def test_the_plan_builds_a_new_server_args_for_a_changed_value(newest_cli):
+    plan = args.parse_worker_args(
+        ["--model-path", "m", "--disaggregation-mode", "prefill"], env={}, sglang=newest_cli
+    )
+    assert plan.bootstrap_port_chosen
+    with pytest.raises(AttributeError, match="read-only"):
+        plan.server_args.disaggregation_bootstrap_port = 1234
+    fresh = plan.build_server_args({"disaggregation_bootstrap_port": 1234})
+    assert fresh.disaggregation_bootstrap_port == 1234 and fresh.model_path == "m"
+    assert plan.server_args.disaggregation_bootstrap_port != 1234
+
+
+def test_sglangs_own_validation_of_the_values_is_a_clear_error_too(newest_cli):
+    class Validating(newest_cli.server_args_class):
+        @classmethod
+        def from_cli_args(cls, ns):
+            raise ValueError("page_size must be a power of two")  # as SGLang's validation raises
+
+    cli = dataclasses.replace(newest_cli, server_args_class=Validating)
+    with pytest.raises(
+        args.WorkerArgsError, match=f"SGLang {NEWEST} refused the server arguments: page_size"
+    ):
+        args.parse_worker_args(["--model-path", "m"], env={}, sglang=cli)

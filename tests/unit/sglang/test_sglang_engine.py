@@ -1,15 +1,21 @@
 """``SglangEngine``: startup (what it registers, SIGTERM kept by the worker, the prefill bootstrap port
-checked and re-chosen on a conflict), the background canary behind /health, load reports, and stop.
+checked and re-chosen on a conflict with a new ServerArgs), the resolved ServerArgs values it registers
+(served name, page size, dp ranks of both dp-attention spellings), the background canary behind
+/health, load reports, and stop.
 
 SGLang itself needs a GPU, which this machine lacks, so the engine factory returns
-``tests.support.sglang_fake.FakeSglangEngine`` (same ``async_generate`` signature and output shapes).
+``tests.support.sglang_fake.FakeSglangEngine`` (same ``async_generate`` signature and output shapes)
+and ``ServerArgs`` is ``FakeServerArgs``, read-only once constructed like SGLang's (SGLang's own class
+cannot be imported without torch).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import threading
+from typing import Any
 
 import pytest
 from dynamo_worker.runtime.engine import LoadSnapshot
@@ -31,14 +37,18 @@ FAST = SglangSettings(
 )
 
 
-def plan(tmp_path, mode: str = "null", *, chosen: bool = False) -> WorkerPlan:
+def plan(tmp_path, mode: str = "null", *, chosen: bool = False, server_args: Any = None) -> WorkerPlan:
+    server_args = server_args or FakeServerArgs(
+        model_path=str(tmp_path), served_model_name="m", disaggregation_mode=mode
+    )
     return WorkerPlan(
-        server_args=FakeServerArgs(model_path=str(tmp_path), served_model_name="m", disaggregation_mode=mode),
+        server_args=server_args,
         runtime=RuntimeSettings(listen_host="127.0.0.1", advertise_host="10.0.0.9"),
         settings=FAST,
         bootstrap_port_chosen=chosen,
         bootstrap_host="10.0.0.9",
         fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
+        build_server_args=lambda changes: dataclasses.replace(server_args, **changes),
     )
 
 
@@ -46,7 +56,7 @@ class Sink:
     def __init__(self) -> None:
         self.loads: list[LoadSnapshot] = []
 
-    def kv_events(self, events) -> None:
+    def kv_events(self, events, dp_rank: int = 0) -> None:
         return None
 
     def load(self, snapshot: LoadSnapshot) -> None:
@@ -111,7 +121,11 @@ async def test_a_chosen_bootstrap_port_taken_meanwhile_is_chosen_again(tmp_path)
     try:
         info = await engine.start()
         assert len(made) == 2 and made[0].shut_down and not made[1].shut_down
-        assert info.bootstrap_port == p.server_args.disaggregation_bootstrap_port != 8998
+        # The second engine got a new ServerArgs with a new port; the first one is left as it was
+        # (assigning to it raises, as SGLang's read-only ServerArgs does).
+        assert made[0].server_args is p.server_args and p.server_args.disaggregation_bootstrap_port == 8998
+        assert made[1].server_args is not p.server_args
+        assert info.bootstrap_port == made[1].server_args.disaggregation_bootstrap_port != 8998
     finally:
         await engine.stop()
         alive.set()
@@ -179,7 +193,7 @@ async def test_a_multinode_follower_serves_live_registers_nothing_and_stops(tmp_
     p = plan(tmp_path)
     port = free_port()
     p.runtime = RuntimeSettings(listen_host="127.0.0.1", system_port=port, nats_server="nats://127.0.0.1:1")
-    p.server_args.node_rank = 1
+    p.server_args = dataclasses.replace(p.server_args, node_rank=1)
     stop = asyncio.Event()
 
     def schedulers_run(server_args):  # SGLang's constructor blocks while this node's schedulers run

@@ -1,106 +1,241 @@
-"""Decoding SGLang's KV event batches (msgpack, array-like structs) into our event-plane events; and,
-where pyzmq and msgspec are installed (they come with SGLang), the relay over a real ZMQ socket."""
+"""Decoding SGLang's KV event batches into our event-plane events, in both encodings SGLang uses:
+tagged arrays (0.5.17) and tagged maps with defaults omitted (0.5.23). The batches are built with
+SGLang's own ``msgspec.Struct`` classes of each release (their class statements executed from the
+release's ``kv_events.py`` against the real msgspec; the module's other imports need torch) and must
+give the same events, dp rank and routing state. Also: a batch that decodes neither way is refused with
+what is wrong, and the relay (over a real ZMQ socket) survives it, says so once, and carries each
+batch's dp rank to the event plane."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
+import msgspec
 import pytest
-from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored
-from dynamo_worker.sglang.kv_events import KvEventRelay, events_from_batch
+import zmq
+from dynamo_worker.protocol import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventBatch,
+    hash_token_blocks,
+)
+from dynamo_worker.router.index import KvIndex
+from dynamo_worker.runtime.nats_server import free_port
+from dynamo_worker.sglang import uses
+from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, KvEventRelay, decode_batch
+from dynamo_worker.sglang.source import SourceIndex, load_structs
+
+PAGE = 2
+TOKENS = [101, 102, 103, 104, 105, 106]
 
 
-def test_events_from_batch_keeps_gpu_events_in_order():
-    batch = [
-        1700000000.0,
-        [
-            ["BlockStored", [11, 12], None, list(range(32)), 16, None, "GPU"],
-            ["BlockStored", [13], 12, list(range(16)), 16, None],  # no medium field: GPU
-            ["BlockStored", [99], None, list(range(16)), 16, None, "CPU_PINNED"],  # host tier: skipped
-            ["BlockRemoved", [11], "GPU"],
-            ["BlockRemoved", [99], "CPU_PINNED"],
-            ["AllBlocksCleared"],
-        ],
-        0,
+def sglang_batch(src, rank: int) -> bytes:
+    """A batch as SGLang's scheduler of that release encodes it: a stored chain of three blocks, a
+    host-tier copy, a removal, and a clear."""
+    classes, failed = load_structs(SourceIndex(src), uses.KV_EVENTS_MODULE)
+    assert not failed
+    stored, removed = classes["BlockStored"], classes["BlockRemoved"]
+    events = [
+        stored(
+            block_hashes=[7001, 7002],
+            parent_block_hash=None,
+            token_ids=TOKENS[:4],
+            block_size=PAGE,
+            lora_id=None,
+            medium="GPU",
+        ),
+        stored(
+            block_hashes=[7003], parent_block_hash=7002, token_ids=TOKENS[4:], block_size=PAGE, lora_id=None
+        ),
+        stored(
+            block_hashes=[8001],
+            parent_block_hash=None,
+            token_ids=TOKENS[:2],
+            block_size=PAGE,
+            lora_id=None,
+            medium="CPU_PINNED",
+        ),
+        removed(block_hashes=[7003], medium="GPU"),
+        removed(block_hashes=[8001], medium="CPU_PINNED"),
     ]
-    assert events_from_batch(batch) == [
-        BlockStored(parent_hash=None, block_hashes=[11, 12], token_ids=list(range(32))),
-        BlockStored(parent_hash=12, block_hashes=[13], token_ids=list(range(16))),
-        BlockRemoved(block_hashes=[11]),
-        AllBlocksCleared(),
-    ]
+    return msgspec.msgpack.encode(classes["KVEventBatch"](ts=12.5, events=events, attn_dp_rank=rank))
 
 
-def test_unknown_event_types_are_skipped():
-    assert events_from_batch([0.0, [["SomethingNew", 1]], None]) == []
+EXPECTED = [
+    BlockStored(parent_hash=None, block_hashes=[7001, 7002], token_ids=TOKENS[:4]),
+    BlockStored(parent_hash=7002, block_hashes=[7003], token_ids=TOKENS[4:]),
+    BlockRemoved(block_hashes=[7003]),
+]
 
 
-async def test_relay_receives_what_an_sglang_style_publisher_sends():
-    zmq = pytest.importorskip("zmq")
-    msgspec = pytest.importorskip("msgspec")
-    from dynamo_worker.runtime.nats_server import free_port
+def test_both_encodings_are_what_each_release_really_sends(oldest_src, newest_src):
+    old = msgspec.msgpack.decode(sglang_batch(oldest_src, 1))
+    new = msgspec.msgpack.decode(sglang_batch(newest_src, 1))
+    assert old[1][0][:2] == ["BlockStored", [7001, 7002]]  # a tagged array
+    assert new[1][0]["type"] == "BlockStored" and new[1][0]["block_hashes"] == [7001, 7002]  # a tagged map
+    assert "medium" not in new[1][1]  # omit_defaults: a field left at its default is not sent
 
-    port = free_port()
-    pub = zmq.Context.instance().socket(zmq.PUB)
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    got: list = []
-    relay = KvEventRelay([f"tcp://127.0.0.1:{port}"], got.extend)
+
+def test_both_encodings_give_the_same_events_and_dp_rank(oldest_src, newest_src):
+    for src in (oldest_src, newest_src):
+        got = decode_batch(msgspec.msgpack.decode(sglang_batch(src, 3)))
+        assert got == DecodedBatch(events=EXPECTED, dp_rank=3)
+
+
+def test_both_encodings_give_the_same_routing_state(oldest_src, newest_src):
+    index = KvIndex()
+    for seq, (worker, src) in enumerate((("old", oldest_src), ("new", newest_src))):
+        index.add_worker(worker, PAGE)
+        decoded = decode_batch(msgspec.msgpack.decode(sglang_batch(src, 0)))
+        index.apply(KvEventBatch(instance_id=worker, seq=seq, events=decoded.events, dp_rank=decoded.dp_rank))
+    prompt = hash_token_blocks(TOKENS, PAGE)
+    assert index.overlaps(prompt, ["old", "new"]) == {"old": 2, "new": 2}
+    assert index.block_count("old") == index.block_count("new") == 2
+
+
+def test_a_map_batch_names_its_rank_as_sglang_or_vllm_do():
+    event = {"type": "BlockRemoved", "block_hashes": [5]}
+    for key in ("attn_dp_rank", "data_parallel_rank"):
+        assert decode_batch({"ts": 1.0, "events": [event], key: 2}).dp_rank == 2
+    assert decode_batch([1.0, [event]]).dp_rank == 0  # an old publisher without a rank: rank 0
+
+
+def test_unknown_event_types_are_skipped_and_named():
+    got = decode_batch([0.0, [["SomethingNew", 1], {"type": "AlsoNew"}, ["AllBlocksCleared"]], None])
+    assert got == DecodedBatch(
+        events=[AllBlocksCleared()], dp_rank=0, unknown_tags=("SomethingNew", "AlsoNew")
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "problem"),
+    [
+        ({"ts": 1.0}, "events are not a list"),
+        ("garbage", r"not \[ts, events, dp_rank\] nor a map"),
+        ([1.0, [42]], "neither a tagged array nor a tagged map"),
+        ([1.0, [{"block_hashes": [1]}]], "without a string 'type' tag"),
+        ([1.0, [{"type": "BlockStored", "block_hashes": [1]}]], "has no list 'token_ids'"),
+        ([1.0, [["BlockStored", ["x"], None, [1, 2]]]], "fields of the wrong type"),
+        ([1.0, [], -1], "not a non-negative integer"),
+    ],
+)
+def test_a_batch_that_decodes_neither_way_says_what_is_wrong(batch: Any, problem: str):
+    with pytest.raises(KvEventDecodeError, match=problem):
+        decode_batch(batch)
+
+
+class Publisher:
+    """An SGLang-style ZMQ PUB socket: (topic, seq, payload) frames."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.socket = zmq.Context.instance().socket(zmq.PUB)
+        self.socket.bind(f"tcp://127.0.0.1:{self.port}")
+        self.seq = 0
+
+    def send(self, payload: bytes) -> None:
+        self.socket.send_multipart([b"", self.seq.to_bytes(8, "big"), payload])
+        self.seq += 1
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+async def test_relay_survives_an_undecodable_batch_says_so_once_and_carries_the_dp_rank(newest_src, caplog):
+    pub = Publisher()
+    got: list[tuple[list, int]] = []
+    arrived = asyncio.Event()
+
+    def sink(events, rank) -> None:
+        got.append((list(events), rank))
+        arrived.set()
+
+    relay = KvEventRelay([f"tcp://127.0.0.1:{pub.port}"], sink)
     relay.start()
-    payload = msgspec.msgpack.encode([1.0, [["BlockStored", [5], None, [1, 2], 2, None, None]], 0])
+    good = sglang_batch(newest_src, 1)
     try:
         async with asyncio.timeout(10):
-            seq = 0
             while not got:  # a SUB socket misses what is sent before it connects: resend until seen
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
-                seq += 1
+                pub.send(good)
                 await asyncio.sleep(0.05)
+            pub.send(msgspec.msgpack.encode([1.0, [42], 0]))  # decodes neither way
+            pub.send(b"\xc1 not msgpack")
+            arrived.clear()
+            pub.send(good)
+            await arrived.wait()
     finally:
         await relay.stop()
-        pub.close(linger=0)
-    assert got[0] == BlockStored(parent_hash=None, block_hashes=[5], token_ids=[1, 2])
+        pub.close()
+    assert got[-1] == (EXPECTED, 1)
+    assert relay.undecodable == 2
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "decodes as neither" in errors[0].getMessage()
 
 
 async def test_relay_tracks_sequence_numbers_per_dp_rank(caplog):
-    """With --dp-size 2 SGLang runs one publisher per rank, each numbering its batches from 0; their
+    """With two dp ranks SGLang runs one publisher per rank, each numbering its batches from 0; their
     interleaving is not a loss. A real gap in one rank's numbers is."""
-    zmq = pytest.importorskip("zmq")
-    msgspec = pytest.importorskip("msgspec")
-    from dynamo_worker.runtime.nats_server import free_port
-
-    ports = [free_port(), free_port()]
-    pubs = [zmq.Context.instance().socket(zmq.PUB) for _ in ports]
-    for pub, port in zip(pubs, ports, strict=True):
-        pub.bind(f"tcp://127.0.0.1:{port}")
+    pubs = [Publisher(), Publisher()]
     got: list = []
     arrived = asyncio.Event()
 
-    def sink(events) -> None:
-        got.extend(events)
+    def sink(events, rank) -> None:
+        got.extend((rank, e) for e in events)
         arrived.set()
 
-    relay = KvEventRelay([f"tcp://127.0.0.1:{port}" for port in ports], sink)
+    relay = KvEventRelay([f"tcp://127.0.0.1:{p.port}" for p in pubs], sink)
     relay.start()
 
     def batch(rank: int, block: int) -> bytes:
         return msgspec.msgpack.encode([1.0, [["BlockStored", [block], None, [1, 2], 2, None, None]], rank])
 
-    seq = 0
+    def blocks() -> set[tuple[int, int]]:
+        return {(rank, e.block_hashes[0]) for rank, e in got}
+
     try:
         async with asyncio.timeout(10):
-            while {e.block_hashes[0] for e in got} != {100, 101}:  # until both publishers are joined
+            while blocks() != {(0, 100), (1, 101)}:  # until both publishers are joined
                 for rank, pub in enumerate(pubs):
-                    pub.send_multipart([b"", seq.to_bytes(8, "big"), batch(rank, 100 + rank)])
-                seq += 1
+                    pub.send(batch(rank, 100 + rank))
                 await asyncio.sleep(0.05)
             for rank, pub in enumerate(pubs):
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), batch(rank, 200 + rank)])
-            pubs[0].send_multipart([b"", (seq + 5).to_bytes(8, "big"), batch(0, 300)])  # rank 0 lost 4
-            while not {200, 201, 300} <= {e.block_hashes[0] for e in got}:
+                pub.send(batch(rank, 200 + rank))
+            gap = pubs[0].seq
+            pubs[0].seq += 4  # rank 0 loses four batches
+            pubs[0].send(batch(0, 300))
+            while not {(0, 200), (1, 201), (0, 300)} <= blocks():
                 arrived.clear()
                 await arrived.wait()
     finally:
         await relay.stop()
         for pub in pubs:
-            pub.close(linger=0)
+            pub.close()
     lost = [r.getMessage() for r in caplog.records if "Lost SGLang KV events" in r.getMessage()]
-    assert lost == [f"Lost SGLang KV events dp_rank=0 from seq={seq + 1} to seq={seq + 4}"]
+    assert lost == [f"Lost SGLang KV events dp_rank=0 from seq={gap} to seq={gap + 3}"]
+
+
+async def test_a_relay_that_fails_says_so(caplog):
+    """A sink error is a bug of ours, not SGLang's: the relay task ends, and says so loudly."""
+    pub = Publisher()
+
+    def broken_sink(events, rank) -> None:
+        raise RuntimeError("sink bug")
+
+    relay = KvEventRelay([f"tcp://127.0.0.1:{pub.port}"], broken_sink)
+    relay.start()
+    payload = msgspec.msgpack.encode([1.0, [["AllBlocksCleared"]], 0])
+    try:
+        async with asyncio.timeout(10):
+            while relay.running:
+                pub.send(payload)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0)  # the done callback runs on the next loop iteration
+    finally:
+        await relay.stop()
+        pub.close()
+    assert any(
+        "KV event relay stopped" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
+    )

@@ -3,9 +3,8 @@
 ``load_manifest`` parses the YAML file with ``dynamo_operator.api.models.DynamoGraphDeployment`` (the
 schema) and judges it with ``dynamo_operator.api.validation.validate`` (the semantic checks the
 operator's ``render`` runs), so a manifest the operator refuses is refused here with the same
-``Problem``s: the same field paths and messages. ``graph_view`` reduces a valid model to what
-dynamo-run needs (``plan.GraphView``); what only this machine can decide (GPUs, commands it can map)
-is ``plan.plan_graph``'s job.
+``Problem``s: the same field paths and messages. What only this machine can decide (GPUs, commands it
+can run) is ``plan.plan_graph``'s job.
 """
 
 from __future__ import annotations
@@ -14,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dynamo_operator.api.components import components
-from dynamo_operator.api.models import KIND, DynamoGraphDeployment, EnvVar
-from dynamo_operator.api.validation import Problem, gpu_count, validate
+from dynamo_operator.api.conversion import load_graph
+from dynamo_operator.api.models import KIND, DynamoGraphDeployment
+from dynamo_operator.api.validation import Problem, validate
 from pydantic import ValidationError
 
-from dynamo_worker.local.plan import GraphView, ServiceView, format_problems
+from dynamo_worker.local.plan import format_problems
 
-__all__ = ["ManifestError", "graph_view", "load_manifest", "parse_manifest"]
+__all__ = ["ManifestError", "load_manifest", "parse_manifest"]
 
 
 class ManifestError(ValueError):
@@ -66,7 +65,7 @@ def parse_manifest(text: str, source: str = "manifest") -> DynamoGraphDeployment
             f"dynamo-run runs exactly one: put one {KIND} in the file"
         )
     try:
-        dgd = DynamoGraphDeployment.model_validate(graphs[0])
+        dgd = load_graph(graphs[0])  # nvidia.com/v1alpha1 or v1beta1
     except ValidationError as e:
         raise ManifestError(f"{source} is not a valid {KIND}:\n{format_validation_error(e)}") from None
     problems = validate(dgd)
@@ -83,52 +82,3 @@ def load_manifest(path: Path) -> DynamoGraphDeployment:
             f"cannot read {path}: {e.strerror}; pass the path of a {KIND} YAML file"
         ) from None
     return parse_manifest(text, str(path))
-
-
-def _envs(envs: list[EnvVar], where: str, notes: list[str]) -> tuple[tuple[str, str], ...]:
-    out = []
-    for env in envs:
-        if env.value_from is not None:
-            notes.append(f"{where}: env {env.name} comes from valueFrom, which is not read locally; skipped")
-            continue
-        out.append((env.name, env.value or ""))
-    return tuple(out)
-
-
-def graph_view(dgd: DynamoGraphDeployment) -> tuple[GraphView, tuple[str, ...]]:
-    """The graph as dynamo-run sees it, and notes on what it does not carry over (secrets, valueFrom).
-
-    ``dgd`` is a graph ``parse_manifest`` accepted (it passed the operator's validation).
-    """
-    notes: list[str] = []
-    services = []
-    comps = {c.name: c for c in components(dgd)}
-    for name, svc in dgd.spec.services.items():  # manifest order: the order processes start and print
-        # GPUs per pod as the operator reads them: a whole number >= 1 for workers (validated); other
-        # services may give none (0 here; plan_graph refuses one that runs SGLang without GPUs).
-        gpus = gpu_count(comps[name]) or "0"
-        main = svc.extra_pod_spec.main_container if svc.extra_pod_spec else None
-        envs = _envs(svc.envs, name, notes)
-        if main is not None and main.env:
-            envs = envs + _envs(main.env, name, notes)
-        services.append(
-            ServiceView(
-                name=name,
-                component_type=comps[name].component_type,
-                replicas=svc.replicas,
-                node_count=svc.node_count,
-                gpus_per_node=int(gpus) if gpus.isdigit() else 0,
-                command=tuple(main.command or ()) if main else (),
-                args=tuple(main.args or ()) if main else (),
-                envs=envs,
-                env_from_secret=svc.env_from_secret,
-            )
-        )
-    graph = GraphView(
-        name=dgd.name,
-        namespace=dgd.namespace,
-        dynamo_namespace=dgd.dynamo_namespace,
-        services=tuple(services),
-        envs=_envs(dgd.spec.envs, "spec.envs", notes),
-    )
-    return graph, tuple(notes)

@@ -1,87 +1,63 @@
-"""Decide which local processes run a graph: pure, from a parsed manifest and the host's facts.
+"""Decide which local processes run a graph: the operator's ``render()``, then a kubelet's substitutions.
 
-``plan_graph`` is dynamo-run's ``render``: the same graph, engine, GPUs and ports give the same
-processes. Each service replica becomes one process with the environment the operator would give its
-pod (the names come from ``dynamo_operator.api.contract``), a free port for everything that listens,
-and the GPUs its ``resources.limits.gpu`` asks for. The graph is one the operator's validation accepted
-(``manifest.parse_manifest`` runs it); what still cannot run on this machine (too few GPUs, a command
-dynamo-run cannot map) is a ``PlanError`` of ``Problem``s (the operator's type) naming the field, the
-reason and the fix.
+``plan_graph`` renders the graph with the operator's own ``render()`` (an ``OperatorConfig`` whose NATS
+is the embedded one and whose logs are text), takes the pods its Deployments and StatefulSets ask for
+(``kubelet.pods_of``) and turns each into a process with ``kubelet.localize``. It builds no command and
+no environment of its own; what it decides is only what a cluster would, plus the engine:
 
-Command mapping (the only place it is decided):
+- which pods run: every pod whose main container runs a module dynamo-run knows (the frontend, the
+  SGLang worker, the mocker, or NVIDIA Dynamo's ``dynamo.frontend`` / ``dynamo.sglang``); one frontend
+  pod (it takes ``--port``). Other services (planner, ...) are skipped with a note; a worker that runs
+  anything else is refused (``UnsupportedCommand``). A multinode group runs as the processes of its
+  ranks (ranks above 0 of the mocker idle, as non-leader pods serve nothing).
+- ports: the frontend's ``http`` port is ``--port`` (what its Service publishes); every other declared
+  containerPort of every pod gets a free local port.
+- the engine: ``-m dynamo_worker.sglang`` (or ``dynamo.sglang``) becomes ``-m dynamo_worker.mocker``
+  with ``--model-dir`` (the tokenizer it serves) appended, or stays our SGLang worker, with
+  ``--model-path`` replaced when ``--model-dir`` is given; ``dynamo.frontend`` becomes ours.
+- GPUs: on SGLang each pod gets the ``*/gpu`` limit of its main container as ``CUDA_VISIBLE_DEVICES``,
+  in order; too few visible GPUs is ``NotEnoughGpus``, naming what each pod needs.
 
-- a ``frontend`` service: ``python -m dynamo_worker.frontend`` on ``--host``/``--port``; the manifest's
-  ``--router-mode`` is kept. One frontend runs whatever its ``replicas`` (one HTTP port).
-- a worker whose command runs ``dynamo.sglang`` or ``dynamo_worker.sglang``: the mocker (``python -m
-  dynamo_worker.mocker`` + the same SGLang arguments + ``--model-dir``) or our SGLang worker.
-- a worker running ``dynamo_worker.mocker``: the mocker, whatever the engine.
-- a multinode service (``multinode.nodeCount: N``): one process per group; with SGLang it gets
-  N x ``limits.gpu`` GPUs of this machine.
-- a service with no command runs the operator's default command (``contract.FRONTEND_COMMAND`` or
-  ``contract.WORKER_COMMAND``) with its args, as in a pod.
-- other component types (planner, epp, ...) run only when their command is one of the above; else they
-  are skipped with a note. A worker whose command is something else is refused.
-
-Per worker process, ``--host`` becomes the advertise host, ``--port`` a free port (SGLang derives its
-internal ports from it), and a prefill's ``--disaggregation-bootstrap-port`` a free port (decode
-workers learn it from discovery), so replicas on one machine never collide. An SGLang worker gets no
-``--disaggregation-bootstrap-port``: it picks a free one itself and checks that SGLang bound it.
+A process's environment is ``machine_env`` (this machine's: PATH, the loopback bind addresses, ...)
+with the pod's rendered environment over it, so the operator's precedence holds here too: the
+contract's env, then ``spec.envs``, then the service's ``envs``, then its mainContainer's ``env``.
+Problems are ``Problem``s (the operator's type) naming the field, the reason and the fix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from dynamo_operator.api import contract as c
+from dynamo_operator.api.components import WORKER_TYPES
+from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_operator.api.sglang_args import argv as container_argv
 from dynamo_operator.api.sglang_args import flag_value
 from dynamo_operator.api.validation import Problem
+from dynamo_operator.backends import sglang as flags
+from dynamo_operator.config import OperatorConfig
+from dynamo_operator.render import Rendered, labels, render
 
-from dynamo_worker.local.commands import drop_flag, parse_module_command, set_flag
+from dynamo_worker.local.kubelet import LOOPBACK, Pod, localize, pods_of
 
 __all__ = [
     "Engine",
-    "GraphView",
     "Plan",
     "PlanError",
     "Problem",
     "ProcessSpec",
-    "ServiceView",
     "format_problems",
-    "graph_namespace",
+    "local_config",
+    "machine_env",
     "plan_graph",
 ]
 
 Engine = Literal["mocker", "sglang"]
 
-SGLANG_MODULES = frozenset({c.SGLANG_MODULE, c.DYNAMO_SGLANG_MODULE})
-ADVERTISE_HOST = "127.0.0.1"
-WORKER_TYPES = frozenset({"worker", "prefill", "decode"})
-
-
-@dataclass(frozen=True)
-class ServiceView:
-    """What dynamo-run needs of one ``spec.services`` entry (built from the api models)."""
-
-    name: str
-    component_type: str
-    replicas: int = 1
-    node_count: int = 1
-    gpus_per_node: int = 0
-    command: tuple[str, ...] = ()
-    args: tuple[str, ...] = ()
-    envs: tuple[tuple[str, str], ...] = ()
-    env_from_secret: str | None = None
-
-
-@dataclass(frozen=True)
-class GraphView:
-    name: str
-    namespace: str = "default"
-    dynamo_namespace: str = ""  # DYN_NAMESPACE, as the api models compute it
-    services: tuple[ServiceView, ...] = ()
-    envs: tuple[tuple[str, str], ...] = ()
+ENGINE_MODULES = frozenset({c.SGLANG_MODULE, c.DYNAMO_SGLANG_MODULE})
+FRONTEND_MODULES = frozenset({c.FRONTEND_MODULE, c.DYNAMO_FRONTEND_MODULE})
 
 
 def format_problems(problems: Sequence[Problem]) -> str:
@@ -99,17 +75,19 @@ class PlanError(Exception):
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    name: str  # "decode-0"; the prefix of its log lines and the name of its log file
+    name: str  # "decode-0" ("decode-0-1": rank 1 of group 0); the prefix of its log lines, its log file
     service: str
     kind: Literal["frontend", "worker"]
     argv: tuple[str, ...]
     env: Mapping[str, str]
-    health_url: str
+    health_url: str | None  # its readinessProbe on this machine; None: ready once started
     waiting_for: str  # what its readiness means, for the progress lines
     gpus: tuple[str, ...] = ()
     # Frontend: ready only once its /metrics gauge FRONTEND_WORKERS_METRIC adds up to this many workers.
     expected_workers: int = 0
     metrics_url: str | None = None
+    pod: str = ""  # the pod's name in the cluster (POD_NAME)
+    ports: Mapping[int, int] = field(default_factory=dict)  # declared containerPort -> local port
 
 
 @dataclass(frozen=True)
@@ -121,260 +99,260 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
 
 
-def graph_namespace(graph: GraphView) -> str:
-    """DYN_NAMESPACE as the operator sets it (``<k8s-namespace>-<dgd-name>``)."""
-    return graph.dynamo_namespace or f"{graph.namespace}-{graph.name}"
+def machine_env(*, http_host: str, grace_s: float, path: str) -> dict[str, str]:
+    """What this machine gives every process, under the pod's env (a pod gets the like from its image
+    and its network): ``path`` (this interpreter's folder first, so the pod's ``python3`` is this one),
+    binds on the loopback (the frontend's on ``http_host``), unbuffered output, the grace period."""
+    return {
+        "PATH": path,
+        "PYTHONUNBUFFERED": "1",
+        c.ENV_LISTEN_HOST: LOOPBACK,
+        c.ENV_HTTP_HOST: http_host,
+        c.ENV_GRACEFUL_SHUTDOWN_S: f"{grace_s:g}",
+    }
 
 
-def _service_field(svc: ServiceView, path: str) -> str:
-    return f"spec.services.{svc.name}.{path}" if path else f"spec.services.{svc.name}"
+def local_config(nats_url: str) -> OperatorConfig:
+    """The operator config a local run renders with: the embedded NATS, text logs, StatefulSet groups."""
+    return OperatorConfig(nats_url=nats_url, log_format="text", group_backend="statefulset")
 
 
-def _base_env(graph: GraphView, svc: ServiceView, pod: str, nats_url: str, grace_s: float) -> dict[str, str]:
-    env = {name: value for name, value in graph.envs}
-    env.update({name: value for name, value in svc.envs})
-    env.update(
-        {
-            c.ENV_NAMESPACE: graph_namespace(graph),
-            c.ENV_COMPONENT: svc.name,
-            c.ENV_NATS_SERVER: nats_url,
-            c.ENV_POD_NAME: pod,
-            c.ENV_POD_NAMESPACE: graph.namespace,
-            c.ENV_POD_IP: ADVERTISE_HOST,
-            c.ENV_ADVERTISE_HOST: ADVERTISE_HOST,
-            c.ENV_LISTEN_HOST: ADVERTISE_HOST,
-            c.ENV_GRACEFUL_SHUTDOWN_S: f"{grace_s:g}",
-            c.ENV_GRAPH_NAME: graph.name,
-            c.ENV_GRAPH_NAMESPACE: graph.namespace,
-            c.ENV_LOG_FORMAT: "text",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return env
+def _module(container: Mapping[str, Any]) -> str | None:
+    words = container_argv(dict(container))
+    for i in range(1, len(words) - 1):
+        if words[i] == "-m" and "python" in words[i - 1].rsplit("/", 1)[-1]:
+            return words[i + 1]
+    return None
 
 
-def _served_model(args: Sequence[str]) -> str | None:
-    return flag_value(args, "--served-model-name") or flag_value(args, "--model-path", "--model")
+def _gpus(container: Mapping[str, Any]) -> int:
+    limits = container.get("resources", {}).get("limits", {})
+    return sum(int(v) for k, v in limits.items() if k.endswith("gpu") and str(v).isdigit())
+
+
+def _with_engine(
+    container: Mapping[str, Any], module: str, engine_module: str, model_dir: str | None
+) -> dict[str, Any]:
+    """The container running ``engine_module`` where it ran ``module`` (the engine substitution)."""
+    out, _ = flags.swap_module(dict(container), module, engine_module)
+    if model_dir is not None and engine_module == c.MOCKER_MODULE:
+        out = flags.append_flags(out, ["--model-dir", model_dir])
+    elif model_dir is not None:
+        out, _ = flags.ensure_flag(out, "--model-path", model_dir)
+    return out
+
+
+@dataclass(frozen=True)
+class _Run:
+    pod: Pod
+    label: str
+    service: str
+    kind: Literal["frontend", "worker"]
+    container: Mapping[str, Any]
+    gpus: int
+
+
+def _label(pod: Pod, service: str, groups: Mapping[str, int], replica: int) -> str:
+    group = pod.labels.get(labels.GROUP)
+    if group is None:
+        return f"{service}-{replica}"
+    rank = int(pod.labels.get(labels.POD_INDEX, "0"))
+    return f"{service}-{groups[group]}" + (f"-{rank}" if rank else "")
 
 
 def plan_graph(
-    graph: GraphView,
+    dgd: DynamoGraphDeployment,
     *,
     engine: Engine,
     nats_url: str,
-    host: str,
-    port: int,
-    python: str,
+    http_host: str,
+    http_port: int,
     mocker_model_dir: str | None,  # the mocker's tokenizer folder (--model-dir)
     sglang_model_path: str | None,  # replaces --model-path of SGLang workers when given
     gpus: Sequence[str],
     free_port: Callable[[], int],
-    grace_s: float = 10.0,
+    machine: Mapping[str, str],  # machine_env(...)
 ) -> Plan:
-    """The processes that serve ``graph`` here. Raises ``PlanError`` listing every problem found."""
-    problems: list[Problem] = []
-    notes: list[str] = []
-    processes: list[ProcessSpec] = []
-    served: list[str] = []
-    free_gpus = list(gpus)
-    gpu_needs: list[tuple[str, int]] = []
-    frontends = [s for s in graph.services if s.component_type == "frontend"]
-    for svc in graph.services:
-        if svc.env_from_secret:
-            notes.append(
-                f"{svc.name}: envFromSecret {svc.env_from_secret!r} is not read locally; "
-                "export the variables it holds in this shell instead"
-            )
-        if svc.component_type == "frontend":
-            if svc is not frontends[0]:
-                notes.append(f"{svc.name}: a second frontend is not run locally; skipped")
-                continue
-            if svc.replicas != 1:
-                notes.append(f"{svc.name}: replicas={svc.replicas}; one frontend runs locally (one port)")
-            processes.append(_frontend(graph, svc, nats_url, host, port, python, grace_s))
-            continue
-        if svc.replicas == 0:
-            notes.append(f"{svc.name}: replicas=0; nothing to run")
-            continue
-        # No command: the operator runs its default worker command with the args.
-        command = svc.command or (c.WORKER_COMMAND if svc.component_type in WORKER_TYPES else ())
-        found = parse_module_command(command, svc.args)
-        runnable = found is not None and (found.module in SGLANG_MODULES or found.module == c.MOCKER_MODULE)
-        if svc.component_type not in WORKER_TYPES and not runnable:
-            notes.append(
-                f"{svc.name}: componentType {svc.component_type} runs as given in Kubernetes; "
-                "not run locally (skipped)"
-            )
-            continue
-        if found is None or not runnable:
-            shown = " ".join((*svc.command, *svc.args)) or "(no command)"
-            problems.append(
-                Problem(
-                    _service_field(svc, "extraPodSpec.mainContainer.command"),
-                    "UnsupportedCommand",
-                    f"runs {shown!r}; dynamo-run runs workers whose command is "
-                    f"'python3 -m {c.DYNAMO_SGLANG_MODULE} ...' (or {c.SGLANG_MODULE} / {c.MOCKER_MODULE}); "
-                    "give the service such a command",
-                )
-            )
-            continue
-        module = c.MOCKER_MODULE if found.module == c.MOCKER_MODULE or engine == "mocker" else c.SGLANG_MODULE
-        gpus_per_process = svc.gpus_per_node * max(svc.node_count, 1) if module == c.SGLANG_MODULE else 0
-        if module == c.SGLANG_MODULE and gpus_per_process == 0:
-            problems.append(
-                Problem(
-                    _service_field(svc, "resources.limits.gpu"),
-                    "MissingGpuLimit",
-                    "an SGLang worker needs GPUs: set resources.limits.gpu, or run with --engine mocker",
-                )
-            )
-            continue
-        if svc.node_count > 1:
-            notes.append(
-                f"{svc.name}: multinode (nodeCount={svc.node_count}) runs as one process per group"
-                + (f" with {gpus_per_process} GPUs" if gpus_per_process else " on the mocker")
-            )
-        model = _served_model(found.args)
-        if model and model not in served:
-            served.append(model)
-        for replica in range(svc.replicas):
-            pod = f"{svc.name}-{replica}"
-            assigned: tuple[str, ...] = ()
-            if gpus_per_process:
-                gpu_needs.append((pod, gpus_per_process))
-                assigned = tuple(free_gpus[:gpus_per_process])
-                del free_gpus[:gpus_per_process]
-            processes.append(
-                _worker(
-                    graph,
-                    svc,
-                    pod,
-                    module,
-                    found.args,
-                    assigned,
-                    nats_url,
-                    python,
-                    mocker_model_dir if module == c.MOCKER_MODULE else sglang_model_path,
-                    free_port,
-                    grace_s,
-                )
-            )
-    needed = sum(n for _, n in gpu_needs)
-    if needed > len(gpus):
-        wanted = ", ".join(f"{pod} needs {n}" for pod, n in gpu_needs)
-        problems.append(
-            Problem(
-                "spec.services.*.resources.limits.gpu",
-                "NotEnoughGpus",
-                f"the graph needs {needed} GPUs on the SGLang engine ({wanted}) but "
-                f"{len(gpus)} are visible ({', '.join(gpus) or 'none'}); free GPUs, lower replicas, "
-                "or run with --engine mocker",
-            )
-        )
+    """The processes that serve ``dgd`` here. Raises ``PlanError`` listing every problem found."""
+    rendered = render(dgd, local_config(nats_url))
+    if rendered.problems:
+        raise PlanError(rendered.problems)
+    model_dirs = {c.MOCKER_MODULE: mocker_model_dir, c.SGLANG_MODULE: sglang_model_path}
+    runs, problems, notes = _select(rendered, engine, model_dirs)
+    problems += _gpu_problems(runs, gpus)
     if problems:
         raise PlanError(problems)
-    workers = sum(1 for p in processes if p.kind == "worker")
+    ports = {
+        r.pod.name: {
+            number: http_port if r.kind == "frontend" and name == "http" else free_port()
+            for name, number in r.pod.declared_ports.items()
+        }
+        for r in runs
+    }
+    peers = {r.pod.dns_name: ports[r.pod.name] for r in runs if r.pod.dns_name}
+    url_host = LOOPBACK if http_host in ("0.0.0.0", "::", "") else http_host
+    free_gpus = list(gpus)
+    processes = []
+    for r in runs:
+        assigned = tuple(free_gpus[: r.gpus])
+        del free_gpus[: r.gpus]
+        process, process_notes = _process(r, ports[r.pod.name], peers, machine, assigned, url_host)
+        processes.append(process)
+        notes += process_notes
+    workers = sum(1 for p in processes if p.kind == "worker" and p.health_url)
     processes = [
         replace(
             p,
             expected_workers=workers,
+            metrics_url=f"http://{url_host}:{http_port}{c.METRICS_PATH}",
             waiting_for=f"{p.waiting_for}, seeing all {workers} workers",
         )
         if p.kind == "frontend"
         else p
         for p in processes
     ]
-    probe_host = ADVERTISE_HOST if host in ("0.0.0.0", "::", "") else host
+    served = [_served_model(p.argv) for p in processes if p.kind == "worker" and p.health_url]
     return Plan(
-        namespace=graph_namespace(graph),
+        namespace=dgd.dynamo_namespace,
         processes=tuple(processes),
-        url=f"http://{probe_host}:{port}",
-        served_models=tuple(served),
+        url=f"http://{url_host}:{http_port}",
+        served_models=tuple(dict.fromkeys(m for m in served if m)),
         notes=tuple(notes),
     )
 
 
-def _frontend(
-    graph: GraphView, svc: ServiceView, nats_url: str, host: str, port: int, python: str, grace_s: float
-) -> ProcessSpec:
-    # No command: the operator runs its default frontend command with the args.
-    found = parse_module_command(svc.command or c.FRONTEND_COMMAND, svc.args)
-    argv = [
-        python,
-        "-m",
-        c.FRONTEND_MODULE,
-        "--http-host",
-        host,
-        "--http-port",
-        str(port),
-        "--namespace",
-        graph_namespace(graph),
-        "--nats-server",
-        nats_url,
+def _select(
+    rendered: Rendered, engine: Engine, model_dirs: Mapping[str, str | None]
+) -> tuple[list[_Run], list[Problem], list[str]]:
+    """The pods that run here, each with its engine substituted; the problems and notes found."""
+    groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
+    problems: list[Problem] = []
+    notes = [f"{name}: replicas=0; nothing to run" for name, s in rendered.services.items() if not s.replicas]
+    runs: list[_Run] = []
+    replicas: dict[str, int] = {}
+    for pod in pods_of(rendered.objects):
+        service = pod.labels[labels.COMPONENT]
+        component_type = pod.labels.get(labels.COMPONENT_TYPE, "")
+        replica = replicas[service] = replicas.get(service, -1) + 1
+        module = _module(pod.main)
+        if module in FRONTEND_MODULES:
+            if any(r.kind == "frontend" for r in runs):
+                notes.append(f"{pod.name}: one frontend runs locally (it takes --port); skipped")
+                continue
+            container = _with_engine(pod.main, module, c.FRONTEND_MODULE, None)
+            runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
+        elif module in ENGINE_MODULES or module == c.MOCKER_MODULE:
+            target = c.MOCKER_MODULE if engine == "mocker" or module == c.MOCKER_MODULE else c.SGLANG_MODULE
+            need = _gpus(pod.main) if target == c.SGLANG_MODULE else 0
+            if target == c.SGLANG_MODULE and need == 0:
+                problems.append(
+                    Problem(
+                        f"spec.services.{service}.resources.limits.gpu",
+                        "MissingGpuLimit",
+                        "an SGLang worker needs GPUs: set resources.limits.gpu, or run with --engine mocker",
+                    )
+                )
+                continue
+            container = _with_engine(pod.main, module, target, model_dirs[target])
+            runs.append(_Run(pod, _label(pod, service, groups, replica), service, "worker", container, need))
+        elif component_type in WORKER_TYPES or component_type == "frontend":
+            shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
+            problems.append(
+                Problem(
+                    f"spec.services.{service}.extraPodSpec.mainContainer.command",
+                    "UnsupportedCommand",
+                    f"runs {shown!r}; dynamo-run runs services whose command is 'python3 -m "
+                    f"{c.DYNAMO_SGLANG_MODULE} ...' (or {c.SGLANG_MODULE}, {c.MOCKER_MODULE}, "
+                    f"{c.FRONTEND_MODULE}, {c.DYNAMO_FRONTEND_MODULE}); give the service such a command",
+                )
+            )
+        else:
+            notes.append(
+                f"{pod.name}: componentType {component_type or '(unset)'} runs as given in Kubernetes; "
+                "not run locally (skipped)"
+            )
+    return runs, problems, notes
+
+
+def _gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
+    needed = sum(r.gpus for r in runs)
+    if needed <= len(gpus):
+        return []
+    wanted = ", ".join(f"{r.label} needs {r.gpus}" for r in runs if r.gpus)
+    return [
+        Problem(
+            "spec.services.*.resources.limits.gpu",
+            "NotEnoughGpus",
+            f"the graph needs {needed} GPUs on the SGLang engine ({wanted}) but "
+            f"{len(gpus)} are visible ({', '.join(gpus) or 'none'}); free GPUs, lower replicas, "
+            "or run with --engine mocker",
+        )
     ]
-    router_mode = flag_value(found.args, "--router-mode") if found else None
-    if router_mode:
-        argv += ["--router-mode", router_mode]
-    env = _base_env(graph, svc, svc.name, nats_url, grace_s)
-    env[c.ENV_HTTP_PORT] = str(port)
-    probe_host = ADVERTISE_HOST if host in ("0.0.0.0", "::", "") else host
-    return ProcessSpec(
-        name=svc.name,
-        service=svc.name,
-        kind="frontend",
-        argv=tuple(argv),
-        env=env,
-        health_url=f"http://{probe_host}:{port}{c.HEALTH_PATH}",
-        metrics_url=f"http://{probe_host}:{port}{c.METRICS_PATH}",
-        waiting_for=f"{c.HEALTH_PATH} on :{port} (200 once a model is served)",
-    )
 
 
-def _worker(
-    graph: GraphView,
-    svc: ServiceView,
-    pod: str,
-    module: str,
-    sglang_args: Sequence[str],
+def _process(
+    r: _Run,
+    ports: Mapping[int, int],
+    peers: Mapping[str, Mapping[int, int]],
+    machine: Mapping[str, str],
     gpus: tuple[str, ...],
-    nats_url: str,
-    python: str,
-    model_dir: str | None,
-    free_port: Callable[[], int],
-    grace_s: float,
-) -> ProcessSpec:
-    args = set_flag(sglang_args, "--host", ADVERTISE_HOST)
-    args = set_flag(args, "--port", str(free_port()))
-    mode = flag_value(args, "--disaggregation-mode")
-    if module == c.SGLANG_MODULE:
-        # Our SGLang worker picks a free bootstrap port itself, checks that SGLang bound it (another
-        # one on conflict) and publishes it; one chosen here would sit unbound while weights load.
-        args = drop_flag(args, "--disaggregation-bootstrap-port")
-    elif mode == "prefill" or flag_value(args, "--disaggregation-bootstrap-port") is not None:
-        args = set_flag(args, "--disaggregation-bootstrap-port", str(free_port()))
-    if module == c.MOCKER_MODULE and model_dir is not None:
-        args = set_flag(args, "--model-dir", model_dir)
-    elif model_dir is not None:
-        args = set_flag(args, "--model-path", model_dir, "--model")
-    system_port = free_port()
-    env = _base_env(graph, svc, pod, nats_url, grace_s)
-    env.update(
-        {
-            c.ENV_SYSTEM_PORT: str(system_port),
-            c.ENV_SYSTEM_ENABLED: "true",
-            c.ENV_REQUEST_PORT: str(free_port()),
-            c.ENV_ENDPOINT: c.DEFAULT_ENDPOINT,
-        }
-    )
-    if module == c.SGLANG_MODULE:
+    url_host: str,
+) -> tuple[ProcessSpec, list[str]]:
+    """``r``'s pod as a process: the kubelet's substitutions, the machine's env under the pod's, GPUs."""
+    pod = replace(r.pod, spec={**r.pod.spec, "containers": [r.container]})
+    local = localize(pod, ports, peers)
+    notes = [
+        f"{pod.name}: env {n} comes from valueFrom, which is not read locally; skipped" for n in local.unread
+    ]
+    if r.container.get("envFrom"):
+        notes.append(
+            f"{pod.name}: envFrom ({', '.join(_sources(r.container['envFrom']))}) is not read locally; "
+            "export the variables it holds in this shell instead"
+        )
+    others = [x.get("name", "?") for x in [*pod.spec.get("initContainers", []), *r.pod.spec["containers"]]]
+    others = [n for n in others if n != r.container.get("name")]
+    if others:
+        notes.append(f"{pod.name}: containers {', '.join(others)} are not run locally; only main runs")
+    env = {**machine, **local.env}
+    if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    return ProcessSpec(
-        name=pod,
-        service=svc.name,
-        kind="worker",
-        argv=(python, "-m", module, *args),
+    probe = _probe_url(r.container, pod.declared_ports, ports, url_host if r.kind == "frontend" else LOOPBACK)
+    process = ProcessSpec(
+        name=r.label,
+        service=r.service,
+        kind=r.kind,
+        argv=local.argv,
         env=env,
-        health_url=f"http://{ADVERTISE_HOST}:{system_port}{c.HEALTH_PATH}",
-        waiting_for=f"registered in discovery ({c.HEALTH_PATH} on :{system_port})",
+        health_url=probe,
+        waiting_for=f"readinessProbe {probe}" if probe else "nothing (no readinessProbe)",
         gpus=gpus,
+        pod=pod.name,
+        ports=ports,
     )
+    return process, notes
+
+
+def _served_model(argv: Sequence[str]) -> str | None:
+    return flag_value(argv, "--served-model-name") or flag_value(argv, "--model-path", "--model")
+
+
+def _sources(env_from: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [
+        f"{kind} {ref.get('name', '?')}"
+        for item in env_from
+        for kind, ref in item.items()
+        if isinstance(ref, Mapping)
+    ]
+
+
+def _probe_url(
+    container: Mapping[str, Any], named: Mapping[str, int], ports: Mapping[int, int], host: str
+) -> str | None:
+    get = container.get("readinessProbe", {}).get("httpGet")
+    if get is None:
+        return None
+    port = get["port"]
+    number = named.get(port) if isinstance(port, str) and not port.isdigit() else int(port)
+    if number is None:
+        return None
+    return f"http://{host}:{ports.get(number, number)}{get.get('path', '/')}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -33,8 +34,8 @@ from pathlib import Path
 from types import FrameType
 
 from dynamo_worker.local.engine import choose_engine, probe_host
-from dynamo_worker.local.manifest import ManifestError, graph_view, load_manifest
-from dynamo_worker.local.plan import Plan, PlanError, plan_graph
+from dynamo_worker.local.manifest import ManifestError, load_manifest
+from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
 from dynamo_worker.local.settings import RunSettings
 from dynamo_worker.local.supervisor import Console, Supervisor, SupervisorError, die_with_parent_prefix
 from dynamo_worker.runtime.nats_server import NatsServer, NatsServerError, free_port
@@ -120,7 +121,7 @@ class _Run:
     def prepare(self) -> tuple[Plan, str] | None:
         """Read, choose, plan; None (after logging why) when the manifest cannot run here."""
         try:
-            graph, notes = graph_view(load_manifest(self.manifest))
+            dgd = load_manifest(self.manifest)
         except ManifestError as e:  # unreadable, or refused by the operator's own validation
             log.error("%s", e)
             return None
@@ -151,17 +152,21 @@ class _Run:
             log.info("Mocker model folder %s (a tiny tokenizer; --model-dir to use another)", mocker_dir)
         try:
             plan = plan_graph(
-                graph,
+                dgd,
                 engine=choice.engine,
                 nats_url=f"nats://127.0.0.1:{nats_port}",
-                host=self.settings.host,
-                port=self.settings.port,
-                python=sys.executable,
+                http_host=self.settings.host,
+                http_port=self.settings.port,
                 mocker_model_dir=mocker_dir,
                 sglang_model_path=model_dir,
                 gpus=facts.gpus,
                 free_port=_PortAllocator({nats_port, self.settings.port}),
-                grace_s=self.settings.grace_period,
+                machine=machine_env(
+                    http_host=self.settings.host,
+                    grace_s=self.settings.grace_period,
+                    # The pods' `python3` is this interpreter, as in the image; then this shell's PATH.
+                    path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+                ),
             )
         except PlanError as e:
             log.error("%s cannot run here:\n%s", self.manifest, e)
@@ -173,7 +178,7 @@ class _Run:
                 sys.executable,
             )
             return None
-        for note in (*notes, *plan.notes):
+        for note in plan.notes:
             log.info("Note: %s", note)
         self.nats_port = nats_port
         return plan, choice.engine
@@ -184,7 +189,7 @@ class _Run:
         # The children's temporary files (the frontend's model cards, SGLang's IPC sockets) go to a
         # folder of this run, removed at the end even when a child was killed before cleaning up.
         run_tmp = Path(tempfile.mkdtemp(prefix="dynamo-run-tmp-"))
-        processes = [replace(p, env={**p.env, "TMPDIR": str(run_tmp)}) for p in plan.processes]
+        processes = [replace(p, env={"TMPDIR": str(run_tmp), **p.env}) for p in plan.processes]
         nats = NatsServer(port=self.nats_port, command_prefix=die_with_parent_prefix())
         status = EXIT_FAILED
         try:

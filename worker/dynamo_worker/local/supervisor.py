@@ -304,8 +304,9 @@ def workers_seen(metrics_text: str) -> int | None:
 
 
 def is_ready(spec: ProcessSpec) -> bool:
-    """/health answers 200 and, for a frontend, it sees every worker (when it exports the gauge)."""
-    if not http_ok(spec.health_url):
+    """Its readinessProbe answers 200 (none: ready once started) and, for a frontend, it sees every
+    worker (when it exports the gauge)."""
+    if spec.health_url is not None and not http_ok(spec.health_url):
         return False
     if spec.metrics_url is None or spec.expected_workers == 0:
         return True

@@ -51,7 +51,7 @@ class LoadSnapshot:
 class EngineEventSink(Protocol):
     """Where an engine reports KV cache events and load; calls must not block (called from the loop)."""
 
-    def kv_events(self, events: Sequence[KvEvent]) -> None: ...
+    def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None: ...
 
     def load(self, snapshot: LoadSnapshot) -> None: ...
 
@@ -59,7 +59,7 @@ class EngineEventSink(Protocol):
 class NullEventSink:
     """Drops everything: the sink of an engine that no runtime has attached to."""
 
-    def kv_events(self, events: Sequence[KvEvent]) -> None:
+    def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         return None
 
     def load(self, snapshot: LoadSnapshot) -> None:

@@ -47,7 +47,7 @@ class KvEventPublisher:
         self._nc = nc
         self.subject = kv_events_subject(namespace)
         self.instance_id = instance_id
-        self._pending: deque[KvEvent] = deque()
+        self._pending: deque[tuple[int, KvEvent]] = deque()  # (dp_rank, event)
         self._max_pending = max_pending
         self._max_batch = max_batch
         self._wakeup = asyncio.Event()
@@ -57,11 +57,12 @@ class KvEventPublisher:
         self.seq = 0  # the seq of the next batch
         self.dropped = 0
 
-    def submit(self, events: Sequence[KvEvent]) -> None:
-        """Queue events for publishing; never blocks. Overflow drops the oldest and skips seqs."""
+    def submit(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
+        """Queue events (of one dp rank) for publishing; never blocks. Overflow drops the oldest and
+        skips seqs."""
         if not events:
             return
-        self._pending.extend(events)
+        self._pending.extend((dp_rank, e) for e in events)
         overflow = len(self._pending) - self._max_pending
         if overflow > 0:
             for _ in range(overflow):
@@ -72,9 +73,9 @@ class KvEventPublisher:
         self._idle.clear()
         self._wakeup.set()
 
-    async def publish_now(self, events: Sequence[KvEvent]) -> KvEventBatch:
+    async def publish_now(self, events: Sequence[KvEvent], dp_rank: int = 0) -> KvEventBatch:
         """Publish one batch at once (bypassing the queue); for tests and engines that batch themselves."""
-        batch = KvEventBatch(instance_id=self.instance_id, seq=self.seq, events=list(events))
+        batch = KvEventBatch(instance_id=self.instance_id, seq=self.seq, events=list(events), dp_rank=dp_rank)
         self.seq += 1
         await self._nc.publish(self.subject, batch.model_dump_json().encode())
         return batch
@@ -87,10 +88,13 @@ class KvEventPublisher:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._pending:
-                n = min(len(self._pending), self._max_batch)
-                events = [self._pending.popleft() for _ in range(n)]
+                dp_rank = self._pending[0][0]  # a batch holds consecutive events of one dp rank
+                events: list[KvEvent] = []
+                while self._pending and self._pending[0][0] == dp_rank and len(events) < self._max_batch:
+                    events.append(self._pending.popleft()[1])
+                n = len(events)
                 try:
-                    await self.publish_now(events)
+                    await self.publish_now(events, dp_rank)
                 except (nats.errors.Error, OSError) as e:
                     log.warning("Could not publish KV events count=%s error=%r", n, e)
             self._idle.set()

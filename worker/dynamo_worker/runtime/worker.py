@@ -102,9 +102,9 @@ class _EventRelay:
         self._waiting = Gauge("dynamo_worker_waiting_requests", "Requests queued.", registry=registry)
         self._running = Gauge("dynamo_worker_running_requests", "Requests running.", registry=registry)
 
-    def kv_events(self, events: Sequence[KvEvent]) -> None:
+    def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         if self.kv is not None:
-            self.kv.submit(events)
+            self.kv.submit(events, dp_rank)
 
     def load(self, snapshot: LoadSnapshot) -> None:
         self._active.set(snapshot.active_blocks)

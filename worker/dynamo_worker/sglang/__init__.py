@@ -4,6 +4,8 @@ The only package of ``dynamo_worker`` that imports ``sglang``, and only lazily (
 everything else (and this package's ``--help``, its tests and its compatibility check) works without
 SGLang, torch or a GPU. Modules: ``args`` (command line -> ``WorkerPlan``), ``handler`` (one request:
 ``GenerateRequest`` -> ``async_generate`` -> ``GenerateChunk``), ``engine`` (``SglangEngine``, the
-runtime's ``Engine``), ``kv_events`` (SGLang's ZMQ KV events -> event plane), ``uses`` (what we use
-of SGLang, in one place) and ``compat`` (checks that against a pinned SGLang's source).
+runtime's ``Engine``), ``resolved`` (the resolved ``ServerArgs`` values read after start),
+``kv_events`` (SGLang's ZMQ KV events -> event plane), ``uses`` (what we use of SGLang, and the
+window of SGLang releases we support, in one place), ``source`` (SGLang's source read without
+importing it) and ``compat`` (checks our use against a release's source).
 """

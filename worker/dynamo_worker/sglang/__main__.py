@@ -18,7 +18,7 @@ from typing import Any
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.system_server import SystemServer
 from dynamo_worker.runtime.worker import run_worker
-from dynamo_worker.sglang.args import WorkerArgsError, WorkerPlan, parse_worker_args
+from dynamo_worker.sglang.args import SglangCli, WorkerArgsError, WorkerPlan, parse_worker_args
 from dynamo_worker.sglang.engine import SglangEngine, kill_sglang_children, sglang_engine
 
 log = logging.getLogger("dynamo_worker.sglang")
@@ -59,9 +59,11 @@ async def run_follower(
         await system.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, sglang: SglangCli | None = None) -> int:
+    """Run the worker; 2 (with the problem and its fix on stderr, before anything starts) for a
+    command line it cannot run. ``sglang``: the installed SGLang's parts (default: import them)."""
     try:
-        plan = parse_worker_args(argv)
+        plan = parse_worker_args(argv, sglang=sglang)
     except (WorkerArgsError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

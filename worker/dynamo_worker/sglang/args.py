@@ -3,7 +3,10 @@
 Our flags are the runtime's (``RuntimeSettings``: namespace, component, endpoint, NATS, ports, grace
 period) and this worker's (``SglangSettings``). Every other argument goes to SGLang's own parser
 (``ServerArgs.add_cli_args``) and becomes a ``ServerArgs`` through ``ServerArgs.from_cli_args``, so
-every SGLang server flag works as it does for ``sglang.launch_server``; ``--config FILE`` too.
+every SGLang server flag works as it does for ``sglang.launch_server``; ``--config FILE`` too (SGLang's
+config merger, from whichever module path the installed release has). A flag the installed SGLang does
+not have (one it removed, or one of a newer release) is refused before anything starts, with a message
+that names it, the installed version and the fix; so are SGLang's own parse errors (no argparse exit).
 
 What the frontend contract needs is forced, and logged (``contract_overrides``): token ids in and out
 (``skip_tokenizer_init`` when ``--grammar-backend none``; with a grammar backend, SGLang's default
@@ -12,7 +15,8 @@ vocabulary and SGLang disables grammars under ``--skip-tokenizer-init``; we stil
 read ``output_ids``), disjoint streaming (``incremental_streaming_output``), SGLang's servers on
 our listen host unless ``--host`` is given, and for a prefill worker without
 ``--disaggregation-bootstrap-port`` a free port (the engine checks SGLang really bound it and retries
-on another one if not).
+on another one if not: ``WorkerPlan.build_server_args`` builds a new ``ServerArgs`` for it, as
+``ServerArgs`` is read-only once constructed).
 
 ``--help`` works without SGLang installed and says how to install it.
 """
@@ -20,34 +24,42 @@ on another one if not).
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.metadata
 import json
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from dynamo_operator.api import contract
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
+from dynamo_worker.sglang.uses import CONFIG_PARSER_MODULES, FLAG_REPLACEMENTS, REMOVED_FLAGS, SGLANG_WINDOW
 
 __all__ = [
     "INSTALL_HINT",
+    "SglangCli",
     "SglangSettings",
     "WorkerArgsError",
     "WorkerPlan",
     "bootstrap_host",
     "contract_overrides",
     "kv_event_endpoints",
+    "load_sglang_cli",
+    "parse_sglang_args",
     "parse_worker_args",
     "pick_free_port",
+    "unknown_flag_message",
 ]
 
 PROG = f"python -m {contract.SGLANG_MODULE}"
+OLDEST, NEWEST = SGLANG_WINDOW
 INSTALL_HINT = (
     "SGLang is not installed: install the worker's engine with pip install 'dynamo-sglang[sglang]' "
-    "(it pins sglang==0.5.17 and needs a CUDA GPU), or run the simulated engine: "
+    f"(SGLang {OLDEST} to {NEWEST}; it needs a CUDA GPU), or run the simulated engine: "
     f"python -m {contract.MOCKER_MODULE}"
 )
 
@@ -87,9 +99,48 @@ class WorkerPlan:
     settings: SglangSettings = field(default_factory=SglangSettings)
     bootstrap_port_chosen: bool = False  # True: we picked the prefill bootstrap port, retry on conflict
     bootstrap_host: str | None = None
-    kv_events_endpoints: list[str] = field(default_factory=list)
     fake_bootstrap_host: str = "2.2.2.2"
     overrides: list[str] = field(default_factory=list)  # what we forced, for the log
+    # A new ServerArgs from the same command line with some values changed (ServerArgs is read-only
+    # once constructed); None where the plan was not built from a command line.
+    build_server_args: Callable[[Mapping[str, Any]], Any] | None = None
+
+
+@dataclass(frozen=True)
+class SglangCli:
+    """What the command line needs of the installed SGLang (``load_sglang_cli``)."""
+
+    version: str
+    server_args_class: Any  # has from_cli_args(namespace) and add_cli_args(parser)
+    config_merger: Any  # ConfigArgumentMerger (its module moved in 0.5.19); None if neither exists
+    fake_bootstrap_host: str
+
+
+def load_sglang_cli() -> SglangCli:
+    """The installed SGLang's ``ServerArgs``, config merger and version; ``WorkerArgsError`` (with how
+    to install it) when SGLang is missing."""
+    try:
+        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+        from sglang.srt.server_args import ServerArgs
+    except ImportError as e:
+        raise WorkerArgsError(f"{INSTALL_HINT} ({e})") from None
+    merger = None
+    for module in CONFIG_PARSER_MODULES:
+        try:
+            merger = importlib.import_module(module).ConfigArgumentMerger
+            break
+        except ImportError:
+            continue
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(unknown version)"
+    return SglangCli(
+        version=version,
+        server_args_class=ServerArgs,
+        config_merger=merger,
+        fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
+    )
 
 
 def pick_free_port(host: str = "0.0.0.0") -> int:
@@ -181,28 +232,78 @@ def _our_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sglang_parser() -> argparse.ArgumentParser:
-    from sglang.srt.server_args import ServerArgs
+class _SglangParser(argparse.ArgumentParser):
+    """SGLang's flags; a parse error raises ``WorkerArgsError`` instead of exiting the process."""
 
-    # SGLang's own parser allows abbreviations (manifests say --tp for --tp-size); ours does not, so
-    # that it never takes an abbreviated SGLang flag for one of ours.
-    parser = argparse.ArgumentParser(prog=f"{PROG} (SGLang server arguments)")
-    ServerArgs.add_cli_args(parser)
+    def __init__(self, version: str) -> None:
+        # SGLang's own parser allows abbreviations (manifests say --tp for --tp-size); ours does not,
+        # so that it never takes an abbreviated SGLang flag for one of ours.
+        super().__init__(prog=f"{PROG} (SGLang {version} server arguments)")
+        self.sglang_version = version
+
+    def error(self, message: str) -> NoReturn:
+        raise WorkerArgsError(
+            f"SGLang {self.sglang_version} refused the command line: {message} "
+            f"(see {PROG} --help for the flags of the installed SGLang)"
+        )
+
+
+def _sglang_parser(cli: SglangCli) -> _SglangParser:
+    parser = _SglangParser(cli.version)
+    cli.server_args_class.add_cli_args(parser)
     return parser
+
+
+def unknown_flag_message(flag: str, version: str) -> str:
+    """Why ``flag`` cannot run on SGLang ``version``, and what to do."""
+    text = f"{flag} is not a flag of the installed SGLang {version}"
+    if flag in REMOVED_FLAGS:
+        text += f" (SGLang {OLDEST} has it; later releases removed it)"
+    if flag in FLAG_REPLACEMENTS:
+        text += f"; use {FLAG_REPLACEMENTS[flag]} instead"
+    text += "; remove it from the worker's arguments (or its --config file)"
+    if flag in REMOVED_FLAGS or flag in FLAG_REPLACEMENTS:
+        text += f", or run an SGLang that has it (this worker supports SGLang {OLDEST} to {NEWEST})"
+    return text
+
+
+def parse_sglang_args(parser: _SglangParser, argv: Sequence[str]) -> argparse.Namespace:
+    """SGLang's namespace for ``argv``; ``WorkerArgsError`` for a flag SGLang does not have (named,
+    with the installed version) or any other parse error."""
+    known = parser._option_string_actions
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        # A removed flag can still abbreviate a longer one (--cuda-graph-bs): name it, not argparse's guess.
+        named = flag in REMOVED_FLAGS or flag in FLAG_REPLACEMENTS
+        if flag.startswith("--") and flag not in known and named:
+            raise WorkerArgsError(unknown_flag_message(flag, parser.sglang_version))
+    ns, extra = parser.parse_known_args(list(argv))
+    if extra:
+        flags = [t.split("=", 1)[0] for t in extra if t.startswith("-")]
+        if flags:
+            raise WorkerArgsError(unknown_flag_message(flags[0], parser.sglang_version))
+        raise WorkerArgsError(
+            f"SGLang {parser.sglang_version} takes no positional arguments, got {' '.join(extra)!r}; "
+            "give every value after its flag"
+        )
+    return ns
 
 
 def help_text() -> str:
     text = _our_parser().format_help()
     try:
-        return text + "\n" + _sglang_parser().format_help()
-    except ImportError:
+        return text + "\n" + _sglang_parser(load_sglang_cli()).format_help()
+    except WorkerArgsError:
         sglang_flags = "SGLang server arguments (--model-path, --tp, --disaggregation-mode, ...)"
         return f"{text}\n{sglang_flags}:\n{INSTALL_HINT}\n"
 
 
-def parse_worker_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> WorkerPlan:
+def parse_worker_args(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, sglang: SglangCli | None = None
+) -> WorkerPlan:
     """Parse the worker's command line into a ``WorkerPlan``; prints help and exits for ``--help``.
-    Raises ``WorkerArgsError`` (or ``SettingsError``) for a command line it cannot run."""
+    Raises ``WorkerArgsError`` (or ``SettingsError``) for a command line it cannot run. ``sglang``:
+    the installed SGLang's parts (default: ``load_sglang_cli()``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, rest = _our_parser().parse_known_args(argv)
     if ours.help:
@@ -213,32 +314,45 @@ def parse_worker_args(argv: Sequence[str] | None = None, env: Mapping[str, str] 
     runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_keys}, env)
     own = {k: v for k, v in given.items() if k not in runtime_keys}
     settings = settings_from_args(SglangSettings, own, {})
-    try:
-        from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
-        from sglang.srt.server_args import ServerArgs
-
-        parser = _sglang_parser()
-    except ImportError as e:
-        raise WorkerArgsError(f"{INSTALL_HINT} ({e})") from None
+    cli = sglang or load_sglang_cli()
+    parser = _sglang_parser(cli)
+    # SGLang's merger finds only "--config FILE"; "--config=FILE" would be parsed and ignored.
+    rest = [
+        p for a in rest for p in (["--config", a[len("--config=") :]] if a.startswith("--config=") else [a])
+    ]
     if "--config" in rest:
-        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
-
-        rest = ConfigArgumentMerger(parser).merge_config_with_args(rest)
-    ns = parser.parse_args(rest)
+        if cli.config_merger is None:
+            raise WorkerArgsError(
+                f"SGLang {cli.version} has no config file merger (looked for "
+                f"{' and '.join(CONFIG_PARSER_MODULES)}); give the flags on the command line, not --config"
+            )
+        try:
+            rest = cli.config_merger(parser).merge_config_with_args(rest)
+        except (OSError, ValueError) as e:
+            raise WorkerArgsError(f"--config: {e}; pass a readable YAML file of SGLang flags") from None
+    ns = parse_sglang_args(parser, rest)
     values, notes = contract_overrides(ns, rest, runtime)
     chosen = values.get("disaggregation_bootstrap_port") == 0
     if chosen:
         values["disaggregation_bootstrap_port"] = pick_free_port(values.get("host", ns.host))
     for key, value in values.items():
         setattr(ns, key, value)
-    server_args = ServerArgs.from_cli_args(ns)
+    server_args_class = cli.server_args_class
+
+    def build_server_args(changes: Mapping[str, Any]) -> Any:
+        return server_args_class.from_cli_args(argparse.Namespace(**{**vars(ns), **changes}))
+
+    try:
+        server_args = build_server_args({})
+    except (ValueError, AssertionError) as e:  # SGLang's own validation of the values
+        raise WorkerArgsError(f"SGLang {cli.version} refused the server arguments: {e}") from None
     return WorkerPlan(
         server_args=server_args,
         runtime=runtime,
         settings=settings,
         bootstrap_port_chosen=chosen,
         bootstrap_host=bootstrap_host(server_args, runtime),
-        kv_events_endpoints=kv_event_endpoints(server_args.kv_events_config, int(server_args.dp_size)),
-        fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
+        fake_bootstrap_host=cli.fake_bootstrap_host,
         overrides=notes,
+        build_server_args=build_server_args,
     )

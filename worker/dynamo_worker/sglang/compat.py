@@ -1,14 +1,23 @@
-"""Check, without importing SGLang (no torch, no GPU), that the pinned SGLang has all we use of it.
+"""Check, without importing SGLang (no torch, no GPU), that an SGLang release has all we use of it.
 
-``python -m dynamo_worker.sglang.compat [--sglang-src DIR]`` reads SGLang's Python source with ``ast``:
-every ``async_generate`` keyword, sampling parameter and ``ServerArgs`` field our code uses, every
-module / name / member in ``uses``, the string literals we read from SGLang's outputs, the field order of
-the KV event messages we decode, and that no flag of ours shadows one of SGLang's. Exit 0 when all
-hold; otherwise 1, with one line per problem.
+``python -m dynamo_worker.sglang.compat --sglang-src DIR`` (or ``--version V``, or ``--window`` for
+the oldest and the newest release of ``uses.SGLANG_WINDOW``) reads SGLang's Python source with ``ast``
+and checks what our code relies on, in whichever layout that release has:
 
-Without ``--sglang-src``, the pinned wheel is fetched with ``pip download --no-deps`` and its Python
-files unpacked under ``~/.cache/dynamo-sglang/`` (reused by later runs), so the check needs the package
-index once and nothing of SGLang's dependencies.
+- every ``async_generate`` keyword and sampling parameter the handler sends;
+- every ``ServerArgs`` field the worker reads (before start, and after start through
+  ``resolved.resolved_args``), in either ``ServerArgs`` layout (``source.server_args_layout``), and
+  that no flag of ours shadows one of SGLang's;
+- every module / name / member in ``uses`` (alternatives in ``uses.ONE_OF``: one must exist), and the
+  string literals we read from SGLang's outputs;
+- the KV event structs: their msgspec options (tagged arrays or tagged maps, ``omit_defaults``) and
+  fields against what ``kv_events.py`` reads; then, with msgspec, a batch built with SGLang's own
+  struct classes is encoded and decoded by ``kv_events.decode_batch`` and must give the expected events.
+
+Exit 0 when all hold; otherwise 1, with one line per problem; 2 when the source cannot be had. Releases
+given by version are fetched with ``pip download --no-deps`` and their Python files unpacked under the
+project cache folder (``runtime.settings.cache_root``: ``$DYNAMO_CACHE``, else
+``$XDG_CACHE_HOME/dynamo-sglang``, else ``~/.cache/dynamo-sglang``), reused by later runs.
 """
 
 from __future__ import annotations
@@ -22,26 +31,38 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dynamo_worker.runtime.settings import cache_root
 from dynamo_worker.sglang import uses
+from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, decode_batch
+from dynamo_worker.sglang.source import (
+    LayoutError,
+    ServerArgsLayout,
+    SourceIndex,
+    load_structs,
+    server_args_layout,
+    struct_options,
+)
 from dynamo_worker.sglang.uses import Use
 
-__all__ = ["CompatError", "SourceIndex", "check", "fetch_sglang_source", "main"]
+__all__ = ["CompatError", "check", "check_use", "fetch_sglang_source", "kv_event_problems", "main"]
 
 log = logging.getLogger(__name__)
 
 PIP_TIMEOUT_S = 600
+# Every release ships the same Python files in each platform's wheel: fetch one fixed wheel, so the
+# cache holds the same file whatever machine runs the check.
+WHEEL_PLATFORM = ["--platform", "manylinux_2_34_x86_64", "--python-version", "3.11", "--implementation", "cp"]
 
 
 class CompatError(RuntimeError):
     """SGLang's source could not be obtained; the message says how to provide it."""
 
 
-def fetch_sglang_source(version: str = uses.SGLANG_VERSION, cache_dir: Path | None = None) -> Path:
-    """A folder holding ``sglang/`` (Python files only) of the pinned version, fetched once."""
+def fetch_sglang_source(version: str, cache_dir: Path | None = None) -> Path:
+    """A folder holding ``sglang/`` (Python files only) of SGLang ``version``, fetched once."""
     cache_dir = cache_dir or cache_root()
     dest = cache_dir / f"sglang-{version}-src"
     if (dest / "sglang" / "__init__.py").is_file():
@@ -50,7 +71,7 @@ def fetch_sglang_source(version: str = uses.SGLANG_VERSION, cache_dir: Path | No
     wheels = sorted(downloads.glob(f"sglang-{version}-*.whl"))
     if not wheels:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-        cmd += [f"sglang=={version}", "-d", str(downloads)]
+        cmd += [*WHEEL_PLATFORM, f"sglang=={version}", "-d", str(downloads)]
         try:
             subprocess.run(cmd, check=True, timeout=PIP_TIMEOUT_S, capture_output=True, text=True)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
@@ -81,117 +102,6 @@ def fetch_sglang_source(version: str = uses.SGLANG_VERSION, cache_dir: Path | No
     return dest
 
 
-@dataclass
-class SourceIndex:
-    """SGLang's modules parsed on demand from ``root`` (the folder that contains ``sglang/``)."""
-
-    root: Path
-    _trees: dict[str, ast.Module | None] = field(default_factory=dict)
-
-    def path(self, module: str) -> Path | None:
-        base = self.root.joinpath(*module.split("."))
-        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-            if candidate.is_file():
-                return candidate
-        return None
-
-    def tree(self, module: str) -> ast.Module | None:
-        if module not in self._trees:
-            path = self.path(module)
-            self._trees[module] = ast.parse(path.read_text(), filename=str(path)) if path else None
-        return self._trees[module]
-
-    def top_level(self, module: str) -> dict[str, ast.AST]:
-        names: dict[str, ast.AST] = {}
-        tree = self.tree(module)
-        for node in tree.body if tree else ():
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                names[node.name] = node
-            elif isinstance(node, ast.Assign):
-                names.update((t.id, node) for t in node.targets if isinstance(t, ast.Name))
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                names[node.target.id] = node
-            elif isinstance(node, (ast.ImportFrom, ast.Import)):
-                names.update(((a.asname or a.name).split(".")[0], node) for a in node.names)
-        return names
-
-    def find_class(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.ClassDef] | None:
-        """The class ``name`` as seen from ``module``, following ``from x import name`` re-exports."""
-        node = self.top_level(module).get(name)
-        if isinstance(node, ast.ClassDef):
-            return module, node
-        if isinstance(node, ast.ImportFrom) and node.module and depth < 5:
-            target = node.module if node.level == 0 else _relative(module, node.module, node.level)
-            return self.find_class(target, name, depth + 1)
-        return None
-
-    def members(self, module: str, cls: str, depth: int = 0) -> dict[str, ast.AST]:
-        """Methods, class attributes, and ``self.x`` assignments of a class and its bases."""
-        found = self.find_class(module, cls)
-        if found is None:
-            return {}
-        where, node = found
-        members: dict[str, ast.AST] = {}
-        for item in node.body:
-            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                members[item.name] = item
-                members.update((attr, item) for attr in _self_attributes(item))
-            elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                members[item.target.id] = item
-            elif isinstance(item, ast.Assign):
-                members.update((t.id, item) for t in item.targets if isinstance(t, ast.Name))
-        if depth < 5:
-            for base in node.bases:
-                if isinstance(base, ast.Name):
-                    for name, item in self.members(where, base.id, depth + 1).items():
-                        members.setdefault(name, item)
-        return members
-
-    def fields_in_order(self, module: str, cls: str) -> list[str]:
-        found = self.find_class(module, cls)
-        if found is None:
-            return []
-        return [
-            i.target.id
-            for i in found[1].body
-            if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)
-        ]
-
-    def string_literals(self, module: str) -> set[str]:
-        tree = self.tree(module)
-        if tree is None:
-            return set()
-        return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-
-
-def _relative(module: str, target: str, level: int) -> str:
-    parts = module.split(".")
-    return ".".join([*parts[: len(parts) - level], target])
-
-
-def _self_attributes(fn: ast.AST) -> set[str]:
-    """Names ``x`` of every ``self.x = ...`` (or ``self.x: T = ...``) inside ``fn``."""
-    found: set[str] = set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        else:
-            continue
-        for t in targets:
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                found.add(t.attr)
-    return found
-
-
-def _params(fn: ast.AST) -> set[str]:
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return set()
-    a = fn.args
-    return {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
-
-
 def check_use(index: SourceIndex, use: Use) -> str | None:
     """None when ``use`` exists in SGLang's source, else the problem."""
     if index.path(use.module) is None:
@@ -206,15 +116,15 @@ def check_use(index: SourceIndex, use: Use) -> str | None:
     return None
 
 
+def _params(fn: ast.AST | None) -> set[str]:
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    a = fn.args
+    return {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]}
+
+
 def _missing(what: str, wanted: Iterable[str], have: set[str]) -> list[str]:
     return [f"{what} has no {name!r}" for name in sorted(set(wanted) - have)]
-
-
-def sglang_flags(index: SourceIndex) -> set[str]:
-    """Every flag SGLang's ``ServerArgs.add_cli_args`` defines: one per field, plus the literal ones."""
-    fields = index.fields_in_order("sglang.srt.server_args", "ServerArgs")
-    literal = {s for s in index.string_literals("sglang.srt.server_args") if s.startswith("--")}
-    return {"--" + f.replace("_", "-") for f in fields} | literal
 
 
 def our_flags() -> set[str]:
@@ -223,6 +133,130 @@ def our_flags() -> set[str]:
     return {o for action in _our_parser()._actions for o in action.option_strings if o.startswith("--")} - {
         "--help"
     }
+
+
+# --- KV events -----------------------------------------------------------------------------------
+
+
+def _kv_static_problems(index: SourceIndex) -> list[str]:
+    """The msgspec options and fields of SGLang's KV event structs against what ``decode_batch``
+    reads: tagged arrays are read by position, tagged maps by name, and ``omit_defaults`` may leave
+    out only fields we can do without."""
+    module = uses.KV_EVENTS_MODULE
+    problems: list[str] = []
+    for cls, wanted in uses.KV_EVENT_FIELDS.items():  # the batch may be an array or a map too
+        where = f"{module}.{cls}"
+        if index.find_class(module, cls) is None:
+            problems.append(f"{where} does not exist (kv_events.py decodes it)")
+            continue
+        options = struct_options(index, module, cls)
+        decls = {
+            d.target.id: d for d in index.annotated_fields(module, cls) if isinstance(d.target, ast.Name)
+        }
+        names = list(decls)
+        if cls != "EventBatch":
+            tag = options.get("tag")
+            if tag is not True and tag != cls:
+                problems.append(f"{where} is tagged {tag!r}; kv_events.py dispatches on the tag {cls!r}")
+            if options.get("tag_field", "type") != "type":
+                problems.append(
+                    f"{where} puts its tag in {options['tag_field']!r}; kv_events.py reads 'type'"
+                )
+        if options.get("array_like"):
+            if tuple(names[: len(wanted)]) != wanted:
+                problems.append(
+                    f"{where} encodes as an array of {tuple(names)}; kv_events.py reads {wanted} by position"
+                )
+        else:
+            problems += [
+                f"{where} has no field {w!r} (kv_events.py reads it by name)"
+                for w in wanted
+                if w not in decls
+            ]
+        if options.get("omit_defaults"):
+            for name in wanted:
+                if name in decls and decls[name].value is not None and name not in uses.KV_EVENT_OPTIONAL:
+                    problems.append(
+                        f"{where}.{name} has a default and omit_defaults drops it from the wire; "
+                        "kv_events.py needs it"
+                    )
+    return problems
+
+
+def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
+    """Encode a batch with SGLang's own struct classes and decode it with ``decode_batch``."""
+    try:
+        import msgspec
+    except ImportError:
+        return ["msgspec is not installed, so the KV event round trip cannot run: pip install msgspec"]
+    from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored
+
+    classes, failed = load_structs(index, uses.KV_EVENTS_MODULE)
+    needed = ("KVEventBatch", "BlockStored", "BlockRemoved", "AllBlocksCleared")
+    missing = [c for c in needed if c not in classes]
+    if missing:
+        why = "; ".join(f"{c}: {failed.get(c, 'not defined')}" for c in missing)
+        return [f"could not build SGLang's KV event structs ({why})"]
+    stored, removed, cleared = classes["BlockStored"], classes["BlockRemoved"], classes["AllBlocksCleared"]
+    try:
+        events: list[Any] = [
+            stored(
+                block_hashes=[11, 12],
+                parent_block_hash=None,
+                token_ids=[1, 2, 3, 4],
+                block_size=2,
+                lora_id=None,
+                medium="GPU",
+            ),
+            stored(block_hashes=[13], parent_block_hash=12, token_ids=[5, 6], block_size=2, lora_id=None),
+            stored(
+                block_hashes=[99],
+                parent_block_hash=None,
+                token_ids=[7, 8],
+                block_size=2,
+                lora_id=None,
+                medium="CPU_PINNED",
+            ),
+            removed(block_hashes=[11], medium="GPU"),
+            removed(block_hashes=[13]),
+            removed(block_hashes=[99], medium="CPU_PINNED"),
+            cleared(),
+        ]
+        batch = classes["KVEventBatch"](ts=1.5, events=events, attn_dp_rank=3)
+    except TypeError as e:
+        return [f"SGLang's KV event structs cannot be built from the fields kv_events.py knows: {e}"]
+    payload = msgspec.msgpack.encode(batch)
+    expected = DecodedBatch(
+        events=[
+            BlockStored(parent_hash=None, block_hashes=[11, 12], token_ids=[1, 2, 3, 4]),
+            BlockStored(parent_hash=12, block_hashes=[13], token_ids=[5, 6]),
+            BlockRemoved(block_hashes=[11]),
+            BlockRemoved(block_hashes=[13]),
+            AllBlocksCleared(),
+        ],
+        dp_rank=3,
+    )
+    try:
+        got = decode_batch(msgspec.msgpack.decode(payload))
+    except KvEventDecodeError as e:
+        return [f"kv_events.py cannot decode a batch SGLang encodes: {e}"]
+    if got != expected:
+        return [f"kv_events.py decodes a batch SGLang encodes as {got}, expected {expected}"]
+    return []
+
+
+def kv_event_problems(index: SourceIndex) -> list[str]:
+    """Every way SGLang's KV event batches under ``index`` would not decode as ``kv_events.py`` expects."""
+    problems = _kv_static_problems(index)
+    return problems + _kv_round_trip_problems(index)
+
+
+# --- the whole check ----------------------------------------------------------------------------
+
+
+def _server_args_problems(layout: ServerArgsLayout, package_dir: Path) -> list[str]:
+    wanted = uses.server_args_fields(package_dir) | set(uses.RESOLVED_FIELDS)
+    return _missing("ServerArgs", wanted, set(layout.fields))
 
 
 def check(
@@ -239,50 +273,86 @@ def check(
     )
     sampling = set(index.fields_in_order("sglang.srt.sampling.sampling_params", "SamplingParams"))
     problems += _missing("SamplingParams", uses.sampling_keys(handler_path), sampling)
-    server_fields = set(index.fields_in_order("sglang.srt.server_args", "ServerArgs"))
-    problems += _missing("ServerArgs", uses.server_args_fields(package_dir), server_fields)
+    try:
+        layout = server_args_layout(index)
+    except LayoutError as e:
+        problems.append(f"cannot read ServerArgs: {e}")
+    else:
+        problems += _server_args_problems(layout, package_dir)
+        clashes = our_flags() & layout.flags()
+        problems += [f"our flag {flag} shadows SGLang's flag of the same name" for flag in sorted(clashes)]
     for use in sorted({*uses.imported_names(package_dir), *uses.DECLARED}, key=str):
         problem = check_use(index, use)
         if problem:
             problems.append(problem)
+    for group in uses.ONE_OF:
+        if all(check_use(index, use) for use in group):
+            problems.append(f"none of {', '.join(map(str, group))} exists (used by {group[0].by})")
     for module, literals in uses.STRING_LITERALS.items():
         problems += _missing(f"{module} (string literals)", literals, index.string_literals(module))
-    for cls, layout in uses.KV_EVENT_LAYOUT.items():
-        got = tuple(index.fields_in_order(uses.KV_EVENTS_MODULE, cls))
-        if got != layout:
-            problems.append(f"{uses.KV_EVENTS_MODULE}.{cls} fields are {got}, kv_events.py decodes {layout}")
-    clashes = our_flags() & sglang_flags(index)
-    problems += [f"our flag {flag} shadows SGLang's flag of the same name" for flag in sorted(clashes)]
+    problems += kv_event_problems(index)
     return problems
+
+
+def describe(root: Path) -> str:
+    """How the release under ``root`` is read: its ServerArgs layout and KV event encoding."""
+    index = SourceIndex(root)
+    try:
+        layout = server_args_layout(index).kind
+    except LayoutError:
+        layout = "unknown"
+    resolved = (
+        "resolved_dict()"
+        if "resolved_dict" in index.members("sglang.srt.server_args", "ServerArgs")
+        else "fields"
+    )
+    options = struct_options(index, uses.KV_EVENTS_MODULE, "BlockStored")
+    encoding = "tagged arrays" if options.get("array_like") else "tagged maps"
+    return f"ServerArgs {layout}, resolved values from {resolved}, KV events as {encoding}"
+
+
+def _check_one(root: Path, label: str) -> int:
+    problems = check(root)
+    for problem in problems:
+        print(f"INCOMPATIBLE: {problem}")
+    if problems:
+        print(f"{len(problems)} incompatibilities with {label} in {root}")
+        return 1
+    print(f"OK: our use of SGLang matches {label} in {root} ({describe(root)})")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dynamo_worker.sglang.compat", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument(
-        "--sglang-src", type=Path, help="a folder containing sglang/ (default: fetch the pin)"
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--sglang-src", type=Path, help="a folder containing sglang/")
+    what.add_argument("--version", help="an SGLang release to fetch from the package index and check")
+    what.add_argument(
+        "--window",
+        action="store_true",
+        help=f"check the oldest and the newest release of the window ({' and '.join(uses.SGLANG_WINDOW)})",
     )
     parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
-        help="where the pinned wheel is kept (default: the project cache folder)",
+        help="where fetched wheels and their sources are kept (default: the project cache folder)",
     )
     args = parser.parse_args(argv)
-    try:
-        root = args.sglang_src or fetch_sglang_source(cache_dir=args.cache_dir)
-    except CompatError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    problems = check(root)
-    for problem in problems:
-        print(f"INCOMPATIBLE: {problem}")
-    if problems:
-        print(f"{len(problems)} incompatibilities with the SGLang source in {root}")
-        return 1
-    print(f"OK: our use of SGLang matches the source in {root} (pinned {uses.SGLANG_VERSION})")
-    return 0
+    if args.sglang_src is not None:
+        return _check_one(args.sglang_src, "the SGLang source")
+    versions = [args.version] if args.version else list(uses.SGLANG_WINDOW)
+    status = 0
+    for version in versions:
+        try:
+            root = fetch_sglang_source(version, cache_dir=args.cache_dir)
+        except CompatError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        status = max(status, _check_one(root, f"SGLang {version}"))
+    return status
 
 
 if __name__ == "__main__":

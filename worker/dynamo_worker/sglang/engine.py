@@ -7,10 +7,12 @@ eagerly and put the runtime's handler back, so graceful shutdown stays ours.
 
 A prefill worker whose bootstrap port we chose (no ``--disaggregation-bootstrap-port``) checks that
 SGLang's bootstrap server really bound it; another process taking the port in between is a conflict,
-and the engine is restarted on a new free port (at most ``BOOTSTRAP_PORT_ATTEMPTS`` times).
+and the engine is restarted on a new free port (at most ``BOOTSTRAP_PORT_ATTEMPTS`` times), with a new
+``ServerArgs`` built from the same command line (SGLang's is read-only once constructed).
 
-What the worker registers comes from the running engine: page size, total KV blocks (the scheduler's
-``max_total_num_tokens`` / page size), max running requests, dp size, and the bootstrap address.
+What the worker registers comes from the running engine: the resolved ``ServerArgs`` values
+(``resolved.resolved_args``: served model name, page size, dp ranks, bootstrap port), total KV blocks
+(the scheduler's ``max_total_num_tokens`` / page size), max running requests and the bootstrap address.
 Load (SGLang's ``get_loads``) is polled for the event plane and re-exported as Prometheus gauges;
 KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` enables it.
 """
@@ -40,8 +42,9 @@ from dynamo_worker.protocol import (
 )
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.sglang import handler
-from dynamo_worker.sglang.args import WorkerPlan, pick_free_port
+from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_port
 from dynamo_worker.sglang.kv_events import KvEventRelay
+from dynamo_worker.sglang.resolved import resolved_args
 
 __all__ = ["EngineStartError", "SglangEngine", "canary", "kill_sglang_children", "sglang_engine"]
 
@@ -85,6 +88,7 @@ class SglangEngine(Engine):
         kill_children: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
+        self.server_args = plan.server_args  # replaced by a new one when the bootstrap port is retried
         self.role = role_of(plan.server_args.disaggregation_mode)
         self._factory = engine_factory or sglang_engine
         self._kill_children = kill_children or kill_sglang_children
@@ -106,7 +110,6 @@ class SglangEngine(Engine):
         self._gauges = _load_gauges(registry)
 
     async def start(self) -> EngineInfo:
-        server_args = self.plan.server_args
         for attempt in range(1, BOOTSTRAP_PORT_ATTEMPTS + 1):
             await self._start_engine()
             if self.role != "prefill" or not self.plan.bootstrap_port_chosen or self._bootstrap_bound():
@@ -116,33 +119,40 @@ class SglangEngine(Engine):
                     f"SGLang's bootstrap server could not bind a free port {attempt} times; pass a port "
                     "that is free with --disaggregation-bootstrap-port"
                 )
-            taken = server_args.disaggregation_bootstrap_port
-            server_args.disaggregation_bootstrap_port = pick_free_port(server_args.host)
+            if self.plan.build_server_args is None:
+                raise EngineStartError(
+                    "SGLang's bootstrap server could not bind the port chosen for it and this worker "
+                    "cannot build new server arguments; pass a free --disaggregation-bootstrap-port"
+                )
+            failed = resolved_args(self.server_args)
+            port = pick_free_port(failed.host)
+            await self._shutdown_engine()
+            self.server_args = self.plan.build_server_args({"disaggregation_bootstrap_port": port})
             log.warning(
                 "Bootstrap port was taken port=%s; restarting SGLang on port=%s",
-                taken,
-                server_args.disaggregation_bootstrap_port,
+                failed.disaggregation_bootstrap_port,
+                port,
             )
-            await self._shutdown_engine()
-        self._page_size = int(server_args.page_size or 1)
-        totals = await self._capacity()
-        tokenizer_path = server_args.tokenizer_path or server_args.model_path
+        cfg = resolved_args(self.server_args)
+        self._page_size = cfg.page_size
+        totals = await self._capacity(cfg.dp_ranks)
         info = EngineInfo(
-            model_name=server_args.served_model_name,
+            model_name=cfg.served_model_name,
             page_size=self._page_size,
             total_kv_blocks=totals["max_total_num_tokens"] // self._page_size,
             max_running_requests=totals.get("max_running_requests") or None,
             bootstrap_host=self.plan.bootstrap_host if self.role == "prefill" else None,
-            bootstrap_port=server_args.disaggregation_bootstrap_port if self.role == "prefill" else None,
-            dp_size=int(server_args.dp_size),
-            model_dir=await asyncio.to_thread(_model_dir, tokenizer_path),
+            bootstrap_port=cfg.disaggregation_bootstrap_port if self.role == "prefill" else None,
+            dp_size=cfg.dp_ranks,
+            model_dir=await asyncio.to_thread(_model_dir, cfg.tokenizer_path),
             context_length=totals.get("context_length") or None,
             features=self._features(),
         )
         self._tasks.append(asyncio.create_task(self._poll_load(), name="sglang-load"))
         self._tasks.append(asyncio.create_task(self._canary_loop(), name="sglang-canary"))
-        if self.plan.kv_events_endpoints:
-            self._relay = KvEventRelay(self.plan.kv_events_endpoints, self._sink.kv_events)
+        endpoints = kv_event_endpoints(cfg.kv_events_config, cfg.dp_ranks)
+        if endpoints:
+            self._relay = KvEventRelay(endpoints, self._sink.kv_events)
             self._relay.start()
         log.info(
             "Started SGLang engine role=%s page_size=%s total_kv_blocks=%s max_running_requests=%s "
@@ -181,10 +191,10 @@ class SglangEngine(Engine):
         loop = asyncio.get_running_loop()
         before = _signal_handlers(loop)
         started = time.monotonic()
-        log.info("Starting SGLang engine role=%s model=%s", self.role, self.plan.server_args.model_path)
+        log.info("Starting SGLang engine role=%s model=%s", self.role, self.server_args.model_path)
         try:
             async with asyncio.timeout(self.plan.settings.engine_start_timeout_s):
-                self._engine = await asyncio.to_thread(self._factory, self.plan.server_args)
+                self._engine = await asyncio.to_thread(self._factory, self.server_args)
         except TimeoutError:
             # SGLang's constructor waits on its schedulers; ending them ends it (and frees the GPU).
             await asyncio.to_thread(self._kill_children)
@@ -203,13 +213,13 @@ class SglangEngine(Engine):
         thread = getattr(server, "thread", None)
         return thread is None or thread.is_alive()
 
-    async def _capacity(self) -> dict[str, int]:
+    async def _capacity(self, dp_ranks: int) -> dict[str, int]:
         """KV capacity and max running requests, from SGLang's load snapshots (published when the
-        scheduler idles), or from the scheduler's startup info."""
+        scheduler idles; one per dp rank), or from the scheduler's startup info."""
         deadline = time.monotonic() + self.plan.settings.capacity_timeout_s
         while time.monotonic() < deadline:
             loads = await self._engine.tokenizer_manager.get_loads()
-            every_rank = len(loads) >= int(self.plan.server_args.dp_size)
+            every_rank = len(loads) >= dp_ranks
             if loads and every_rank and all(load.max_total_num_tokens > 0 for load in loads):
                 return {
                     "max_total_num_tokens": sum(load.max_total_num_tokens for load in loads),

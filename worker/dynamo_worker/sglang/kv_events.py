@@ -1,13 +1,20 @@
 """Relay SGLang's KV cache events (``--kv-events-config``, ZMQ publisher) onto our event plane.
 
 SGLang's scheduler publishes each batch as three ZMQ frames ``(topic, seq as 8 bytes big-endian,
-payload)``; the payload is msgpack of ``sglang.srt.disaggregation.kv_events.KVEventBatch`` encoded
-"array-like": ``[ts, [event, ...], attn_dp_rank]``, each event a tagged array
-``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]``,
-``["BlockRemoved", block_hashes, medium]`` or ``["AllBlocksCleared"]``. ``events_from_batch`` turns a
-decoded batch into our ``KvEvent`` models (pure); ``KvEventRelay`` does the ZMQ I/O. Only events of the
-GPU tier are relayed (host/disk tiers do not make a prefix cheap for the router). ``pyzmq`` and
-``msgspec`` come with SGLang; they are imported only when a relay starts.
+payload)``; the payload is msgpack of ``sglang.srt.disaggregation.kv_events.KVEventBatch``, an array
+``[ts, [event, ...], attn_dp_rank]``. The events come in one of two encodings:
+
+- tagged arrays (SGLang up to 0.5.19): ``["BlockStored", block_hashes, parent_block_hash, token_ids,
+  block_size, lora_id, medium, ...]``, ``["BlockRemoved", block_hashes, medium]``, ``["AllBlocksCleared"]``;
+- tagged maps with defaults omitted (SGLang 0.5.20+, and vLLM's encoding): ``{"type": "BlockStored",
+  "block_hashes": [...], "parent_block_hash": ..., "token_ids": [...], ...}``, where a field left at its
+  default (``medium: None``) is absent.
+
+``decode_batch`` turns one decoded batch into our ``KvEvent`` models and its attention-dp rank (pure);
+``KvEventRelay`` does the ZMQ I/O. Only events of the GPU tier are relayed (host/disk tiers do not make a
+prefix cheap for the router). A batch that decodes neither way is dropped and logged (loudly the first
+time), and the relay goes on with the next one. ``pyzmq`` and ``msgspec`` come with SGLang; they are
+imported only when a relay starts.
 """
 
 from __future__ import annotations
@@ -15,49 +22,120 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from pydantic import ValidationError
 
 from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
-__all__ = ["KvEventRelay", "events_from_batch"]
+__all__ = ["DecodedBatch", "KvEventDecodeError", "KvEventRelay", "decode_batch"]
 
 log = logging.getLogger(__name__)
 
 GPU_MEDIA = (None, "GPU")
+# Array positions (after the tag) of the fields we read; the order of SGLang's struct fields.
+_ARRAY_FIELDS = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+_REQUIRED = {"BlockStored": ("block_hashes", "token_ids"), "BlockRemoved": ("block_hashes",)}
+_RANK_KEYS = ("attn_dp_rank", "data_parallel_rank")  # SGLang's name, vLLM's name
 
 
-def _event(raw: Sequence[Any]) -> KvEvent | None:
-    tag = raw[0]
+class KvEventDecodeError(ValueError):
+    """A KV event batch that is neither of the encodings SGLang uses; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    events: list[KvEvent]
+    dp_rank: int  # the attention-dp rank whose KV cache the events describe
+    unknown_tags: tuple[str, ...] = ()  # event types we do not know (skipped)
+
+
+def _fields(raw: Any, index: int) -> tuple[str, dict[str, Any]]:
+    """The tag and the named fields of one event, in either encoding."""
+    if isinstance(raw, Mapping):
+        tag = raw.get("type")
+        if not isinstance(tag, str):
+            raise KvEventDecodeError(f"event {index} is a map without a string 'type' tag: {_short(raw)}")
+        return tag, {k: v for k, v in raw.items() if k != "type"}
+    if isinstance(raw, Sequence) and not isinstance(raw, (str, bytes)) and raw and isinstance(raw[0], str):
+        tag = raw[0]
+        names = _ARRAY_FIELDS.get(tag, ())
+        return tag, dict(zip(names, raw[1:], strict=False))
+    raise KvEventDecodeError(f"event {index} is neither a tagged array nor a tagged map: {_short(raw)}")
+
+
+def _event(tag: str, f: dict[str, Any], index: int) -> KvEvent | None:
+    for name in _REQUIRED.get(tag, ()):
+        if not isinstance(f.get(name), list):
+            raise KvEventDecodeError(f"event {index} ({tag}) has no list {name!r}: {_short(f)}")
+    medium = f.get("medium")
     if tag == "BlockStored":
-        hashes, parent, token_ids = raw[1], raw[2], raw[3]
-        medium = raw[6] if len(raw) > 6 else None
         if medium not in GPU_MEDIA:
             return None
-        return BlockStored(parent_hash=parent, block_hashes=list(hashes), token_ids=list(token_ids))
+        return BlockStored(
+            parent_hash=f.get("parent_block_hash"), block_hashes=f["block_hashes"], token_ids=f["token_ids"]
+        )
     if tag == "BlockRemoved":
-        medium = raw[2] if len(raw) > 2 else None
-        return BlockRemoved(block_hashes=list(raw[1])) if medium in GPU_MEDIA else None
-    if tag == "AllBlocksCleared":
-        return AllBlocksCleared()
-    log.warning("Ignored an SGLang KV event of unknown type tag=%r", tag)
-    return None
+        return BlockRemoved(block_hashes=f["block_hashes"]) if medium in GPU_MEDIA else None
+    return AllBlocksCleared()
 
 
-def events_from_batch(batch: Sequence[Any]) -> list[KvEvent]:
-    """Our events from one decoded SGLang ``KVEventBatch`` (``[ts, events, attn_dp_rank]``)."""
-    return [e for e in (_event(raw) for raw in batch[1]) if e is not None]
+def decode_batch(batch: Any) -> DecodedBatch:
+    """Our events and the dp rank of one msgpack-decoded SGLang (or vLLM) KV event batch: an array
+    ``[ts, events, rank]`` or a map with ``events`` and ``attn_dp_rank``/``data_parallel_rank``.
+    Raises ``KvEventDecodeError`` for anything else."""
+    if isinstance(batch, Mapping):
+        raw_events = batch.get("events")
+        rank = next((batch[k] for k in _RANK_KEYS if batch.get(k) is not None), None)
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch) >= 2:
+        raw_events = batch[1]
+        rank = batch[2] if len(batch) > 2 else None
+    else:
+        raise KvEventDecodeError(f"the batch is not [ts, events, dp_rank] nor a map: {_short(batch)}")
+    if not isinstance(raw_events, list):
+        raise KvEventDecodeError(f"the batch's events are not a list: {_short(raw_events)}")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise KvEventDecodeError(f"the batch's dp rank is not a non-negative integer: {rank!r}")
+    events: list[KvEvent] = []
+    unknown: list[str] = []
+    for i, raw in enumerate(raw_events):
+        tag, f = _fields(raw, i)
+        if tag not in _ARRAY_FIELDS:
+            unknown.append(tag)
+            continue
+        try:
+            event = _event(tag, f, i)
+        except ValidationError as e:
+            problem = f"event {i} ({tag}) has fields of the wrong type: {_short(f)} ({e})"
+            raise KvEventDecodeError(problem) from None
+        if event is not None:
+            events.append(event)
+    return DecodedBatch(events=events, dp_rank=rank or 0, unknown_tags=tuple(unknown))
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class KvEventRelay:
-    """Subscribes to SGLang's publishers (one endpoint per dp rank) and hands events to ``sink``."""
+    """Subscribes to SGLang's publishers (one endpoint per dp rank) and hands events to ``sink`` with
+    the dp rank of their batch."""
 
-    def __init__(self, endpoints: Sequence[str], sink: Callable[[Sequence[KvEvent]], None]) -> None:
+    def __init__(self, endpoints: Sequence[str], sink: Callable[[Sequence[KvEvent], int], None]) -> None:
         self.endpoints = list(endpoints)
         self._sink = sink
         self._task: asyncio.Task | None = None
         self._socket: Any = None
         self.relayed = 0
+        self.undecodable = 0  # batches dropped because they decode neither way
+        self._unknown_tags: set[str] = set()
 
     def start(self) -> None:
         import zmq
@@ -68,43 +146,64 @@ class KvEventRelay:
         for endpoint in self.endpoints:
             self._socket.connect(endpoint)
         self._task = asyncio.create_task(self._run(), name="sglang-kv-events")
+        self._task.add_done_callback(_report_end)
         log.info("Relaying SGLang KV events endpoints=%s", ",".join(self.endpoints))
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def _run(self) -> None:
         import msgspec
 
         decoder = msgspec.msgpack.Decoder()
         # Each dp rank's publisher numbers its batches on its own; the batch names its rank.
-        last_seq: dict[tuple[bytes, Any], int] = {}
+        last_seq: dict[tuple[bytes, int], int] = {}
         while True:
             frames = await self._socket.recv_multipart()
             if len(frames) < 3:
-                log.warning("Ignored a malformed SGLang KV event message frames=%s", len(frames))
+                self._undecodable(None, f"a message of {len(frames)} frames, not (topic, seq, payload)")
                 continue
             topic, seq_bytes, payload = frames[-3:]
             seq = int.from_bytes(seq_bytes, "big", signed=True)
             try:
-                batch = decoder.decode(payload)
-                events = events_from_batch(batch)
-            except (msgspec.DecodeError, IndexError, TypeError, ValueError) as e:
-                log.warning("Ignored an undecodable SGLang KV event batch seq=%s error=%r", seq, e)
+                batch = decode_batch(decoder.decode(payload))
+            except (msgspec.DecodeError, KvEventDecodeError) as e:
+                self._undecodable(seq, str(e))
                 continue
-            publisher = (topic, batch[2] if len(batch) > 2 else None)
+            for tag in set(batch.unknown_tags) - self._unknown_tags:
+                self._unknown_tags.add(tag)
+                log.warning("Ignoring SGLang KV events of unknown type tag=%r (logged once per type)", tag)
+            publisher = (topic, batch.dp_rank)
             previous = last_seq.get(publisher)
             if previous is not None and seq != previous + 1:
                 log.warning(
                     "Lost SGLang KV events dp_rank=%s from seq=%s to seq=%s",
-                    publisher[1],
+                    batch.dp_rank,
                     previous + 1,
                     seq - 1,
                 )
             last_seq[publisher] = seq
-            if events:
-                self.relayed += len(events)
-                self._sink(events)
+            if batch.events:
+                self.relayed += len(batch.events)
+                self._sink(batch.events, batch.dp_rank)
+
+    def _undecodable(self, seq: int | None, why: str) -> None:
+        self.undecodable += 1
+        if self.undecodable == 1:
+            log.error(
+                "Dropped an SGLang KV event batch that decodes as neither tagged arrays nor tagged maps "
+                "seq=%s error=%s; the relay goes on, but the router misses these events: check that the "
+                "installed SGLang is inside the window `python -m dynamo_worker.sglang.compat` checks "
+                "(further undecodable batches are counted, not logged)",
+                seq,
+                why,
+            )
+        else:
+            log.debug("Dropped an undecodable SGLang KV event batch seq=%s count=%s", seq, self.undecodable)
 
     async def stop(self) -> None:
-        if self._task is not None:
+        if self._task is not None and not self._task.done():  # a task that ended has said why
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -112,3 +211,17 @@ class KvEventRelay:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+
+
+def _report_end(task: asyncio.Task) -> None:
+    """A relay that stops for any reason other than ``stop()`` says so: KV routing to this worker is
+    then load-only."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    log.error(
+        "SGLang KV event relay stopped error=%r; the router gets no more KV events from this worker "
+        "(routing to it uses load only) until it restarts",
+        error,
+        exc_info=error,
+    )

@@ -12,7 +12,12 @@ Most of it is *derived from our code* by reading this package's source (AST, not
 
 What our code reaches through objects SGLang hands back (methods, attributes, dict keys, the layout of
 a msgpack message) cannot be read off an import, so it is declared below in ``DECLARED``; keep it next
-to the code that relies on it by naming the module that does.
+to the code that relies on it by naming the module that does. What moved between the releases of the
+window is declared as alternatives (``ONE_OF``): one of them must exist.
+
+The window of SGLang releases the worker supports, ``SGLANG_WINDOW``, is declared here and nowhere else:
+the ``[sglang]`` extra in pyproject.toml states the same range (a unit test keeps them equal), and
+``hack/sglang-compat.sh`` checks the oldest and the newest release of it.
 """
 
 from __future__ import annotations
@@ -22,11 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "CONFIG_PARSER_MODULES",
     "DECLARED",
+    "FLAG_REPLACEMENTS",
     "KV_EVENTS_MODULE",
-    "KV_EVENT_LAYOUT",
+    "KV_EVENT_FIELDS",
+    "KV_EVENT_OPTIONAL",
+    "ONE_OF",
+    "OPTIONAL_RESOLVED_FIELDS",
     "PACKAGE_DIR",
-    "SGLANG_VERSION",
+    "REMOVED_FLAGS",
+    "RESOLVED_FIELDS",
+    "SGLANG_WINDOW",
     "STRING_LITERALS",
     "Use",
     "generate_keywords",
@@ -35,7 +47,8 @@ __all__ = [
     "server_args_fields",
 ]
 
-SGLANG_VERSION = "0.5.17"  # the [sglang] extra pins the same version; a unit test keeps them equal
+# (oldest, newest): the oldest runs on our GPU machines (torch 2.11), the newest is the newest on PyPI.
+SGLANG_WINDOW = ("0.5.17", "0.5.23")
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -95,8 +108,73 @@ DECLARED: tuple[Use, ...] = (
     ),
     Use("sglang.srt.server_args", "ServerArgs", "add_cli_args", by="args"),
     Use("sglang.srt.server_args", "ServerArgs", "from_cli_args", by="args"),
-    Use("sglang.srt.server_args_config_parser", "ConfigArgumentMerger", "merge_config_with_args", by="args"),
 )
+
+# ``--config``: SGLang's config file merger moved in 0.5.19; args.py imports the first that exists.
+CONFIG_PARSER_MODULES = ("sglang.srt.utils.server_args_config_parser", "sglang.srt.server_args_config_parser")
+ONE_OF: tuple[tuple[Use, ...], ...] = (
+    tuple(Use(m, "ConfigArgumentMerger", "merge_config_with_args", by="args") for m in CONFIG_PARSER_MODULES),
+)
+
+# What the worker reads of ServerArgs once the engine runs, through ``server_args.resolved_values``:
+# ``resolved_dict()`` where SGLang has it (0.5.19+: the fields keep the raw command line), the
+# attributes otherwise (up to 0.5.17 the fields are the resolved values). Each must be a field.
+RESOLVED_FIELDS = (
+    "model_path",
+    "served_model_name",
+    "tokenizer_path",
+    "page_size",
+    "dp_size",
+    "enable_dp_attention",
+    "disaggregation_mode",
+    "disaggregation_bootstrap_port",
+    "host",
+    "kv_events_config",
+)
+# Read where the field exists: ``--attn-dp-size`` (0.5.22+; before, ``--enable-dp-attention --dp-size``).
+OPTIONAL_RESOLVED_FIELDS = ("attn_dp_size",)
+
+# Flags SGLang removed inside the window: flags of the oldest release that the newest has not (a
+# test derives this set from both releases' source). Used to word the refusal of such a flag.
+REMOVED_FLAGS = frozenset(
+    {
+        "--collect-tokens-histogram",
+        "--cuda-graph-bs",
+        "--cuda-graph-max-bs",
+        "--cuda-graph-tc-compiler",
+        "--disable-piecewise-cuda-graph",
+        "--dsa-prefill-cp-mode",
+        "--elastic-ep-rejoin",
+        "--enable-breakable-cuda-graph",
+        "--enable-dsa-prefill-context-parallel",
+        "--enable-expert-distribution-metrics",
+        "--enable-gdn-replayssm-spec",
+        "--enable-nsa-prefill-context-parallel",
+        "--enable-prefill-context-parallel",
+        "--enforce-piecewise-cuda-graph",
+        "--keep-mm-feature-on-device",
+        "--mamba-scheduler-strategy",
+        "--nsa-decode-backend",
+        "--nsa-prefill-backend",
+        "--nsa-prefill-cp-mode",
+        "--piecewise-cuda-graph-compiler",
+        "--piecewise-cuda-graph-max-tokens",
+        "--piecewise-cuda-graph-tokens",
+        "--prefill-cp-mode",
+        "--prefill-round-robin-balance",
+        "--speculative-dflash-draft-window-size",
+        "--speculative-skip-dp-mlp-sync",
+        "--stream-output",
+        "--torchao-config",
+    }
+)
+# Where a flag of one end of the window has a direct replacement at the other end.
+FLAG_REPLACEMENTS = {
+    "--cuda-graph-bs": "--cuda-graph-bs-decode and --cuda-graph-bs-prefill",
+    "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode and --cuda-graph-max-bs-prefill",
+    "--attn-dp-size": "--dp-size N --enable-dp-attention",
+    "--attention-data-parallel-size": "--dp-size N --enable-dp-attention",
+}
 
 # Dict keys and values our code reads from what SGLang returns, and the module that writes them:
 # output ``meta_info`` keys (handler), finish reason ``to_json()`` types (handler), the scheduler's
@@ -117,13 +195,16 @@ STRING_LITERALS = {
     "sglang.srt.managers.scheduler": ("max_total_num_tokens",),
 }
 
-# kv_events.py decodes SGLang's msgpack "array-like" structs by position: the field order matters.
-KV_EVENT_LAYOUT = {
+# The fields kv_events.py reads of SGLang's KV event structs. Encoded as tagged arrays (up to 0.5.19)
+# they are read by position, so they must come first and in this order; encoded as tagged maps
+# (0.5.20+) by name. Every one but those in ``KV_EVENT_OPTIONAL`` must be on the wire.
+KV_EVENT_FIELDS = {
     "EventBatch": ("ts", "events", "attn_dp_rank"),
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
+KV_EVENT_OPTIONAL = {"attn_dp_rank", "medium", "parent_block_hash", "lora_id", "block_size"}
 KV_EVENTS_MODULE = "sglang.srt.disaggregation.kv_events"
 
 
@@ -194,7 +275,7 @@ def server_args_fields(package_dir: Path = PACKAGE_DIR) -> set[str]:
                         and isinstance(sub.slice, ast.Constant)
                     ):
                         fields.add(sub.slice.value)
-    return fields - {"model_fields"}
+    return fields - {"model_fields", "resolved_dict"}  # resolved_dict: read where it exists (resolved.py)
 
 
 def imported_names(package_dir: Path = PACKAGE_DIR) -> set[Use]:
