@@ -108,6 +108,10 @@ class FakeServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+    is_embedding: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    grammar_backend: str | None = "xgrammar"
 
 
 @dataclass

@@ -6,12 +6,22 @@ one ``GenerateChunk`` per line. Chunks carry *disjoint* token ids (each id once,
 chunk has ``finish_reason`` set and ``usage``; a failure is a last chunk with ``finish_reason="error"``
 and ``error`` set. Closing the connection cancels the request on the worker.
 
+Optional request features (all default off, so a plain request is unchanged on the wire):
+``structured`` constrains decoding to a grammar (SGLang's ``json_schema`` / ``regex`` / ``ebnf`` /
+``structural_tag`` sampling parameters); ``logprobs`` asks for each output token's log probability and
+that many alternatives, returned per chunk aligned with ``token_ids``; ``embed`` turns the request into
+an embedding request (served by workers whose model card says ``model_type="embedding"``): the
+worker then streams the vectors in input order, as base64 little-endian float32 (``pack_vector``),
+a few per chunk so that no line grows past what a reader buffers, the last chunk with
+``finish_reason`` and ``usage``; no token ids.
+
 Discovery records (``InstanceRecord``) and event-plane messages (``KvEventBatch``, ``LoadMetrics``)
 are defined here too, so a frontend, a router and every kind of worker agree on one definition.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -69,6 +79,28 @@ class BootstrapInfo(_Wire):
     bootstrap_room: Annotated[int, Field(ge=0, le=MAX_ROOM)]
 
 
+class StructuredOutput(_Wire):
+    """The grammar decoding must follow: exactly one of the four (SGLang's names and formats)."""
+
+    json_schema: str | None = None  # a JSON schema, as JSON text
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None  # SGLang's structural tag, as JSON text
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutput:
+        if sum(v is not None for v in (self.json_schema, self.regex, self.ebnf, self.structural_tag)) != 1:
+            raise ValueError("exactly one of json_schema, regex, ebnf, structural_tag must be set")
+        return self
+
+
+class EmbedOptions(_Wire):
+    """An embedding request: one vector per input (``token_ids`` repeats the first input for routers)."""
+
+    inputs: Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    dimensions: Annotated[int, Field(ge=1)] | None = None  # Matryoshka truncation, where the model allows
+
+
 class GenerateRequest(_Wire):
     version: Literal[1] = PROTOCOL_VERSION
     request_id: Annotated[str, Field(min_length=1, max_length=128)]
@@ -79,6 +111,15 @@ class GenerateRequest(_Wire):
     eos_token_ids: list[int] = Field(default_factory=list)
     bootstrap_info: BootstrapInfo | None = None
     data_parallel_rank: Annotated[int, Field(ge=0)] | None = None
+    structured: StructuredOutput | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # None: none; k: chosen + k top
+    embed: EmbedOptions | None = None
+
+    @model_validator(mode="after")
+    def _embed_first_input(self) -> GenerateRequest:
+        if self.embed is not None and self.embed.inputs[0] != self.token_ids:
+            raise ValueError("token_ids must equal embed.inputs[0] in an embedding request")
+        return self
 
 
 class Usage(_Wire):
@@ -92,17 +133,79 @@ class WorkerError(_Wire):
     message: str
 
 
+class TopLogprob(_Wire):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprob(_Wire):
+    """One output token's log probability and the ``logprobs`` most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[TopLogprob] = Field(default_factory=list)
+
+
 class GenerateChunk(_Wire):
     token_ids: list[int] = Field(default_factory=list)
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: WorkerError | None = None
+    logprobs: list[TokenLogprob] | None = None  # aligned with token_ids, when the request asked
+    embeddings: list[str] | None = None  # embedding request: vectors in input order (``pack_vector``)
 
     @model_validator(mode="after")
     def _error_iff_error_finish(self) -> GenerateChunk:
         if (self.finish_reason == "error") != (self.error is not None):
             raise ValueError("error is set exactly when finish_reason is 'error'")
         return self
+
+
+class ServingFeatures(_Wire):
+    """What a worker's model serves beyond plain generation, published in its model card.
+
+    ``model_type``: ``generate`` (chat and completions) or ``embedding`` (``/v1/embeddings`` only).
+    ``tool_call_parser`` / ``reasoning_parser``: SGLang's parser names the frontend applies to outputs.
+    ``grammar_backend``: the engine's constrained-decoding backend; ``"none"`` refuses structured output.
+    ``embedding_dim`` / ``matryoshka_dimensions``: the vector size, and the sizes ``dimensions`` may ask
+    for (None: any size up to ``embedding_dim`` when the model is Matryoshka, else none)."""
+
+    model_type: Literal["generate", "embedding"] = "generate"
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    grammar_backend: str | None = None
+    embedding_dim: Annotated[int, Field(ge=1)] | None = None
+    is_matryoshka: bool = False
+    matryoshka_dimensions: list[int] | None = None
+
+
+MAX_EMBEDDING_CHUNK_BYTES = 48 * 1024  # vectors per chunk: at most this much base64 (and at least one)
+
+
+def pack_vector(vector: Sequence[float]) -> str:
+    """A vector on the wire: base64 of little-endian float32 (OpenAI's ``encoding_format=base64``)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def unpack_vector(packed: str) -> list[float]:
+    data = base64.b64decode(packed)
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def embedding_chunks(vectors: Sequence[Sequence[float]], usage: Usage) -> list[GenerateChunk]:
+    """The chunks a worker streams for an embedding request's ``vectors``."""
+    packed = [pack_vector(v) for v in vectors]
+    chunks: list[GenerateChunk] = []
+    group: list[str] = []
+    size = 0
+    for p in packed:
+        if group and size + len(p) > MAX_EMBEDDING_CHUNK_BYTES:
+            chunks.append(GenerateChunk(embeddings=group))
+            group, size = [], 0
+        group.append(p)
+        size += len(p)
+    chunks.append(GenerateChunk(embeddings=group, finish_reason="stop", usage=usage))
+    return chunks
 
 
 # --- discovery ----------------------------------------------------------------------------------

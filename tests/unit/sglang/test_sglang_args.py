@@ -31,6 +31,7 @@ def ns(**kw) -> argparse.Namespace:
         "skip_tokenizer_init": False,
         "incremental_streaming_output": False,
         "disaggregation_mode": "null",
+        "grammar_backend": "none",
     }
     return argparse.Namespace(**{**base, **kw})
 
@@ -39,6 +40,13 @@ def test_contract_overrides_force_token_ids_and_disjoint_streaming():
     values, notes = args.contract_overrides(ns(), ["--model-path", "m"], RUNTIME)
     assert values == {"skip_tokenizer_init": True, "incremental_streaming_output": True, "host": "0.0.0.0"}
     assert len(notes) == 3 and "--skip-tokenizer-init" in notes[0]
+
+
+def test_a_grammar_backend_keeps_sglangs_tokenizer_for_structured_output():
+    for backend in (None, "xgrammar"):  # None: SGLang's default, xgrammar
+        values, notes = args.contract_overrides(ns(grammar_backend=backend), ["--model-path", "m"], RUNTIME)
+        assert "skip_tokenizer_init" not in values
+        assert "grammar backend needs it" in notes[0] and "--grammar-backend none" in notes[0]
 
 
 def test_contract_overrides_keep_what_is_already_right_and_an_explicit_host():

@@ -89,6 +89,10 @@ def test_sampling_params_map_our_options_to_sglang_names():
         "sampling_seed": 4,
         "stop_token_ids": [2, 5],
         "ignore_eos": False,
+        "json_schema": None,  # no grammar: SGLang's own defaults
+        "regex": None,
+        "ebnf": None,
+        "structural_tag": None,
     }
     prefill = handler.sampling_params(req, "prefill")
     assert prefill["max_new_tokens"] == 1 and prefill["min_new_tokens"] == 0

@@ -92,7 +92,11 @@ class Frontend:
                 self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-frontend-cards-")
             cache = Path(self._tmp.name)
         card, local = await fetch_model_card(self.nc, record.model_card_checksum, cache)
-        files = ModelFiles(context_length=card.context_length, eos_token_ids=tuple(card.eos_token_ids))
+        files = ModelFiles(
+            context_length=card.context_length,
+            eos_token_ids=tuple(card.eos_token_ids),
+            features=card.features,
+        )
         return await asyncio.to_thread(Preprocessor.from_dir, local, files)
 
     def _rewatch_soon(self) -> None:
@@ -136,6 +140,7 @@ class Frontend:
             migrating,  # type: ignore[arg-type]  # Dispatcher's interface, with migration
             self.metrics,
             max_inflight=s.max_inflight,
+            embedding_batch_window_s=s.embedding_batch_window_ms / 1000,
         )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -168,6 +173,8 @@ class Frontend:
             self._runner = None
         if self._rewatch is not None:
             self._tasks.append(self._rewatch)
+        if self.server is not None:
+            await self.server.embedder.close()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -3,12 +3,19 @@
 ``parse_request`` turns malformed JSON, wrong types, out-of-range values and unsupported options into
 ``InvalidRequest`` naming the field (``param``), e.g. ``messages[0].role`` or ``n``. Fields OpenAI
 defines that we do not know are ignored, as OpenAI-compatible servers do; options we know but cannot
-honour (``n`` > 1, ``logprobs``, ``logit_bias``, ``tools``/``functions``/``function_call`` and a
-message's ``tool_calls``, ``audio``, ``response_format`` other than text, ``stream_options`` without
-``stream``, ``echo``, ``best_of``, ``suffix``) are refused, never silently dropped.
+honour (``n`` > 1, ``logit_bias``, the legacy ``functions``/``function_call``, ``audio``,
+``stream_options`` without ``stream``, ``echo``, ``best_of``, ``suffix``) are refused, never silently
+dropped. ``n`` > 1 is refused on purpose: one request is one sequence on one worker, and a client that
+wants several samples sends several requests (which the router then spreads over workers).
+
+Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, a message's ``tool_calls`` and
+``tool_call_id``), structured output (``response_format``), ``logprobs``/``top_logprobs`` and
+``reasoning_effort`` are accepted here and checked against what the model serves in
+``frontend.features``.
 
 Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
-``stop_token_ids``.
+``stop_token_ids``, ``regex``, ``ebnf`` (and ``json_schema`` as text for completions) for constrained
+decoding, ``chat_template_kwargs`` and ``separate_reasoning`` for chat.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pydantic import (
 )
 
 from dynamo_worker.frontend.errors import InvalidRequest, from_validation_error
+from dynamo_worker.frontend.request_features import MessageToolCall, NamedToolChoice, ResponseFormat, Tool
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "parse_request"]
 
@@ -49,17 +57,9 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: Any = None
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _tool_calls(cls, v: Any) -> Any:
-        if v:
-            raise ValueError(
-                "tool calling is not supported by this server, so earlier tool calls cannot be replayed; "
-                "leave 'tool_calls' unset"
-            )
-        return v
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
@@ -92,9 +92,10 @@ class _Sampling(_Body):
     min_tokens: Annotated[int, Field(ge=0)] = 0
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
     logit_bias: Any = None
     user: str | None = None
+    regex: Annotated[str, Field(min_length=1)] | None = None
+    ebnf: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -115,13 +116,6 @@ class _Sampling(_Body):
     def _n(cls, v: int | None) -> int | None:
         if v is not None and v != 1:
             raise ValueError("only n=1 is supported; send several requests for several choices")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, v: Any) -> Any:
-        if v not in (None, False, 0):
-            raise ValueError("logprobs are not supported by this server; leave 'logprobs' unset")
         return v
 
     @field_validator("stream_options")
@@ -150,33 +144,52 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    top_logprobs: Any = None
-    tools: Any = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=256)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     functions: Any = None
     function_call: Any = None
     audio: Any = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True
     add_generation_prompt: bool = True
 
     @field_validator("top_logprobs")
     @classmethod
-    def _top_logprobs(cls, v: Any) -> Any:
-        if v not in (None, 0):
-            raise ValueError("logprobs are not supported by this server; leave 'top_logprobs' unset")
+    def _top_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=true; set 'logprobs' or drop 'top_logprobs'")
         return v
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _tools(cls, v: Any, info: ValidationInfo) -> Any:
+    def _functions(cls, v: Any) -> Any:
         if v:
-            raise ValueError(f"tool calling is not supported by this server; leave '{info.field_name}' unset")
+            raise ValueError("the legacy 'functions' field is not supported; send the functions in 'tools'")
         return v
 
     @field_validator("function_call")
     @classmethod
     def _function_call(cls, v: Any) -> Any:
         if v not in (None, "none"):
-            raise ValueError("tool calling is not supported by this server; leave 'function_call' unset")
+            raise ValueError("the legacy 'function_call' field is not supported; use 'tool_choice'")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        if isinstance(v, NamedToolChoice) and v.function.name not in {t.function.name for t in tools}:
+            raise ValueError(
+                f"tool_choice names function '{v.function.name}', which is not in 'tools'; name one of "
+                f"{sorted(t.function.name for t in tools) or 'the tools you send'}"
+            )
+        if v == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs at least one tool in 'tools'")
         return v
 
     @field_validator("audio")
@@ -184,16 +197,6 @@ class ChatCompletionRequest(_Sampling):
     def _audio(cls, v: Any) -> Any:
         if v is not None:
             raise ValueError("audio output is not supported by this server; leave 'audio' unset")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _response_format(cls, v: Any) -> Any:
-        if v is not None and v != {"type": "text"}:
-            raise ValueError(
-                "structured output is not supported by this server; leave 'response_format' unset or "
-                "{'type': 'text'}"
-            )
         return v
 
     def token_limit(self) -> int | None:
@@ -213,6 +216,8 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    json_schema: Annotated[str, Field(min_length=1)] | None = None
 
     @field_validator("echo")
     @classmethod

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from dynamo_worker.frontend.errors import InvalidRequest
+from dynamo_worker.protocol import ServingFeatures
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class ModelFiles:
 
     context_length: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    features: ServingFeatures = field(default_factory=ServingFeatures)
 
 
 def _raise_exception(message: str) -> None:
@@ -88,8 +90,10 @@ class Preprocessor:
         special_tokens: dict[str, str],
         eos_token_ids: Sequence[int],
         context_length: int,
+        features: ServingFeatures | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.features = features or ServingFeatures()  # what the model serves (from its model card)
         self.special_tokens = special_tokens
         self.eos_token_ids = tuple(eos_token_ids)
         self.context_length = context_length
@@ -133,11 +137,19 @@ class Preprocessor:
             special_tokens=special,
             eos_token_ids=eos,
             context_length=context,
+            features=card.features,
         )
 
     # --- prompts ------------------------------------------------------------------------------
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat as text. ``template_kwargs`` become template variables (``tools``,
+        ``reasoning_effort``, a request's ``chat_template_kwargs``)."""
         if self._template is None:
             raise InvalidRequest(
                 "This model has no chat template (tokenizer_config.json has no 'chat_template'); "
@@ -149,9 +161,7 @@ class Preprocessor:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
-                tools=None,
-                documents=None,
-                **self.special_tokens,
+                **({"tools": None, "documents": None} | self.special_tokens | (template_kwargs or {})),
             )
         except TemplateError as e:
             raise InvalidRequest(
@@ -165,9 +175,24 @@ class Preprocessor:
                 param="messages",
                 code="chat_template_error",
             ) from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            # a template reading a value the request sent in a shape it does not expect (a replayed
+            # tool call's arguments, a chat_template_kwargs value)
+            raise InvalidRequest(
+                f"The model's chat template could not render the request ({type(e).__name__}: {e}); check "
+                "the shape of the messages' tool calls and of chat_template_kwargs.",
+                param="messages",
+                code="chat_template_error",
+            ) from None
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self._encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt, template_kwargs)
+        return self._encode(text, add_special_tokens=False)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return self._encode(prompt, add_special_tokens=True)

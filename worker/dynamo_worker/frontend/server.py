@@ -9,6 +9,10 @@ worker unreachable, overload) is an ordinary HTTP error status. A failure after 
 SSE event ``data: {"error": {...}}`` (the ``openai`` client raises it) without ``data: [DONE]``.
 A client that goes away cancels the handler (``handler_cancellation``), which closes the worker
 streams, which cancels the request on the workers.
+
+Requests that use tools, reasoning, structured output or logprobs (``features``: a ``FeaturePlan``
+on the job) run through ``featured_run``, embeddings through ``embeddings``; plain requests never
+leave the path below.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dynamo_worker.frontend.dispatch import Dispatcher
+from dynamo_worker.frontend.embeddings import EmbeddingBatcher, EmbeddingPlan, prepare_embeddings
 from dynamo_worker.frontend.errors import (
     ApiError,
     InvalidRequest,
@@ -35,6 +40,7 @@ from dynamo_worker.frontend.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from dynamo_worker.frontend.features import FeaturePlan, chat_messages, plan_chat, plan_completion, serving
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
 from dynamo_worker.frontend.preprocess import Preprocessor
@@ -113,6 +119,7 @@ class _Job:
     include_usage: bool
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    plan: FeaturePlan | EmbeddingPlan | None = None  # tools, reasoning, logprobs, ...; embeddings
 
 
 class OpenAIServer:
@@ -123,6 +130,7 @@ class OpenAIServer:
         metrics: FrontendMetrics,
         *,
         max_inflight: int,
+        embedding_batch_window_s: float = 0.002,
     ) -> None:
         self.registry = registry
         self.dispatcher = dispatcher
@@ -132,11 +140,13 @@ class OpenAIServer:
         self.inflight = 0
         self.idle = asyncio.Event()  # set while no request is in flight
         self.idle.set()
+        self.embedder = EmbeddingBatcher(dispatcher, window_s=embedding_batch_window_s)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_openai_errors])
         app.router.add_post("/v1/chat/completions", self._endpoint("chat", self._chat))
         app.router.add_post("/v1/completions", self._endpoint("completion", self._completion))
+        app.router.add_post("/v1/embeddings", self._endpoint("embedding", self._embeddings))
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
@@ -252,27 +262,33 @@ class OpenAIServer:
         entry = self.registry.lookup(req.model)
         pre = entry.preprocessor
         assert pre is not None
-        messages = [
-            {"role": m.role, "content": m.text() or "", **({"name": m.name} if m.name else {})}
-            for m in req.messages
-        ]
+        plan = plan_chat(req, serving(pre))
+        messages = chat_messages(req)
+        kwargs = (plan.template_kwargs,) if plan is not None and plan.template_kwargs else ()
         ids = await _tokenize(
-            sum(len(m["content"]) for m in messages), pre.encode_chat, messages, req.add_generation_prompt
+            sum(len(m["content"]) for m in messages),
+            pre.encode_chat,
+            messages,
+            req.add_generation_prompt,
+            *kwargs,
         )
-        return self._job("chat", req, entry, ids, req.token_limit(), "messages", default_max=None)
+        return self._with_plan(
+            self._job("chat", req, entry, ids, req.token_limit(), "messages", default_max=None), plan
+        )
 
     async def _completion(self, body: bytes) -> _Job:
         req = parse_request(CompletionRequest, body)
         entry = self.registry.lookup(req.model)
         pre = entry.preprocessor
         assert pre is not None
+        plan = plan_completion(req, serving(pre))
         prompt = req.prompt_text_or_ids()
         if isinstance(prompt, str):
             ids = await _tokenize(len(prompt), pre.encode_prompt, prompt)
         else:
             pre.check_ids(prompt)
             ids = prompt
-        return self._job(
+        job = self._job(
             "completion",
             req,
             entry,
@@ -281,6 +297,17 @@ class OpenAIServer:
             "prompt",
             default_max=COMPLETIONS_DEFAULT_MAX_TOKENS,
         )
+        return self._with_plan(job, plan)
+
+    @staticmethod
+    def _with_plan(job: _Job, plan: FeaturePlan | None) -> _Job:
+        if plan is not None and (plan.structured or plan.logprobs is not None or plan.answer):
+            job.plan = plan
+            job.generate = job.generate.model_copy(update=plan.generate_update())
+        return job
+
+    async def _embeddings(self, body: bytes) -> _Job:
+        return await prepare_embeddings(self.registry, self.embedder, body, _Job)
 
     def _job(
         self,
@@ -365,6 +392,8 @@ class OpenAIServer:
     # --- running a job ------------------------------------------------------------------------
 
     async def _run(self, http_request: web.Request, job: _Job, started: float) -> web.StreamResponse:
+        if job.plan is not None:
+            return await job.plan.run(self, http_request, job, started)
         out = OutputText(
             job.preprocessor.tokenizer,
             prompt_ids=job.prompt_ids,

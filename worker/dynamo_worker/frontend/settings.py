@@ -141,6 +141,12 @@ class FrontendSettings(BaseModel):
     model_load_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="Bound on fetching a model card and loading its tokenizer."
     )
+    embedding_batch_window_ms: float = Field(
+        2.0,
+        ge=0.0,
+        le=1000.0,
+        description="Embedding requests of one model arriving within this window go to a worker together.",
+    )
     model_cache_dir: Path | None = Field(
         None,
         description="Where fetched model cards (tokenizer files) are kept; default: a temporary folder.",
@@ -152,6 +158,7 @@ class FrontendSettings(BaseModel):
             prog="python -m dynamo_worker.frontend",
             description=(
                 "OpenAI-compatible frontend. Serves POST /v1/chat/completions, POST /v1/completions, "
+                "POST /v1/embeddings, "
                 "GET /v1/models, /health (200 once a model is served), /live and /metrics. Workers are "
                 "found in discovery (NATS JetStream KV) under --namespace; models appear and disappear "
                 "with them. When a model has prefill and decode workers, requests are served "

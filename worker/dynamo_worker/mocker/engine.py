@@ -29,6 +29,12 @@ Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism)
 own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
 to its ``data_parallel_rank``, or to the ranks in turn when it names none. The ranks step together (one
 scheduler), as SGLang's dp-attention ranks do.
+
+Beyond plain tokens (``scripted``): ``--script`` replies, JSON instances for ``json_schema``
+constraints (``--grammar-backend none`` refuses them, as SGLang's engine does; regex, ebnf and
+structural tags are refused as beyond the simulation), logprobs when asked, and with
+``--is-embedding`` an embedding worker that answers ``embed`` requests (one forward pass per batch,
+timed like a prefill) and refuses generation.
 """
 
 from __future__ import annotations
@@ -44,11 +50,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
 from dynamo_worker.mocker.kv_manager import BlockManager
+from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
 from dynamo_worker.mocker.tokens import TokenSampler, prompt_digest
 from dynamo_worker.protocol import (
@@ -57,8 +65,11 @@ from dynamo_worker.protocol import (
     GenerateChunk,
     GenerateRequest,
     KvEvent,
+    ServingFeatures,
+    TokenLogprob,
     Usage,
     WorkerError,
+    embedding_chunks,
 )
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
@@ -123,6 +134,7 @@ class _Seq:
     generated: list[int] = field(default_factory=list)
     finished: bool = False
     rank: int = 0  # data-parallel rank whose KV cache holds it
+    script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
 
 
 def _merge_ready(
@@ -132,12 +144,15 @@ def _merge_ready(
     from the queue: a stream whose reader fell behind catches up with one write instead of one per
     token (nothing waits to be merged)."""
     ids = list(chunk.token_ids)
+    logprobs = None if chunk.logprobs is None else list(chunk.logprobs)  # aligned with the ids
     while not queue.empty():
         nxt = queue.get_nowait()
         if nxt.finish_reason is not None:
-            return GenerateChunk(token_ids=ids), nxt
+            return GenerateChunk(token_ids=ids, logprobs=logprobs), nxt
         ids += nxt.token_ids
-    return GenerateChunk(token_ids=ids), None
+        if logprobs is not None:
+            logprobs += nxt.logprobs or []
+    return GenerateChunk(token_ids=ids, logprobs=logprobs), None
 
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -168,6 +183,9 @@ class MockerEngine(Engine):
         self.sampler = TokenSampler.from_vocab_size(settings.vocab_size)
         self.context_length = settings.context_length or DEFAULT_CONTEXT_LENGTH
         self.stopping = False
+        self.rules: list[ScriptRule] = load_script(settings.script) if settings.script else []
+        self.embedding_dim = settings.embedding_dim or 64
+        self._tokenizer: Any = None  # decodes prompts for --script, encodes replies
 
     # --- Engine interface ------------------------------------------------------------------------
 
@@ -185,6 +203,12 @@ class MockerEngine(Engine):
         kv_bytes = s.kv_bytes_per_token or _kv_bytes_from_config(config) or DEFAULT_KV_BYTES_PER_TOKEN
         self.timing = s.timing(kv_bytes)
         self.sampler = await asyncio.to_thread(TokenSampler.from_model_dir, model_dir, s.vocab_size)
+        if (model_dir / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            self._tokenizer = await asyncio.to_thread(Tokenizer.from_file, str(model_dir / "tokenizer.json"))
+        hidden = config.get("hidden_size")
+        self.embedding_dim = s.embedding_dim or (hidden if isinstance(hidden, int) and hidden > 0 else 64)
         bootstrap_port = None
         if self.role == "prefill":
             self.bootstrap = BootstrapServer(self._listen_host, s.disaggregation_bootstrap_port)
@@ -214,6 +238,21 @@ class MockerEngine(Engine):
             dp_size=s.dp_size,
             model_dir=model_dir,
             context_length=self.context_length,
+            features=self._features(config),
+        )
+
+    def _features(self, config: dict) -> ServingFeatures:
+        s = self.settings
+        matryoshka = config.get("matryoshka_dimensions")
+        return ServingFeatures(
+            model_type="embedding" if s.is_embedding else "generate",
+            tool_call_parser=s.tool_call_parser,
+            reasoning_parser=s.reasoning_parser,
+            # as SGLang: no grammars without its tokenizer (--skip-tokenizer-init)
+            grammar_backend="none" if s.skip_tokenizer_init else s.grammar_backend,
+            embedding_dim=self.embedding_dim if s.is_embedding else None,
+            is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
+            matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
         )
 
     async def health_check(self) -> None:
@@ -243,9 +282,13 @@ class MockerEngine(Engine):
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         started = time.monotonic()
         queued = False
-        problem = self._check(request)
+        problem = self._check(request) or self._check_kind(request)
         if problem is not None:
             yield problem
+            return
+        if request.embed is not None:
+            for chunk in await self._embed(request):
+                yield chunk
             return
         prompt = list(request.token_ids)
         seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
@@ -261,6 +304,11 @@ class MockerEngine(Engine):
             if request.data_parallel_rank is not None
             else next(self._next_rank) % len(self.kvs),
         )
+        scripted = self._scripted(request, seq.digest)
+        if isinstance(scripted, GenerateChunk):
+            yield scripted
+            return
+        seq.script = scripted
         try:
             if self.role == "decode":
                 assert request.bootstrap_info is not None and self._session is not None
@@ -332,6 +380,69 @@ class MockerEngine(Engine):
                     f"{self.bootstrap.port}",
                 )
         return None
+
+    def _check_kind(self, request: GenerateRequest) -> GenerateChunk | None:
+        if self.settings.is_embedding and request.embed is None:
+            return _error(
+                "invalid_request",
+                "this worker serves embeddings (--is-embedding); send generation to a generation model",
+            )
+        if request.embed is not None:
+            if not self.settings.is_embedding:
+                return _error("invalid_request", "this worker generates text; start it with --is-embedding")
+            dims = request.embed.dimensions
+            if dims is not None and dims > self.embedding_dim:
+                return _error("invalid_request", f"dimensions {dims} exceeds the size {self.embedding_dim}")
+            for ids in request.embed.inputs:
+                if len(ids) > self.context_length:
+                    return _error(
+                        "invalid_request",
+                        f"an input has {len(ids)} tokens; the context length is {self.context_length}",
+                    )
+        return None
+
+    async def _embed(self, request: GenerateRequest) -> list[GenerateChunk]:
+        assert request.embed is not None
+        inputs = request.embed.inputs
+        total = sum(len(i) for i in inputs)
+        await asyncio.sleep(self.timing.prefill_s(total, 0))
+        dims = request.embed.dimensions
+        vectors = [embedding(ids, self.embedding_dim, dims, self.settings.random_seed) for ids in inputs]
+        return embedding_chunks(vectors, Usage(prompt_tokens=total, completion_tokens=0))
+
+    def _scripted(self, request: GenerateRequest, digest: int) -> list[int] | GenerateChunk | None:
+        """The output the script or the request's grammar fixes, an error chunk, or None (sampled)."""
+        structured = request.structured
+        if structured is not None:
+            if self.settings.grammar_backend == "none" or self.settings.skip_tokenizer_init:
+                return _error(
+                    "invalid_request",
+                    "this worker has no grammar backend (--grammar-backend none or --skip-tokenizer-init)",
+                )
+            if structured.json_schema is None:
+                kind = next(k for k, v in structured.model_dump().items() if v is not None)
+                return _error(
+                    "invalid_request",
+                    f"the mocker simulates json_schema constraints only; got a {kind} constraint "
+                    f"({getattr(structured, kind)!r}), which needs SGLang",
+                )
+            try:
+                schema = json.loads(structured.json_schema)
+            except ValueError as e:
+                return _error("invalid_request", f"json_schema is not valid JSON: {e}")
+            return self._encode(json.dumps(json_for_schema(schema, digest & 0xFFFF)))
+        if not self.rules or self._tokenizer is None:
+            return None
+        prompt = self._tokenizer.decode(list(request.token_ids), skip_special_tokens=False)
+        for rule in self.rules:
+            if rule.match in prompt:
+                return self._encode(rule.reply)
+        return None
+
+    def _encode(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            return [self.sampler.token(len(text), i) for i in range(len(text.split()))]
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     async def _hand_over(self, seq: _Seq, chunk: GenerateChunk, started: float) -> GenerateChunk:
         """Prefill leg: publish the result for the decode leg and wait until it is fetched."""
@@ -411,6 +522,11 @@ class MockerEngine(Engine):
         req, pos = seq.request, len(seq.generated)
         if pos == 0 and seq.preset_first is not None:
             token = seq.preset_first
+        elif seq.script is not None:
+            if pos >= len(seq.script):
+                self._finish(seq, [], "stop")
+                return
+            token = seq.script[pos]
         else:
             token = self.sampler.token(seq.digest, pos)
             p = self.settings.eos_probability
@@ -427,17 +543,27 @@ class MockerEngine(Engine):
             self._finish(seq, [], "stop")
             return
         seq.generated.append(token)
+        logprobs = self._logprobs(seq, pos, token)
         if len(seq.generated) >= seq.max_new:
-            self._finish(seq, [token], "length")
+            self._finish(seq, [token], "length", logprobs)
             return
         events = self.kvs[seq.rank].append(seq.key, token)
         if events is None:
             self._preempt(seq)
         else:
             self._kv_events(events, seq.rank)
-        seq.out.put_nowait(GenerateChunk(token_ids=[token]))
+        seq.out.put_nowait(GenerateChunk(token_ids=[token], logprobs=logprobs))
 
-    def _finish(self, seq: _Seq, tokens: list[int], reason: FinishReason) -> None:
+    def _logprobs(self, seq: _Seq, pos: int, token: int) -> list[TokenLogprob] | None:
+        k = seq.request.logprobs
+        if k is None:
+            return None
+        alternatives = [self.sampler.token(seq.digest ^ (j + 1), pos) for j in range(k + 1)]
+        return [token_logprobs(token, alternatives, self.sampler.chance(seq.digest, pos), k)]
+
+    def _finish(
+        self, seq: _Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         seq.finished = True
         self._release(seq)
         usage = Usage(
@@ -445,7 +571,10 @@ class MockerEngine(Engine):
             completion_tokens=len(seq.generated),
             cached_tokens=seq.cached_tokens or 0,
         )
-        seq.out.put_nowait(GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage))
+        logprobs = logprobs if tokens else None
+        seq.out.put_nowait(
+            GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage, logprobs=logprobs)
+        )
 
     def _fail(self, seq: _Seq, error_type: ErrorType, message: str) -> None:
         seq.finished = True

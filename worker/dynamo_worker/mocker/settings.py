@@ -124,6 +124,28 @@ class MockerSettings(BaseModel):
         "canary does when its scheduler hangs (to exercise what a worker does about it).",
     )
     vocab_size: int = Field(32000, ge=4, description="Token ids to emit from when there is no tokenizer.")
+    # --- SGLang serving flags the mocker honours (published in the model card) --------------------
+    is_embedding: bool = Field(
+        False, description="Serve embeddings (SGLang --is-embedding): deterministic vectors from the tokens."
+    )
+    embedding_dim: int | None = Field(
+        None, ge=1, description="Size of the mocker's vectors (default: hidden_size of config.json, else 64)."
+    )
+    tool_call_parser: str | None = Field(
+        None, description="SGLang tool-call parser name the frontend applies (e.g. qwen25, llama3, gpt-oss)."
+    )
+    reasoning_parser: str | None = Field(
+        None, description="SGLang reasoning parser name the frontend applies (e.g. deepseek-r1, qwen3)."
+    )
+    grammar_backend: str = Field(
+        "xgrammar",
+        description="SGLang grammar backend; the mocker answers json_schema constraints with a JSON instance "
+        "of the schema, and 'none' refuses constrained requests as SGLang does.",
+    )
+    script: Path | None = Field(
+        None,
+        description="JSON list of {match, reply}: a prompt containing 'match' gets 'reply' as its output.",
+    )
 
     @property
     def role(self) -> Literal["agg", "prefill", "decode"]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from dynamo_worker.protocol import GenerateChunk, GenerateRequest, KvEvent, Role
+from dynamo_worker.protocol import GenerateChunk, GenerateRequest, KvEvent, Role, ServingFeatures
 
 __all__ = ["Engine", "EngineEventSink", "EngineInfo", "LoadSnapshot", "NullEventSink"]
 
@@ -37,6 +37,7 @@ class EngineInfo:
     dp_size: int = 1
     model_dir: Path | None = None  # folder with tokenizer.json etc.; published as the model card
     context_length: int | None = None
+    features: ServingFeatures = field(default_factory=ServingFeatures)  # published in the model card
 
 
 @dataclass(frozen=True)

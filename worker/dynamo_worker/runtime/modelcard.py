@@ -4,8 +4,9 @@ A worker reads its model folder and publishes, to the object store ``dynamo-mode
 
 - ``<checksum>/<file>`` for each of ``tokenizer.json``, ``tokenizer_config.json`` (it holds the chat
   template), ``generation_config.json``, ``config.json`` that exists (plus ``chat_template.jinja``);
-- ``<checksum>/card.json``: the ``ModelCard`` (served name, context length, page size, eos ids, and the
-  sha256 of every file), written last, so a card that exists is complete.
+- ``<checksum>/card.json``: the ``ModelCard`` (served name, context length, page size, eos ids, what
+  the model serves (``ServingFeatures``: generation or embeddings, tool-call and reasoning parsers,
+  grammar backend), and the sha256 of every file), written last, so a card that exists is complete.
 
 ``checksum`` is the sha256 of the card's content, so equal models share one entry and workers of the
 same model publish once. ``InstanceRecord.model_card_checksum`` points at it; the frontend calls
@@ -31,6 +32,7 @@ from nats.js import JetStreamContext
 from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ConfigDict, Field
 
+from dynamo_worker.protocol import ServingFeatures
 from dynamo_worker.runtime.discovery import NO_JETSTREAM
 
 __all__ = [
@@ -69,6 +71,7 @@ class ModelCard(BaseModel):
     page_size: Annotated[int, Field(ge=1)] | None = None
     eos_token_ids: list[int] = Field(default_factory=list)
     files: dict[str, str] = Field(default_factory=dict)  # file name -> sha256 hex
+    features: ServingFeatures = ServingFeatures()
     checksum: str = ""  # sha256 of the card without this field
     version: int = 1
 
@@ -103,7 +106,12 @@ def _eos_ids(model_dir: Path) -> list[int]:
 
 
 def build_model_card(
-    model_dir: Path, name: str, *, context_length: int | None = None, page_size: int | None = None
+    model_dir: Path,
+    name: str,
+    *,
+    context_length: int | None = None,
+    page_size: int | None = None,
+    features: ServingFeatures | None = None,
 ) -> ModelCard:
     """Describe ``model_dir`` (pure file reads). Raises ``ModelCardError`` when it has no tokenizer."""
     model_dir = Path(model_dir)
@@ -127,6 +135,7 @@ def build_model_card(
         page_size=page_size,
         eos_token_ids=_eos_ids(model_dir),
         files=files,
+        features=features or ServingFeatures(),
     )
     return card.model_copy(update={"checksum": card.content_checksum()})
 
@@ -153,9 +162,12 @@ async def publish_model_card(
     *,
     context_length: int | None = None,
     page_size: int | None = None,
+    features: ServingFeatures | None = None,
 ) -> ModelCard:
     """Publish the card of ``model_dir`` (skipped when the same card is already there)."""
-    card = build_model_card(model_dir, name, context_length=context_length, page_size=page_size)
+    card = build_model_card(
+        model_dir, name, context_length=context_length, page_size=page_size, features=features
+    )
     try:
         async with asyncio.timeout(NATS_OP_TIMEOUT_S):
             store = await _open_store(_js(js_or_nc))

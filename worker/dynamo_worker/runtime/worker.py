@@ -199,6 +199,7 @@ class Worker:
                 info.model_name,
                 context_length=info.context_length,
                 page_size=info.page_size,
+                features=info.features,
             )
             checksum = card.checksum
         else:

@@ -9,7 +9,10 @@ not have (one it removed, or one of a newer release) is refused before anything 
 that names it, the installed version and the fix; so are SGLang's own parse errors (no argparse exit).
 
 What the frontend contract needs is forced, and logged (``contract_overrides``): token ids in and out
-(``skip_tokenizer_init``), disjoint streaming (``incremental_streaming_output``), SGLang's servers on
+(``skip_tokenizer_init`` when ``--grammar-backend none``; with a grammar backend, SGLang's default
+xgrammar, SGLang keeps its tokenizer, because its grammar backend compiles grammars against the
+vocabulary and SGLang disables grammars under ``--skip-tokenizer-init``; we still send token ids and
+read ``output_ids``), disjoint streaming (``incremental_streaming_output``), SGLang's servers on
 our listen host unless ``--host`` is given, and for a prefill worker without
 ``--disaggregation-bootstrap-port`` a free port (the engine checks SGLang really bound it and retries
 on another one if not: ``WorkerPlan.build_server_args`` builds a new ``ServerArgs`` for it, as
@@ -160,8 +163,14 @@ def contract_overrides(
     values: dict[str, Any] = {}
     notes: list[str] = []
     if not ns.skip_tokenizer_init:
-        values["skip_tokenizer_init"] = True
-        notes.append("Forced --skip-tokenizer-init: the frontend tokenizes; token ids in and out")
+        if getattr(ns, "grammar_backend", None) == "none":
+            values["skip_tokenizer_init"] = True
+            notes.append("Forced --skip-tokenizer-init: the frontend tokenizes; token ids in and out")
+        else:
+            notes.append(
+                "Kept SGLang's tokenizer (no --skip-tokenizer-init): its grammar backend needs it for "
+                "structured output; token ids still go in and out. Pass --grammar-backend none to skip it"
+            )
     if not ns.incremental_streaming_output:
         values["incremental_streaming_output"] = True
         notes.append("Forced --incremental-streaming-output: each streamed chunk carries only new token ids")

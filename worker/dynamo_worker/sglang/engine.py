@@ -31,7 +31,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from dynamo_worker.protocol import GenerateChunk, GenerateRequest, Role
+from dynamo_worker.protocol import (
+    EmbedOptions,
+    GenerateChunk,
+    GenerateRequest,
+    Role,
+    ServingFeatures,
+    StopConditions,
+    WorkerError,
+)
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.sglang import handler
 from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_port
@@ -138,6 +146,7 @@ class SglangEngine(Engine):
             dp_size=cfg.dp_ranks,
             model_dir=await asyncio.to_thread(_model_dir, cfg.tokenizer_path),
             context_length=totals.get("context_length") or None,
+            features=self._features(),
         )
         self._tasks.append(asyncio.create_task(self._poll_load(), name="sglang-load"))
         self._tasks.append(asyncio.create_task(self._canary_loop(), name="sglang-canary"))
@@ -157,6 +166,26 @@ class SglangEngine(Engine):
             info.bootstrap_port,
         )
         return info
+
+    def _features(self) -> ServingFeatures:
+        """What the model card announces: embeddings or generation, parsers, grammar backend."""
+        server_args = self.plan.server_args
+        config = getattr(self._engine.tokenizer_manager, "model_config", None)
+        hidden = getattr(config, "hidden_size", None)
+        matryoshka = getattr(config, "matryoshka_dimensions", None)
+        is_embedding = bool(server_args.is_embedding)
+        return ServingFeatures(
+            model_type="embedding" if is_embedding else "generate",
+            tool_call_parser=server_args.tool_call_parser,
+            reasoning_parser=server_args.reasoning_parser,
+            # SGLang turns grammars off under --skip-tokenizer-init (its GrammarManager has no tokenizer)
+            grammar_backend="none"
+            if server_args.skip_tokenizer_init
+            else str(server_args.grammar_backend or "none"),
+            embedding_dim=int(hidden) if is_embedding and isinstance(hidden, int) else None,
+            is_matryoshka=bool(getattr(config, "is_matryoshka", False)),
+            matryoshka_dimensions=list(matryoshka) if isinstance(matryoshka, list | tuple) else None,
+        )
 
     async def _start_engine(self) -> None:
         loop = asyncio.get_running_loop()
@@ -228,6 +257,15 @@ class SglangEngine(Engine):
         if self._engine is None:
             raise RuntimeError("SglangEngine.generate called before start()")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
+        is_embedding = bool(self.plan.server_args.is_embedding)
+        if (request.embed is not None) != is_embedding:
+            return _refuse(
+                "this worker serves embeddings (--is-embedding); send generation to a generation model"
+                if is_embedding
+                else "this worker generates text; embeddings need a worker started with --is-embedding"
+            )
+        if request.embed is not None:
+            return handler.stream_embedding(self._engine, request, rid, embedding_input)
         return handler.stream_request(self._engine, request, self.role, rid)
 
     async def health_check(self) -> None:
@@ -241,9 +279,13 @@ class SglangEngine(Engine):
     async def _canary_loop(self) -> None:
         while True:
             await asyncio.sleep(self.plan.settings.canary_interval_s)
-            self._canary_error = await canary(
-                self._engine, self.role, self.plan.fake_bootstrap_host, self.plan.settings.canary_timeout_s
-            )
+            timeout_s = self.plan.settings.canary_timeout_s
+            if self.plan.server_args.is_embedding:
+                self._canary_error = await embedding_canary(self._engine, timeout_s)
+            else:
+                self._canary_error = await canary(
+                    self._engine, self.role, self.plan.fake_bootstrap_host, timeout_s
+                )
             if self._canary_error is not None:
                 log.warning("SGLang canary failed: %s", self._canary_error)
 
@@ -285,6 +327,28 @@ async def canary(engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: f
             engine.tokenizer_manager.abort_request(rid)
 
 
+async def embedding_canary(engine: Any, timeout_s: float) -> str | None:
+    """An embedding worker's canary: embed one token; None when SGLang answered within ``timeout_s``."""
+    request = GenerateRequest(
+        request_id=f"canary-{uuid.uuid4().hex}",
+        model="canary",
+        token_ids=[0],
+        stop=StopConditions(max_tokens=1),
+        embed=EmbedOptions(inputs=[[0]]),
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            stream = handler.stream_embedding(engine, request, request.request_id, embedding_input)
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    return (
+                        None if chunk.error is None else f"SGLang refused the canary: {chunk.error.message}"
+                    )
+        return "SGLang ended the embedding canary without an answer"
+    except TimeoutError:
+        return f"SGLang did not answer an embedding canary within {timeout_s:.0f}s"
+
+
 def _snapshot(loads: list[Any], page_size: int) -> LoadSnapshot:
     return LoadSnapshot(
         active_blocks=sum(load.num_used_tokens for load in loads) // page_size,
@@ -292,6 +356,16 @@ def _snapshot(loads: list[Any], page_size: int) -> LoadSnapshot:
         waiting=sum(load.num_waiting_reqs for load in loads),
         running=sum(load.num_running_reqs for load in loads),
     )
+
+
+async def _refuse(message: str) -> AsyncIterator[GenerateChunk]:
+    yield GenerateChunk(finish_reason="error", error=WorkerError(type="invalid_request", message=message))
+
+
+def embedding_input(**kwargs: Any) -> Any:
+    from sglang.srt.managers.io_struct import EmbeddingReqInput
+
+    return EmbeddingReqInput(**kwargs)
 
 
 def kill_sglang_children() -> None:

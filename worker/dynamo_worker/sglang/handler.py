@@ -13,6 +13,13 @@ carries the *new* token ids (``output_ids``) and a ``meta_info`` whose ``finish_
 the last one. Cancellation (the consuming task cancelled, or the iterator closed) aborts the SGLang
 request with ``tokenizer_manager.abort_request(rid)``, also before its first token.
 
+Structured output goes in ``sampling_params`` (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``:
+SGLang's grammar backend compiles them); logprobs are asked with ``return_logprob``,
+``top_logprobs_num`` and ``logprob_start_len=-1`` (output tokens only) and read from ``meta_info``'s
+``output_token_logprobs`` / ``output_top_logprobs`` (``(logprob, token_id, text)`` tuples, sliced to
+the chunk by incremental streaming). An embedding request (``GenerateRequest.embed``) goes to the
+tokenizer manager as one batched ``EmbeddingReqInput`` (``stream_embedding``).
+
 This module only builds plain values and reads plain dicts; ``dynamo_worker.sglang.compat`` reads the
 keywords of the ``async_generate`` call and the sampling keys below from this file's source, so a
 keyword that SGLang does not have fails the compatibility check.
@@ -25,16 +32,29 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, Role, Usage, WorkerError
+from dynamo_worker.protocol import (
+    ErrorType,
+    GenerateChunk,
+    GenerateRequest,
+    Role,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    WorkerError,
+    embedding_chunks,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "AsyncGenerateEngine",
     "chunk_tokens",
+    "embed_kwargs",
     "finish_from_meta",
     "generate_kwargs",
+    "logprobs_from_meta",
     "sampling_params",
+    "stream_embedding",
     "stream_request",
     "usage_from_meta",
 ]
@@ -68,6 +88,10 @@ def sampling_params(req: GenerateRequest, role: Role) -> dict[str, Any]:
         "sampling_seed": s.seed,
         "stop_token_ids": stop_ids or None,
         "ignore_eos": stop.ignore_eos,
+        "json_schema": req.structured.json_schema if req.structured else None,
+        "regex": req.structured.regex if req.structured else None,
+        "ebnf": req.structured.ebnf if req.structured else None,
+        "structural_tag": req.structured.structural_tag if req.structured else None,
     }
 
 
@@ -85,6 +109,9 @@ def generate_kwargs(req: GenerateRequest, role: Role, rid: str) -> dict[str, Any
         bootstrap_port=boot.bootstrap_port if boot and role != "agg" else None,
         bootstrap_room=boot.bootstrap_room if boot and role != "agg" else None,
         routed_dp_rank=req.data_parallel_rank,
+        return_logprob=True if req.logprobs is not None and role != "prefill" else None,
+        top_logprobs_num=req.logprobs if req.logprobs and role != "prefill" else None,
+        logprob_start_len=-1 if req.logprobs is not None and role != "prefill" else None,
     )
 
 
@@ -150,6 +177,74 @@ def usage_from_meta(meta: Mapping[str, Any]) -> Usage:
     )
 
 
+def logprobs_from_meta(meta: Mapping[str, Any], count: int) -> list[TokenLogprob] | None:
+    """The first ``count`` output tokens' logprobs of this chunk (``None`` when SGLang sent none)."""
+    chosen = meta.get("output_token_logprobs")
+    if not chosen:
+        return None
+    tops = meta.get("output_top_logprobs") or []
+    out = []
+    for i, (logprob, token_id, *_) in enumerate(chosen[:count]):
+        top = tops[i] if i < len(tops) and tops[i] else []
+        out.append(
+            TokenLogprob(
+                token_id=int(token_id),
+                logprob=float(logprob) if logprob is not None else -9999.0,
+                top=[
+                    TopLogprob(token_id=int(t[1]), logprob=float(t[0]) if t[0] is not None else -9999.0)
+                    for t in top
+                ],
+            )
+        )
+    return out
+
+
+def embed_kwargs(req: GenerateRequest, rid: str) -> dict[str, Any]:
+    """Fields of the ``EmbeddingReqInput`` that serves an embedding request (always a batch)."""
+    assert req.embed is not None
+    inputs = [list(i) for i in req.embed.inputs]
+    return {
+        "input_ids": inputs,
+        "rid": [f"{rid}-{i}" for i in range(len(inputs))],
+        "dimensions": req.embed.dimensions,
+    }
+
+
+async def stream_embedding(
+    engine: AsyncGenerateEngine, req: GenerateRequest, rid: str, make_input: Any
+) -> AsyncIterator[GenerateChunk]:
+    """One chunk with every input's vector (``make_input`` builds SGLang's ``EmbeddingReqInput``)."""
+    kwargs = embed_kwargs(req, rid)
+    finished = False
+    try:
+        outputs = engine.tokenizer_manager.generate_request(make_input(**kwargs), None)  # type: ignore[attr-defined]
+        try:
+            result = await anext(outputs)
+        except ValueError as e:  # too long, bad dimensions: the caller's fault
+            finished = True
+            yield _invalid(str(e))
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                await outputs.aclose()
+        finished = True
+        results = result if isinstance(result, list) else [result]
+        vectors = [_floats(r["embedding"]) for r in results]
+        tokens = sum(int((r.get("meta_info") or {}).get("prompt_tokens") or 0) for r in results)
+        for chunk in embedding_chunks(vectors, Usage(prompt_tokens=tokens, completion_tokens=0)):
+            yield chunk
+    finally:
+        if not finished:
+            for one in kwargs["rid"]:
+                engine.tokenizer_manager.abort_request(one)
+
+
+def _floats(value: Any) -> list[float]:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return [float(v) for v in value]
+
+
 def chunk_tokens(output_ids: list[int], meta: Mapping[str, Any]) -> list[int]:
     """The ids to stream from one output: SGLang returns the stop token that ended generation; our
     protocol does not (the frontend must not print an eos)."""
@@ -210,9 +305,10 @@ async def stream_request(
                     meta = out.get("meta_info") or {}
                     reason, error = finish_from_meta(meta)
                     tokens = chunk_tokens(list(out.get("output_ids") or ()), meta)
+                    logprobs = logprobs_from_meta(meta, len(tokens)) if req.logprobs is not None else None
                     if reason is None:
                         if tokens:
-                            yield GenerateChunk(token_ids=tokens)
+                            yield GenerateChunk(token_ids=tokens, logprobs=logprobs)
                         continue
                     finished = True
                     if error is not None:
@@ -222,7 +318,10 @@ async def stream_request(
                         yield GenerateChunk(finish_reason="error", error=error)
                     else:
                         usage = usage_from_meta(meta)
-                        yield GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage)
+                        logprobs = logprobs if tokens else None
+                        yield GenerateChunk(
+                            token_ids=tokens, finish_reason=reason, usage=usage, logprobs=logprobs
+                        )
                     return
             except BaseException:  # cancelled or closed by the caller (GeneratorExit), or a failure
                 # Abort while SGLang's generator is still open: closing it first makes SGLang drop

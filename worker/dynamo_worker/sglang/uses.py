@@ -81,6 +81,15 @@ DECLARED: tuple[Use, ...] = (
     Use(_TM, "TokenizerManager", "auto_create_handle_loop", by="engine"),
     Use(_TM, "TokenizerManager", "bootstrap_server", by="engine (bootstrap port check)"),
     Use(_TM, "TokenizerManager", "context_len", by="engine"),
+    Use(_TM, "TokenizerManager", "generate_request", by="handler (embeddings)"),
+    Use(_TM, "TokenizerManager", "model_config", by="engine (embedding size in the model card)"),
+    Use("sglang.srt.configs.model_config", "ModelConfig", "hidden_size", by="engine"),
+    Use("sglang.srt.configs.model_config", "ModelConfig", "matryoshka_dimensions", by="engine"),
+    Use("sglang.srt.configs.model_config", "ModelConfig", "is_matryoshka", by="engine"),
+    *(
+        Use("sglang.srt.managers.io_struct", "EmbeddingReqInput", f, by="handler")
+        for f in ("input_ids", "rid", "dimensions")
+    ),
     Use("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin", "get_loads", by="engine"),
     Use("sglang.srt.disaggregation.common.conn", "CommonKVBootstrapServer", "thread", by="engine"),
     *(
@@ -171,7 +180,17 @@ FLAG_REPLACEMENTS = {
 # output ``meta_info`` keys (handler), finish reason ``to_json()`` types (handler), the scheduler's
 # startup info (engine's capacity fallback). Each must appear as a string literal there.
 STRING_LITERALS = {
-    _TM: ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "meta_info", "output_ids"),
+    _TM: (
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "meta_info",
+        "output_ids",
+        "output_token_logprobs",
+        "output_top_logprobs",
+        "embedding",
+    ),
     "sglang.srt.managers.schedule_batch": ("stop", "length", "abort", "matched", "status_code", "message"),
     "sglang.srt.managers.scheduler": ("max_total_num_tokens",),
 }
