@@ -22,6 +22,8 @@ import pytest
 from dynamo_operator.api import contract
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.procs import popen as start_process
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +70,7 @@ def test_dynamo_command_lines_serve_disaggregated(nats_url: str, tmp_path: Path)
     def start(name: str, argv: list[str], env: dict[str, str]) -> None:
         logs[name] = tmp_path / f"{name}.log"
         with open(logs[name], "wb") as out:
-            procs[name] = subprocess.Popen(
+            procs[name] = start_process(
                 argv, stdout=out, stderr=subprocess.STDOUT, env={**base, **env}, start_new_session=True
             )
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.procs import popen as start_process
+
 # DeepSeek writes its markers with U+FF5C (fullwidth bar) and U+2581 (lower one eighth block).
 _B, _S = "\uff5c", "\u2581"
 
@@ -180,14 +182,14 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
         ]  # fmt: skip
         stack.logs[model] = tmp / f"{model}.log"
         with open(stack.logs[model], "wb") as out:
-            stack.procs[model] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            stack.procs[model] = start_process(cmd, stdout=out, stderr=subprocess.STDOUT)
     cmd = [
         sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1",
         "--http-port", str(http_port), "--embedding-batch-window-ms", str(window_ms), *common,
     ]  # fmt: skip
     stack.logs["frontend"] = tmp / "frontend.log"
     with open(stack.logs["frontend"], "wb") as out:
-        stack.procs["frontend"] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        stack.procs["frontend"] = start_process(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     want = set(workers)
     while True:

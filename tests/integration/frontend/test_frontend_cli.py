@@ -20,6 +20,7 @@ import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.procs import popen
+from tests.support.procs import popen as start_process
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +89,7 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
 
 def _start(nats_url: str, namespace: str, port: int, log, *extra: str) -> subprocess.Popen:
     args = ["--http-host", "127.0.0.1", "--http-port", str(port), "--namespace", namespace]
-    return subprocess.Popen(
+    return start_process(
         [sys.executable, "-m", "dynamo_worker.frontend", *args, "--nats-server", nats_url, *extra],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -35,6 +35,7 @@ import yaml
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.integration.operator.conftest import EXAMPLES, Kubectl, wait_until
+from tests.support.procs import popen as start_process
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +151,7 @@ def _sa_kubeconfig(kc: Kubectl, path: Path, account: str) -> Path:
 
 def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        return start_process(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
 async def _wait_roles(url: str, frontend: subprocess.Popen, expected: dict[str, int], within_s: float = 60):

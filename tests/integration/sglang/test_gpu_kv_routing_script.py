@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import popen as start_process
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_kv_routing.py"
@@ -34,7 +36,7 @@ def test_kv_routing_script_prints_the_table_on_the_mocker(tmp_path):
         "OSL": "8",
         "MAX_TOTAL_TOKENS": "3072",  # each worker holds about 4 of the 6 prefixes: cache pressure
     }
-    proc = subprocess.Popen(
+    proc = start_process(
         [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:

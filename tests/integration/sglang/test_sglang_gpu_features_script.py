@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import popen as start_process
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_gpu_features.py"
@@ -25,7 +27,7 @@ def test_gpu_features_script_passes_on_the_mocker(tmp_path):
         "OUT": str(tmp_path / "out"),
         "FEATURES_DIR": str(tmp_path / "w"),
     }
-    proc = subprocess.Popen(
+    proc = start_process(
         [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:

@@ -9,20 +9,36 @@ prompt ids so tokenizers that mark word starts (SentencePiece's leading space) k
 client: text that could be the beginning of a stop string is held back until the next chunk proves
 it is not (or ends the stream).
 
-``OutputText`` combines both with stop token ids; it is pure (no I/O) and fed chunk by chunk.
+``WindowDetokenizer`` does the same over any object with ``decode(ids, skip_special_tokens)`` (e.g. a
+decoder that keeps the special tokens a tool-call parser needs) by decoding a small window twice per
+chunk; ``OutputText`` uses ``IncrementalDetokenizer`` for a ``tokenizers.Tokenizer`` and it otherwise.
+
+``OutputText`` combines them with stop token ids; it is pure (no I/O) and fed chunk by chunk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-__all__ = ["Delta", "IncrementalDetokenizer", "OutputText", "StopStringMatcher"]
+__all__ = [
+    "Decoder",
+    "Delta",
+    "IncrementalDetokenizer",
+    "OutputText",
+    "StopStringMatcher",
+    "WindowDetokenizer",
+]
 
+REPLACEMENT = "\ufffd"
 _CONTEXT_IDS = 5  # earlier ids kept in the decode window (enough for SentencePiece word starts)
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:
@@ -58,6 +74,41 @@ class IncrementalDetokenizer:
         prefix_text = self._tok.decode(self._last, skip_special_tokens=self._skip)
         full_text = self._tok.decode(self._last + self._held, skip_special_tokens=self._skip)
         self._last, self._held = (self._last + self._held)[-_CONTEXT_IDS:], []
+        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+
+
+class WindowDetokenizer:
+    """Streams text through any ``Decoder``: decodes the window of the last emitted ids with and without
+    the new ones and emits the difference, holding back text that ends in U+FFFD."""
+
+    def __init__(self, decoder: Decoder, context_ids: Sequence[int] = (), skip_special_tokens: bool = True):
+        self._tok = decoder
+        self._skip = skip_special_tokens
+        self._ids: list[int] = list(context_ids[-_CONTEXT_IDS:])
+        self._prefix = 0  # start of the decode window
+        self._read = len(self._ids)  # ids before this are already emitted as text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add ids; return the newly completed text (possibly empty)."""
+        if not token_ids:
+            return ""
+        self._ids.extend(token_ids)
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
+        if len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT):
+            return ""  # nothing new yet, or a character still incomplete
+        delta = full_text[len(prefix_text) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        return delta
+
+    def flush(self) -> str:
+        """At the end of the stream: whatever is still held (an incomplete character decodes as U+FFFD)."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        full_text = self._decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
 
 
@@ -103,13 +154,17 @@ class OutputText:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | Decoder,
         *,
         prompt_ids: Sequence[int] = (),
         stop_strings: Sequence[str] = (),
         stop_token_ids: Sequence[int] = (),
     ):
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._detok: IncrementalDetokenizer | WindowDetokenizer = (
+            IncrementalDetokenizer(tokenizer, prompt_ids)
+            if isinstance(tokenizer, Tokenizer)
+            else WindowDetokenizer(tokenizer, prompt_ids)
+        )
         self._stops = StopStringMatcher(stop_strings)
         self._stop_ids = frozenset(stop_token_ids)
         self.stopped = False

@@ -412,28 +412,44 @@ class RequestClient:
 _CHUNKS = TypeAdapter(list[GenerateChunk])
 
 
+def _joinable(head: GenerateChunk, chunk: GenerateChunk) -> bool:
+    """Whether ``chunk`` can take the tokens of ``head``, a token-only chunk before it: not an error,
+    no embeddings, and logprobs on both or on neither (they stay aligned with the token ids)."""
+    return (
+        chunk.error is None
+        and chunk.embeddings is None
+        and (head.logprobs is None) == (chunk.logprobs is None)
+    )
+
+
+def _join(head: GenerateChunk, chunk: GenerateChunk) -> GenerateChunk:
+    logprobs = None if head.logprobs is None else [*head.logprobs, *(chunk.logprobs or [])]
+    return chunk.model_copy(update={"token_ids": head.token_ids + chunk.token_ids, "logprobs": logprobs})
+
+
 def _coalesce(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
-    """Chunks that arrived together, as few chunks: the token ids of consecutive token-only chunks go
-    in one (into the final chunk too, unless it is an error). Nothing waits for this: a chunk that
-    arrives alone is passed on alone; only a reader that fell behind sees several at once, and
-    handing them on together saves it per-chunk work exactly when it is short of time."""
+    """Chunks that arrived together, as few chunks: consecutive token-only chunks become one (their
+    logprobs too), and their tokens go into the final chunk unless it is an error; chunks with
+    embeddings are never joined. Nothing waits for this: a chunk that arrives alone is passed on alone;
+    only a reader that fell behind sees several at once, and handing them on together saves it
+    per-chunk work exactly when it is short of time."""
     if len(chunks) == 1:
         return chunks
     out: list[GenerateChunk] = []
-    ids: list[int] = []
+    head: GenerateChunk | None = None  # token-only chunks joined so far
     for chunk in chunks:
-        if chunk.finish_reason is None and chunk.usage is None:
-            ids += chunk.token_ids
-            continue
-        if ids and chunk.error is None:
-            chunk = chunk.model_copy(update={"token_ids": ids + chunk.token_ids})
-        elif ids:
-            out.append(GenerateChunk(token_ids=ids))
-        ids = []
-        out.append(chunk)
-        break  # a final chunk ends the stream
-    if ids:
-        out.append(GenerateChunk(token_ids=ids))
+        if head is not None and _joinable(head, chunk):
+            chunk = _join(head, chunk)
+        elif head is not None:
+            out.append(head)
+        token_only = chunk.finish_reason is None and chunk.usage is None and chunk.embeddings is None
+        head = chunk if token_only and chunk.error is None else None
+        if head is None:
+            out.append(chunk)
+        if chunk.finish_reason is not None:
+            break  # a final chunk ends the stream
+    if head is not None:
+        out.append(head)
     return out
 
 
