@@ -20,7 +20,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 
 from dynamo_worker.frontend.dispatch import Dispatcher
+from dynamo_worker.frontend.images import ImagesApi
 from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.multimodal import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.preprocess import ModelFiles, Preprocessor
 from dynamo_worker.frontend.registry import ModelRegistry
 from dynamo_worker.frontend.server import OpenAIServer
@@ -58,6 +60,8 @@ class Frontend:
         self._runner: web.AppRunner | None = None
         self.registry: ModelRegistry | None = None
         self.server: OpenAIServer | None = None
+        self.multimodal: MultimodalProcessor | None = None
+        self.images: ImagesApi | None = None
         self.port: int | None = None
 
     @property
@@ -100,7 +104,27 @@ class Frontend:
             first_token_timeout_s=s.first_token_timeout_s,
             inter_token_timeout_s=s.inter_token_timeout_s,
         )
-        self.server = OpenAIServer(self.registry, dispatcher, self.metrics, max_inflight=s.max_inflight)
+        self.multimodal = MultimodalProcessor(
+            ImageFetcher(
+                max_bytes=s.max_image_bytes,
+                timeout_s=s.image_fetch_timeout_s,
+                allow_private=s.allow_private_image_urls,
+            ),
+            max_images=s.max_images_per_request,
+            connect_timeout_s=s.connect_timeout_s,
+            encode_timeout_s=s.encode_timeout_s,
+        )
+        self.images = ImagesApi(
+            self.registry, connect_timeout_s=s.connect_timeout_s, timeout_s=s.image_generation_timeout_s
+        )
+        self.server = OpenAIServer(
+            self.registry,
+            dispatcher,
+            self.metrics,
+            max_inflight=s.max_inflight,
+            multimodal=self.multimodal,
+            images=self.images,
+        )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.http_host, s.http_port, backlog=2048)
@@ -141,6 +165,10 @@ class Frontend:
                 await sub.unsubscribe()
         self._subs.clear()
         await self.client.close()
+        if self.multimodal is not None:
+            await self.multimodal.close()
+        if self.images is not None:
+            await self.images.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5.0):

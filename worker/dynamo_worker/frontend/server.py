@@ -35,7 +35,9 @@ from dynamo_worker.frontend.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from dynamo_worker.frontend.images import ImagesApi
 from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.multimodal import MultimodalProcessor, has_images
 from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.frontend.registry import ModelEntry, ModelRegistry
@@ -123,7 +125,11 @@ class OpenAIServer:
         metrics: FrontendMetrics,
         *,
         max_inflight: int,
+        multimodal: MultimodalProcessor | None = None,
+        images: ImagesApi | None = None,
     ) -> None:
+        self.multimodal = multimodal
+        self.images = images
         self.registry = registry
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -137,6 +143,7 @@ class OpenAIServer:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_openai_errors])
         app.router.add_post("/v1/chat/completions", self._endpoint("chat", self._chat))
         app.router.add_post("/v1/completions", self._endpoint("completion", self._completion))
+        app.router.add_post("/v1/images/generations", self._image_generations)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
@@ -181,6 +188,25 @@ class OpenAIServer:
         return web.Response(
             body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+    async def _image_generations(self, http_request: web.Request) -> web.Response:
+        if self.images is None:
+            return self._fail(
+                "images", "", InvalidRequest("This frontend generates no images.", code="unsupported")
+            )
+        self.inflight += 1
+        self.idle.clear()
+        try:
+            body = await self._read_body(http_request)
+            response = await self.images.generate(body)
+        except ApiError as e:
+            return self._fail("images", "", e)
+        finally:
+            self.inflight -= 1
+            if not self.inflight:
+                self.idle.set()
+        self.metrics.requests.labels("", "images", "200").inc()
+        return _json({"created": response["created"], "data": response["data"]})
 
     # --- generation endpoints -----------------------------------------------------------------
 
@@ -252,6 +278,13 @@ class OpenAIServer:
         entry = self.registry.lookup(req.model)
         pre = entry.preprocessor
         assert pre is not None
+        if has_images(req):  # processor -> encode worker -> language worker (frontend.multimodal)
+            if self.multimodal is None:
+                raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
+            ids, spans, _ = await self.multimodal.prepare(entry, req, pre)
+            job = self._job("chat", req, entry, ids, req.token_limit(), "messages", default_max=None)
+            job.generate = job.generate.model_copy(update={"images": spans})
+            return job
         messages = [
             {"role": m.role, "content": m.text() or "", **({"name": m.name} if m.name else {})}
             for m in req.messages
