@@ -11,6 +11,7 @@ import asyncio
 import base64
 import os
 import re
+import time
 from pathlib import Path
 
 import aiohttp
@@ -288,3 +289,43 @@ async def test_image_generation_returns_the_requested_count_and_format(
     async with aiohttp.ClientSession() as http, http.get(f"http://{worker.address}/health") as r:
         health = await r.json()
     assert r.status == 200 and health["role"] == "diffusion" and health["images_generated"] == 5
+
+
+async def test_kv_router_sends_a_repeated_image_to_the_worker_that_caches_it(
+    mockers, frontend_factory, wait_workers
+):
+    workers = [mockers("null", speedup=100.0) for _ in range(3)]
+    workers.append(mockers("null", "--role", "encode", component="encoder"))
+    fe = await frontend_factory(router_mode="kv")
+    await wait_workers(fe, 4, mockers=workers)
+    index = fe.router.index
+
+    def image_first(url: str, text: str) -> list[dict]:
+        return [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}],
+            }
+        ]
+
+    cat, dog = data_url(png(224, 224, 1)), data_url(png(224, 224, 2))  # 8 x 8 = 64 image tokens each
+    async with client(fe) as c:
+        first = await c.chat.completions.create(
+            model=MODEL, messages=image_first(cat, "What animal?"), max_tokens=2
+        )
+        deadline = time.monotonic() + 10  # until the first request's KV events reached the router
+        while max(index.block_count(w) for w in index.workers()) < first.usage.prompt_tokens // 4:
+            assert time.monotonic() < deadline, "KV events never reached the router"
+            await asyncio.sleep(0.01)
+        same = await c.chat.completions.create(
+            model=MODEL, messages=image_first(cat, "Which colour is it, and how old?"), max_tokens=2
+        )
+        other = await c.chat.completions.create(
+            model=MODEL, messages=image_first(dog, "Which colour is it, and how old?"), max_tokens=2
+        )
+    assert (
+        same.usage.prompt_tokens_details.cached_tokens >= 64
+    )  # the image's blocks, on the worker holding them
+    assert (
+        other.usage.prompt_tokens_details.cached_tokens < 64
+    )  # another image: other pad ids, no shared blocks
