@@ -120,3 +120,18 @@ async def test_mock_embeddings_are_deterministic_and_follow_the_image_grid():
     assert first == again
     assert (first[0].num_tokens, first[0].grid_thw) == (4 * 3, (1, 6, 8))
     assert image_grid(1000, 1000, 16) == (4, 4)  # scaled down to at most max_tokens
+
+
+def test_role_flags_including_nvidia_dynamos_spellings():
+    from dynamo_worker.mocker.settings import parse_all
+    from dynamo_worker.runtime.settings import SettingsError
+
+    def role(*argv: str) -> str:
+        return parse_all(list(argv), env={})[2].worker_role
+
+    assert role() == "language"
+    assert role("--role", "encode") == role("--multimodal-encode-worker") == "encode"
+    assert role("--role", "diffusion") == role("--image-diffusion-worker") == "diffusion"
+    assert role("--multimodal-worker") == "language"
+    with pytest.raises(SettingsError, match="one role per worker"):
+        parse_all(["--role", "diffusion", "--multimodal-encode-worker"], env={})

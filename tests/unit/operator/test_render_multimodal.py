@@ -47,6 +47,11 @@ def test_encode_and_diffusion_workers_render_with_gpu_limit_probes_and_their_rol
         assert main["args"][-2:] == ["--role", role] and "--host" not in main["args"]
 
 
+def test_nvidia_dynamos_role_flags_give_the_same_roles():
+    assert _render(["--multimodal-encode-worker"]).services["Enc"].role == "encode"
+    assert _render(["--image-diffusion-worker"]).services["Enc"].role == "diffusion"
+
+
 def test_a_multimodal_role_that_is_also_prefill_or_unknown_is_refused():
     rendered = _render(["--role", "encode"], subComponentType="prefill")
     assert not rendered.ok

@@ -33,8 +33,8 @@ async def _idle_until_signal() -> int:
 def _service(settings: MockerSettings, multimodal: MultimodalSettings) -> EncodeService | DiffusionService:
     model = settings.served_model_name or settings.model_path
     if not model:
-        raise ValueError(f"--role {multimodal.role} needs --served-model-name (or --model-path)")
-    if multimodal.role == "encode":
+        raise ValueError(f"--role {multimodal.worker_role} needs --served-model-name (or --model-path)")
+    if multimodal.worker_role == "encode":
         encoder = MockEncoder(
             model,
             hidden_size=settings.mm_hidden_size,
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.node_rank > 0:
         log.info("Non-leader rank node_rank=%s: the leader serves; idling until stopped", settings.node_rank)
         return asyncio.run(_idle_until_signal())
-    if multimodal.role != "language":
+    if multimodal.worker_role != "language":
         try:
             service = _service(settings, multimodal)
         except ValueError as e:

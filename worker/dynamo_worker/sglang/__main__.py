@@ -72,6 +72,8 @@ def _multimodal_role(argv: Sequence[str]) -> str | None:
         )
         if value in ("encode", "diffusion"):
             return value
+        if a in ("--multimodal-encode-worker", "--image-diffusion-worker"):  # NVIDIA Dynamo's spellings
+            return "encode" if a == "--multimodal-encode-worker" else "diffusion"
     return None
 
 
