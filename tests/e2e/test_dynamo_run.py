@@ -7,6 +7,7 @@ temporary file, even of a process that was killed."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
@@ -204,8 +205,39 @@ def test_examples_are_found():
 @pytest.mark.parametrize("example", EXAMPLES, ids=[str(p.relative_to(ROOT / "examples")) for p in EXAMPLES])
 def test_every_example_serves_chat_and_completions_and_sigterm_leaves_nothing(dynamo_run, example):
     run = dynamo_run(example)
-    check_serving(run)
+    if example.name.startswith("diffusion"):  # an image model: no chat, images instead
+        check_image_generation(run)
+    else:
+        model = check_serving(run)
+        if example.name.startswith("multimodal"):
+            check_image_chat(run, model)
     stop_and_check_nothing_left(run)
+
+
+def check_image_generation(run: DynamoRun) -> None:
+    with run.client() as client:
+        model = client.models.list().data[0].id
+        images = client.images.generate(
+            model=model, prompt="a fox", n=2, size="64x64", response_format="b64_json"
+        )
+    assert len(images.data) == 2 and all(
+        base64.b64decode(d.b64_json or "").startswith(b"\x89PNG") for d in images.data
+    )
+
+
+def check_image_chat(run: DynamoRun, model: str) -> None:
+    from dynamo_worker.multimodal.images import write_png
+
+    image = "data:image/png;base64," + base64.b64encode(write_png(64, 64, b"\x10\x80\xf0" * 4096)).decode()
+    content = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": image}}]
+    with run.client() as client:
+        r = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": content}],
+            max_tokens=4,
+            extra_body={"ignore_eos": True},
+        )
+    assert r.choices[0].message.content and r.usage is not None and r.usage.completion_tokens == 4
 
 
 def test_disagg_serves_then_a_dead_decode_fails_requests_clearly_and_is_reported(dynamo_run):

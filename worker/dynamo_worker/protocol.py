@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 PROTOCOL_VERSION = 1
 MAX_ROOM = 2**63 - 1
 
-Role = Literal["agg", "prefill", "decode"]
+Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]
+LANGUAGE_ROLES = ("agg", "prefill", "decode")  # roles that serve GenerateRequests
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 ErrorType = Literal[
     "invalid_request",  # the worker cannot serve this request as asked (the caller's fault)
@@ -114,11 +115,22 @@ class GenerateRequest(_Wire):
     structured: StructuredOutput | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # None: none; k: chosen + k top
     embed: EmbedOptions | None = None
+    # Multimodal: each image's span of ``token_ids`` and the embeddings that replace it (see below).
+    images: list[ImageSpan] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _embed_first_input(self) -> GenerateRequest:
         if self.embed is not None and self.embed.inputs[0] != self.token_ids:
             raise ValueError("token_ids must equal embed.inputs[0] in an embedding request")
+        return self
+
+    @model_validator(mode="after")
+    def _image_spans_fit(self) -> GenerateRequest:
+        end = 0
+        for i, span in enumerate(self.images):
+            if span.offset < end or span.offset + span.embedding.num_tokens > len(self.token_ids):
+                raise ValueError(f"images[{i}] overlaps another image or lies outside token_ids")
+            end = span.offset + span.embedding.num_tokens
         return self
 
 
@@ -318,3 +330,45 @@ def hash_token_blocks(token_ids: Sequence[int], page_size: int, parent: int | No
         prev = int.from_bytes(digest, "little") & MAX_ROOM
         hashes.append(prev)
     return hashes
+
+
+# --- multimodal ---------------------------------------------------------------------------------
+
+
+class ImageEmbedding(_Wire):
+    """One image's embeddings as an encode worker computed them: ``num_tokens`` rows of ``hidden_size``
+    values of ``dtype``, little-endian, row-major, base64 in ``data``. ``grid_thw`` is the vision
+    encoder's patch grid (temporal, height, width) for models whose positions depend on it (Qwen2-VL's
+    M-RoPE); ``content_hash`` (sha256 of the image file's bytes, hex) names the image everywhere: the
+    encode worker's cache, the pad token ids the KV router hashes, the language worker."""
+
+    content_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    num_tokens: Annotated[int, Field(ge=1)]
+    hidden_size: Annotated[int, Field(ge=1)]
+    dtype: Literal["float16", "bfloat16", "float32"]
+    grid_thw: tuple[int, int, int] | None = None
+    width: Annotated[int, Field(ge=1)]
+    height: Annotated[int, Field(ge=1)]
+    data: str
+
+    @model_validator(mode="after")
+    def _data_size(self) -> ImageEmbedding:
+        size = self.num_tokens * self.hidden_size * (4 if self.dtype == "float32" else 2)
+        if len(self.data) != 4 * ((size + 2) // 3):
+            raise ValueError(f"data must be base64 of {size} bytes (num_tokens x hidden_size x dtype)")
+        return self
+
+
+class ImageSpan(_Wire):
+    """An image in a prompt: ``token_ids[offset : offset + embedding.num_tokens]`` are its pad ids
+    (``image_pad_id(content_hash)``), which the language worker replaces by ``embedding``."""
+
+    offset: Annotated[int, Field(ge=0)]
+    embedding: ImageEmbedding
+
+
+def image_pad_id(content_hash: str) -> int:
+    """The token id that stands for every position of an image in a prompt: derived from its content,
+    so equal images make equal token blocks (the KV router and the prefix cache share them) and
+    different images different ones. Below 2**30, as SGLang's own pad values."""
+    return int(content_hash[:16], 16) % (1 << 30)

@@ -19,7 +19,8 @@ __all__ = [
 ]
 
 Kind = Literal["frontend", "worker", "generic"]
-Role = Literal["agg", "prefill", "decode"]
+Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]
+MULTIMODAL_ROLES = ("encode", "diffusion")  # workers started with --role encode|diffusion
 WORKER_TYPES = ("worker", "prefill", "decode")
 
 
@@ -57,7 +58,10 @@ def _role(spec: ServiceSpec, view: dict[str, Any]) -> Role:
         return spec.component_type  # type: ignore[return-value]
     if spec.sub_component_type is not None:
         return spec.sub_component_type
-    mode = parse_args(view).disaggregation_mode
+    args = parse_args(view)
+    if args.worker_role in MULTIMODAL_ROLES:
+        return args.worker_role  # type: ignore[return-value]
+    mode = args.disaggregation_mode
     if mode in ("prefill", "decode"):
         return mode  # type: ignore[return-value]
     return "agg"

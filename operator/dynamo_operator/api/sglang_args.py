@@ -119,6 +119,7 @@ class SglangArgs:
     bootstrap_port: str | None
     host: str | None
     tp_given: bool
+    worker_role: str | None = None  # --role: language (default), encode or diffusion
 
     @property
     def gpus_needed(self) -> int | None:
@@ -141,4 +142,7 @@ def parse_args(container: dict[str, Any]) -> SglangArgs:
         bootstrap_port=flag_value(tokens, "--disaggregation-bootstrap-port"),
         host=flag_value(tokens, "--host"),
         tp_given=flag_value(tokens, *TP_FLAGS) is not None,
+        worker_role=flag_value(tokens, "--role")
+        or ("encode" if "--multimodal-encode-worker" in tokens else None)
+        or ("diffusion" if "--image-diffusion-worker" in tokens else None),
     )

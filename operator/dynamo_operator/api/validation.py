@@ -232,6 +232,24 @@ def _check_worker(c: Component) -> list[Problem]:
     declared = c.spec.sub_component_type or (
         c.component_type if c.component_type in ("prefill", "decode") else None
     )
+    if args.worker_role is not None and args.worker_role not in ("language", "encode", "diffusion"):
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.args",
+                "InvalidFlag",
+                f"Worker {c.name!r} runs --role {args.worker_role}; use language, encode or diffusion.",
+            )
+        )
+    if args.worker_role in ("encode", "diffusion") and (declared is not None or mode not in (None, "null")):
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.args",
+                "RoleMismatch",
+                f"Worker {c.name!r} runs --role {args.worker_role} but is also declared a "
+                f"{declared or mode} worker; an {args.worker_role} worker is neither prefill nor decode: "
+                "drop subComponentType and --disaggregation-mode from it.",
+            )
+        )
     if declared is not None and mode is not None and mode != declared:
         problems.append(
             Problem(

@@ -57,7 +57,7 @@ class ServicePlan:
     """
 
     component_type: str
-    role: Literal["agg", "prefill", "decode"] | None
+    role: Literal["agg", "prefill", "decode", "encode", "diffusion"] | None
     kind: WorkloadKind
     replicas: int
     nodes_per_replica: int

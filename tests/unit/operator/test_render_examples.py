@@ -15,6 +15,8 @@ from dynamo_operator.render import render
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 MODEL = "Qwen/Qwen3-0.6B"
+# Examples of other model kinds: a vision-language model, an image-diffusion model.
+MODELS = {"multimodal": "Qwen/Qwen2.5-VL-7B-Instruct", "diffusion": "black-forest-labs/FLUX.1-schnell"}
 
 
 def test_the_examples_exist():
@@ -41,7 +43,8 @@ def test_example_renders(path, backend):
         if service.component_type in ("frontend", "planner"):
             continue
         args = service.extra_pod_spec.main_container.args
-        assert args[args.index("--served-model-name") + 1] == MODEL, f"{path.name}:{name}"
+        model = MODELS.get(path.name.split("-")[0].removesuffix(".yaml"), MODEL)
+        assert args[args.index("--served-model-name") + 1] == model, f"{path.name}:{name}"
         plan = rendered.services[name]
         assert plan.nodes_per_replica == service.node_count
         expected = (

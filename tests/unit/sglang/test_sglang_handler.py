@@ -202,3 +202,24 @@ async def test_a_call_sglang_rejects_upfront_is_an_invalid_request():
     chunks = await collect(engine, request(3, data_parallel_rank=3))
     assert chunks[-1].error.type == "invalid_request" and "out of range" in chunks[-1].error.message
     assert engine.tokenizer_manager.aborted == []
+
+
+async def test_a_request_with_image_embeddings_is_refused_not_served_from_its_pad_ids():
+    from dynamo_worker.protocol import ImageEmbedding, ImageSpan, image_pad_id
+
+    digest = "ab" * 32
+    emb = ImageEmbedding(
+        content_hash=digest,
+        num_tokens=2,
+        hidden_size=2,
+        dtype="float16",
+        width=8,
+        height=8,
+        data="A" * 11 + "=",
+    )
+    pad = image_pad_id(digest)
+    req = request(3, token_ids=[1, pad, pad, 2], images=[ImageSpan(offset=1, embedding=emb)])
+    engine = fake()
+    chunks = await collect(engine, req)
+    assert len(chunks) == 1 and chunks[0].error.type == "invalid_request"
+    assert "does not take image embeddings yet" in chunks[0].error.message

@@ -23,8 +23,10 @@ from aiohttp import web
 from nats.aio.client import Client as NATS
 
 from dynamo_worker.frontend.dispatch import Dispatcher
+from dynamo_worker.frontend.images import ImagesApi
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.migration import MigratingDispatcher
+from dynamo_worker.frontend.multimodal import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.preprocess import ModelFiles, Preprocessor
 from dynamo_worker.frontend.quarantine import Quarantine
 from dynamo_worker.frontend.registry import ModelRegistry
@@ -75,6 +77,8 @@ class Frontend:
         self.registry: ModelRegistry | None = None
         self.quarantine: Quarantine | None = None
         self.server: OpenAIServer | None = None
+        self.multimodal: MultimodalProcessor | None = None
+        self.images: ImagesApi | None = None
         self.port: int | None = None
 
     @property
@@ -135,12 +139,27 @@ class Frontend:
             s.migration_limit,
             on_migration=lambda model: self.metrics.migrations.labels(model).inc(),
         )
+        self.multimodal = MultimodalProcessor(
+            ImageFetcher(
+                max_bytes=s.max_image_bytes,
+                timeout_s=s.image_fetch_timeout_s,
+                allow_private=s.allow_private_image_urls,
+            ),
+            max_images=s.max_images_per_request,
+            connect_timeout_s=s.connect_timeout_s,
+            encode_timeout_s=s.encode_timeout_s,
+        )
+        self.images = ImagesApi(
+            self.registry, connect_timeout_s=s.connect_timeout_s, timeout_s=s.image_generation_timeout_s
+        )
         self.server = OpenAIServer(
             self.registry,
             migrating,  # type: ignore[arg-type]  # Dispatcher's interface, with migration
             self.metrics,
             max_inflight=s.max_inflight,
             embedding_batch_window_s=s.embedding_batch_window_ms / 1000,
+            multimodal=self.multimodal,
+            images=self.images,
         )
         self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -191,6 +210,10 @@ class Frontend:
             await self.kv_feed.close()
             self.kv_feed = None
         await self.client.close()
+        if self.multimodal is not None:
+            await self.multimodal.close()
+        if self.images is not None:
+            await self.images.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5.0):

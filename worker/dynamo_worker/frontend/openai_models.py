@@ -35,7 +35,7 @@ from pydantic import (
 from dynamo_worker.frontend.errors import InvalidRequest, from_validation_error
 from dynamo_worker.frontend.request_features import MessageToolCall, NamedToolChoice, ResponseFormat, Tool
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "parse_request"]
+__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ImageUrlPart", "parse_request"]
 
 MAX_STOP_STRINGS = 16
 
@@ -53,18 +53,40 @@ class TextPart(_Body):
     text: str
 
 
+class ImageUrl(_Body):
+    url: Annotated[str, Field(min_length=1)]
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(_Body):
+    """An image in a user message (``frontend.multimodal`` fetches, encodes and places it)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
+    @model_validator(mode="after")
+    def _images_from_users(self) -> ChatMessage:
+        content = self.content if isinstance(self.content, list) else []
+        if self.role != "user" and any(isinstance(p, ImageUrlPart) for p in content):
+            raise ValueError(f"images are only allowed in 'user' messages, not in a '{self.role}' message")
+        return self
+
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
     @model_validator(mode="after")
     def _content_unless_assistant(self) -> ChatMessage:

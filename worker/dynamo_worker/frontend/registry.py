@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import logging
 import time
+import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from dynamo_worker.frontend.errors import ModelNotFound, ServiceUnavailable
+from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from dynamo_worker.frontend.preprocess import Preprocessor
-from dynamo_worker.protocol import InstanceRecord, Role
+from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, Role
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent, InstanceRemoved
 
@@ -52,7 +53,11 @@ class ModelEntry:
         """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker
         (``dispatch.plan_roles`` answers 503 for any other mix)."""
         roles = {w.role for w in self.workers.values()}
-        return "agg" in roles or {"prefill", "decode"} <= roles
+        return "agg" in roles or {"prefill", "decode"} <= roles or "diffusion" in roles
+
+    def generates_images(self) -> bool:
+        """Served by diffusion workers only (``/v1/images/generations``; no tokenizer, no chat)."""
+        return bool(self.workers) and all(w.role == "diffusion" for w in self.workers.values())
 
 
 class ModelRegistry:
@@ -85,7 +90,7 @@ class ModelRegistry:
             counts = {
                 (e.name, role): len(e.by_role(role))
                 for e in self._models.values()
-                for role in ("agg", "prefill", "decode")
+                for role in typing.get_args(Role)
             }
             self._on_change(counts)
 
@@ -95,6 +100,8 @@ class ModelRegistry:
                 del entry.workers[record.instance_id]
         entry = self._models.setdefault(record.model, ModelEntry(record.model))
         entry.workers[record.instance_id] = record
+        if record.role not in LANGUAGE_ROLES:
+            return  # encode and diffusion workers hold no KV cache and publish no model card
         self._router.add_worker(record)
         new_card = (
             record.model_card_checksum is not None and record.model_card_checksum != entry.card_checksum
@@ -167,7 +174,11 @@ class ModelRegistry:
 
     def served(self) -> list[str]:
         """Models a request can be served for now (listed by /v1/models; /health is ready with one)."""
-        return sorted(n for n, e in self._models.items() if e.can_serve() and e.preprocessor is not None)
+        return sorted(
+            n
+            for n, e in self._models.items()
+            if e.can_serve() and (e.preprocessor is not None or e.generates_images())
+        )
 
     async def wait_changed(self) -> None:
         self._changed.clear()
@@ -190,6 +201,12 @@ class ModelRegistry:
                 f"No worker serves model '{model}' right now (its workers left discovery). Retry when a "
                 "worker has registered again.",
                 code="no_workers",
+            )
+        if entry.generates_images():
+            raise InvalidRequest(
+                f"Model '{model}' generates images; send its requests to POST /v1/images/generations.",
+                param="model",
+                code="wrong_endpoint",
             )
         if entry.preprocessor is None:
             if entry.load_error is not None:

@@ -41,7 +41,9 @@ from dynamo_worker.frontend.errors import (
     UpstreamError,
 )
 from dynamo_worker.frontend.features import FeaturePlan, chat_messages, plan_chat, plan_completion, serving
+from dynamo_worker.frontend.images import ImagesApi
 from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.multimodal import MultimodalProcessor, has_images
 from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.frontend.registry import ModelEntry, ModelRegistry
@@ -131,7 +133,11 @@ class OpenAIServer:
         *,
         max_inflight: int,
         embedding_batch_window_s: float = 0.002,
+        multimodal: MultimodalProcessor | None = None,
+        images: ImagesApi | None = None,
     ) -> None:
+        self.multimodal = multimodal
+        self.images = images
         self.registry = registry
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -147,6 +153,7 @@ class OpenAIServer:
         app.router.add_post("/v1/chat/completions", self._endpoint("chat", self._chat))
         app.router.add_post("/v1/completions", self._endpoint("completion", self._completion))
         app.router.add_post("/v1/embeddings", self._endpoint("embedding", self._embeddings))
+        app.router.add_post("/v1/images/generations", self._image_generations)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
@@ -191,6 +198,25 @@ class OpenAIServer:
         return web.Response(
             body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+    async def _image_generations(self, http_request: web.Request) -> web.Response:
+        if self.images is None:
+            return self._fail(
+                "images", "", InvalidRequest("This frontend generates no images.", code="unsupported")
+            )
+        self.inflight += 1
+        self.idle.clear()
+        try:
+            body = await self._read_body(http_request)
+            response = await self.images.generate(body)
+        except ApiError as e:
+            return self._fail("images", "", e)
+        finally:
+            self.inflight -= 1
+            if not self.inflight:
+                self.idle.set()
+        self.metrics.requests.labels("", "images", "200").inc()
+        return _json({"created": response["created"], "data": response["data"]})
 
     # --- generation endpoints -----------------------------------------------------------------
 
@@ -262,6 +288,13 @@ class OpenAIServer:
         entry = self.registry.lookup(req.model)
         pre = entry.preprocessor
         assert pre is not None
+        if has_images(req):  # processor -> encode worker -> language worker (frontend.multimodal)
+            if self.multimodal is None:
+                raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
+            ids, spans, _ = await self.multimodal.prepare(entry, req, pre)
+            job = self._job("chat", req, entry, ids, req.token_limit(), "messages", default_max=None)
+            job.generate = job.generate.model_copy(update={"images": spans})
+            return job
         plan = plan_chat(req, serving(pre))
         messages = chat_messages(req)
         kwargs = (plan.template_kwargs,) if plan is not None and plan.template_kwargs else ()

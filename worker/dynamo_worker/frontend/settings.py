@@ -151,14 +151,34 @@ class FrontendSettings(BaseModel):
         None,
         description="Where fetched model cards (tokenizer files) are kept; default: a temporary folder.",
     )
+    # --- images (frontend.multimodal, frontend.images) ------------------------------------------
+    allow_private_image_urls: bool = Field(
+        False,
+        description="Fetch image URLs whose host is a private, loopback or link-local address (off: "
+        "only public addresses, so a request cannot reach inside the cluster).",
+    )
+    image_fetch_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="Bound on fetching one image URL, redirects included."
+    )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024, description="Largest image file a request may send or link to (bytes)."
+    )
+    max_images_per_request: int = Field(16, ge=1, le=64, description="Images one chat request may carry.")
+    encode_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="Bound on an encode worker's answer (image embeddings)."
+    )
+    image_generation_timeout_s: float = Field(
+        600.0, gt=0, le=3600, description="Bound on a diffusion worker's answer to /v1/images/generations."
+    )
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(
             prog="python -m dynamo_worker.frontend",
             description=(
-                "OpenAI-compatible frontend. Serves POST /v1/chat/completions, POST /v1/completions, "
-                "POST /v1/embeddings, "
+                "OpenAI-compatible frontend. Serves POST /v1/chat/completions (with images when the model "
+                "has encode workers), POST /v1/completions, POST /v1/embeddings, "
+                "POST /v1/images/generations, "
                 "GET /v1/models, /health (200 once a model is served), /live and /metrics. Workers are "
                 "found in discovery (NATS JetStream KV) under --namespace; models appear and disappear "
                 "with them. When a model has prefill and decode workers, requests are served "

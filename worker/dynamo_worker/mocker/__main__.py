@@ -9,7 +9,12 @@ import sys
 from collections.abc import Sequence
 
 from dynamo_worker.mocker.engine import MockerEngine
-from dynamo_worker.mocker.settings import parse_args
+from dynamo_worker.mocker.multimodal import MockEncoder, MockImageGenerator
+from dynamo_worker.mocker.settings import MockerSettings, parse_all
+from dynamo_worker.multimodal.diffusion import DiffusionService
+from dynamo_worker.multimodal.encode import EncodeService
+from dynamo_worker.multimodal.service import run_service
+from dynamo_worker.multimodal.settings import MultimodalSettings
 from dynamo_worker.profile.model import ProfileError
 from dynamo_worker.runtime import aio
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
@@ -27,10 +32,33 @@ async def _idle_until_signal() -> int:
     return 0
 
 
+def _service(settings: MockerSettings, multimodal: MultimodalSettings) -> EncodeService | DiffusionService:
+    model = settings.served_model_name or settings.model_path
+    if not model:
+        raise ValueError(f"--role {multimodal.worker_role} needs --served-model-name (or --model-path)")
+    if multimodal.worker_role == "encode":
+        encoder = MockEncoder(
+            model,
+            hidden_size=settings.mm_hidden_size,
+            max_tokens=settings.mm_max_image_tokens,
+            base_ms=settings.encode_base_ms,
+            per_token_us=settings.encode_per_token_us,
+            speedup=settings.speedup,
+        )
+        return EncodeService(encoder, multimodal.embedding_cache_bytes)
+    generator = MockImageGenerator(
+        model,
+        step_ms=settings.diffusion_step_ms,
+        default_steps=settings.diffusion_default_steps,
+        speedup=settings.speedup,
+    )
+    return DiffusionService(generator, multimodal.media_output_fs_url, multimodal.media_output_http_url)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
-        runtime, settings, unknown = parse_args(argv)
+        runtime, settings, multimodal, unknown = parse_all(argv)
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -39,6 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.node_rank > 0:
         log.info("Non-leader rank node_rank=%s: the leader serves; idling until stopped", settings.node_rank)
         return asyncio.run(_idle_until_signal())
+    if multimodal.worker_role != "language":
+        try:
+            service = _service(settings, multimodal)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return asyncio.run(run_service(service, runtime))
     try:
         engine = MockerEngine(
             settings, listen_host=runtime.listen_host, advertise_host=runtime.advertise_host

@@ -70,6 +70,7 @@ from dynamo_worker.protocol import (
     Usage,
     WorkerError,
     embedding_chunks,
+    image_pad_id,
 )
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
@@ -369,6 +370,11 @@ class MockerEngine(Engine):
             return _error(
                 "invalid_request", f"data_parallel_rank must be below dp_size={self.settings.dp_size}"
             )
+        for i, span in enumerate(request.images):  # the pad ids stand for the image, as in SGLang
+            pad = image_pad_id(span.embedding.content_hash)
+            end = span.offset + span.embedding.num_tokens
+            if any(t != pad for t in request.token_ids[span.offset : end]):
+                return _error("invalid_request", f"images[{i}]: its token_ids are not its pad id {pad}")
         if self.role != "agg" and request.bootstrap_info is None:
             return _error("invalid_request", f"a {self.role} worker needs bootstrap_info in the request")
         if self.role == "prefill" and self.bootstrap is not None:

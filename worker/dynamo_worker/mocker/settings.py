@@ -16,6 +16,7 @@ from dynamo_operator.api import contract
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.mocker.timing import TimingModel
+from dynamo_worker.multimodal.settings import MultimodalSettings
 from dynamo_worker.profile.model import load_profile
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 
@@ -146,6 +147,13 @@ class MockerSettings(BaseModel):
         None,
         description="JSON list of {match, reply}: a prompt containing 'match' gets 'reply' as its output.",
     )
+    # --- multimodal roles (--role encode | diffusion) --------------------------------------------
+    mm_hidden_size: int = Field(64, ge=1, le=16384, description="encode: values per image token.")
+    mm_max_image_tokens: int = Field(256, ge=1, description="encode: image tokens per image at most.")
+    encode_base_ms: float = Field(10.0, ge=0, description="encode: fixed cost of one encode call (ms).")
+    encode_per_token_us: float = Field(100.0, ge=0, description="encode: cost per image token (us).")
+    diffusion_step_ms: float = Field(20.0, ge=0, description="diffusion: cost per inference step per image.")
+    diffusion_default_steps: int = Field(20, ge=1, description="diffusion: steps when a request names none.")
 
     @property
     def role(self) -> Literal["agg", "prefill", "decode"]:
@@ -177,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     RuntimeSettings.add_arguments(parser)
     add_model_arguments(parser, MockerSettings, "engine (SGLang flags and mocker knobs)")
+    add_model_arguments(parser, MultimodalSettings, "multimodal roles")
     return parser
 
 
@@ -184,11 +193,22 @@ def parse_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[RuntimeSettings, MockerSettings, list[str]]:
     """Runtime settings, mocker settings, and the unknown (ignored) arguments."""
+    runtime, mocker, _, unknown = parse_all(argv, env)
+    return runtime, mocker, unknown
+
+
+def parse_all(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[RuntimeSettings, MockerSettings, MultimodalSettings, list[str]]:
+    """Runtime, mocker and multimodal settings, and the unknown (ignored) arguments."""
     args, unknown = build_parser().parse_known_args(argv)
     given = vars(args)
-    runtime_fields = set(RuntimeSettings.model_fields)
+    runtime_fields, mm_fields = set(RuntimeSettings.model_fields), set(MultimodalSettings.model_fields)
     runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_fields}, env)
     mocker = settings_from_args(
-        MockerSettings, {k: v for k, v in given.items() if k not in runtime_fields}, {}
+        MockerSettings, {k: v for k, v in given.items() if k not in runtime_fields | mm_fields}, {}
     )
-    return runtime, mocker, unknown
+    multimodal = settings_from_args(
+        MultimodalSettings, {k: v for k, v in given.items() if k in mm_fields}, {}
+    )
+    return runtime, mocker, multimodal, unknown

@@ -59,9 +59,36 @@ async def run_follower(
         await system.stop()
 
 
+def _multimodal_role(argv: Sequence[str]) -> str | None:
+    """The value of ``--role`` when it asks for a multimodal role (encode, diffusion)."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        value = (
+            a.split("=", 1)[1]
+            if a.startswith("--role=")
+            else args[i + 1]
+            if a == "--role" and i + 1 < len(args)
+            else None
+        )
+        if value in ("encode", "diffusion"):
+            return value
+        if a in ("--multimodal-encode-worker", "--image-diffusion-worker"):  # NVIDIA Dynamo's spellings
+            return "encode" if a == "--multimodal-encode-worker" else "diffusion"
+    return None
+
+
 def main(argv: Sequence[str] | None = None, sglang: SglangCli | None = None) -> int:
     """Run the worker; 2 (with the problem and its fix on stderr, before anything starts) for a
     command line it cannot run. ``sglang``: the installed SGLang's parts (default: import them)."""
+    role = _multimodal_role(argv if argv is not None else sys.argv[1:])
+    if role is not None:
+        print(
+            f"error: --role {role} is served by the mocker only so far (python -m dynamo_worker.mocker "
+            f"--role {role}); the SGLang {role} engine is not built yet (issue 19). Run this service with "
+            "dynamo-run --engine mocker, or leave --role unset for a language worker.",
+            file=sys.stderr,
+        )
+        return 2
     try:
         plan = parse_worker_args(argv, sglang=sglang)
     except (WorkerArgsError, SettingsError) as e:

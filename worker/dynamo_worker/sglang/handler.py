@@ -100,6 +100,11 @@ def generate_kwargs(req: GenerateRequest, role: Role, rid: str) -> dict[str, Any
     boot = req.bootstrap_info
     if role in ("prefill", "decode") and boot is None:
         raise ValueError(f"a {role} leg needs bootstrap_info (host, port, room) from the frontend")
+    if req.images:  # never generate from the pad ids alone: that would silently ignore the images
+        raise ValueError(
+            "this SGLang worker does not take image embeddings yet (issue 19); serve images with the "
+            "mocker, or send text only"
+        )
     return _call_kwargs(
         input_ids=list(req.token_ids),
         sampling_params=sampling_params(req, role),
