@@ -226,7 +226,7 @@ class Stack:
                "--nats-server", f"nats://127.0.0.1:{self.nats_port}"]  # fmt: skip
         return self._add("frontend", cmd)
 
-    def start_worker(self, role: str, gpu: int, *extra: str) -> tuple[Proc, int]:
+    def start_worker(self, role: str, gpu: int, *extra: str, request_port: int = 0) -> tuple[Proc, int]:
         system_port = free_port()
         module = "dynamo_worker.sglang" if ENGINE == "sglang" else "dynamo_worker.mocker"
         mode = {"agg": "null"}.get(role, role)
@@ -234,7 +234,8 @@ class Stack:
                "--disaggregation-mode", mode, "--base-gpu-id", str(gpu), "--port", str(free_port()),
                *SGLANG_FLAGS, *extra,
                "--namespace", NAMESPACE, "--component", role, "--nats-server", f"nats://127.0.0.1:{self.nats_port}",
-               "--system-port", str(system_port), "--request-port", "0", "--listen-host", "127.0.0.1",
+               "--system-port", str(system_port), "--request-port", str(request_port),
+               "--listen-host", "127.0.0.1",
                "--advertise-host", "127.0.0.1", "--graceful-shutdown-s", "5"]  # fmt: skip
         if role != "agg":
             cmd += ["--disaggregation-transfer-backend", "nixl"]

@@ -469,16 +469,24 @@ class MockerEngine(Engine):
     # --- scheduler -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        ended: float | None = None  # when the last step ended by the simulated clock; None after idling
         while True:
             if not self._waiting and not self._running:
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                ended = None
                 continue
+            # The work done since the last step ended (handing out tokens, admitting) is part of this
+            # step's simulated duration, as an engine's own overhead is part of its profiled timings.
+            now = loop.time()
+            start = now if ended is None else min(now, ended)
             prefill_s, computed = self._admit()
             decoding = len(self._running) - computed
             kv_tokens = sum(self.kvs[s.rank].seq_tokens(s.key) for s in self._running)
             self._publish_load()
-            await asyncio.sleep(prefill_s + self.timing.decode_step_s(decoding, kv_tokens))
+            ended = start + prefill_s + self.timing.decode_step_s(decoding, kv_tokens)
+            await asyncio.sleep(max(0.0, ended - loop.time()))
             for seq in list(self._running):
                 if not seq.finished:
                     self._advance(seq)
@@ -487,7 +495,7 @@ class MockerEngine(Engine):
     def _admit(self) -> tuple[float, int]:
         """Move waiting requests into the batch. Returns the prefill time and how many were prefilled."""
         budget = self.settings.max_prefill_tokens
-        prefill_s, computed = 0.0, 0
+        prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
         admitted = 0
         while self._waiting and len(self._running) < self.settings.max_running_requests:
             seq = self._waiting[0]
@@ -518,10 +526,9 @@ class MockerEngine(Engine):
                     self._advance(seq)  # the transferred first token goes out at once
             else:
                 uncached = len(seq.tokens) - alloc.cached_tokens
-                prefill_s += self.timing.prefill_s(uncached, alloc.cached_tokens)
+                prefills.append((uncached, alloc.cached_tokens))
                 budget -= uncached
-                computed += 1
-        return prefill_s, computed
+        return self.timing.prefill_batch_s(prefills), len(prefills)
 
     def _advance(self, seq: _Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""

@@ -20,9 +20,15 @@ A scheduler step that admits prefills and advances the running batch takes the s
 admitted plus one decode step (the batch is fused, as in SGLang's mixed batches).
 
 With a profile (``--profile``, see ``dynamo_worker.profile.model``) the prefill and decode formulas
-are replaced by the profile's tables: a prefill of ``n`` new tokens after ``c`` cached ones costs the
-share ``n / (c + n)`` of the profiled TTFT at ``c + n`` tokens (at least one token's share), and a decode
-step costs the profiled ITL at batch ``b`` and context ``k / b``; ``speedup`` still divides both.
+are replaced by the profile's tables. The profiled TTFT of a lone request holds a fixed cost per
+forward pass (``F``: the TTFT table extrapolated to 0 tokens: launch, scheduling, sampling) that a step
+prefilling several requests pays once, as the engine runs them in one batch. So a step's prefills,
+request ``i`` with ``n_i`` new tokens after ``c_i`` cached ones, cost::
+
+    F + sum_i (TTFT(c_i + n_i) - F) * n_i / (c_i + n_i)
+
+(a lone uncached request costs exactly its profiled TTFT), and a decode step costs the profiled ITL at
+batch ``b`` and context ``k / b``; ``speedup`` still divides both.
 
 Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
 
@@ -32,6 +38,7 @@ Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dynamo_worker.profile.model import Profile
@@ -74,14 +81,25 @@ class TimingModel:
     def prefill_s(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         n, c = uncached_tokens, cached_tokens
         if self.profile is not None:
-            total = max(n + c, 1)
-            return self.profile.ttft_s(total) * max(n, 1) / total / self.speedup
+            return self.prefill_batch_s([(n, c)])
         t = (
             self.prefill_base_ms / 1e3
             + n * self.prefill_per_token_us / 1e6
             + n * (c + n) * self.prefill_attention_ns / 1e9
         )
         return t / self.speedup
+
+    def prefill_batch_s(self, prefills: Sequence[tuple[int, int]]) -> float:
+        """One scheduler step's prefills, each ``(uncached, cached)`` tokens (see the module doc)."""
+        if not prefills:
+            return 0.0
+        if self.profile is None:
+            return sum(self.prefill_s(n, c) for n, c in prefills)
+        fixed = self.profile.ttft_s(0)
+        shares = (
+            (self.profile.ttft_s(max(n + c, 1)) - fixed) * max(n, 1) / max(n + c, 1) for n, c in prefills
+        )
+        return (fixed + sum(shares)) / self.speedup
 
     def decode_step_s(self, batch_size: int, kv_tokens: int) -> float:
         if batch_size <= 0:
