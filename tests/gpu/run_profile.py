@@ -5,12 +5,12 @@ usage: python tests/gpu/run_profile.py        (see tests/gpu/README.md for the d
 
 1. An embedded nats-server, our frontend and one aggregated SGLang worker on GPU 0 (the 8B shape with
    dummy weights and ``run_gpu.py``'s flags, ``--mem-fraction-static 0.80``, ``--max-total-tokens``
-   ``PROF_MAX_TOTAL_TOKENS``, ``--context-length 16384``).
+   ``PROF_MAX_TOTAL_TOKENS``, ``--chunked-prefill-size`` ``PROF_CHUNK``, ``--context-length 16384``).
 2. ``dynamo_worker.profile``'s sweep on the worker's request plane (so the frontend's own cost is not
    in the profile; the mocker adds nothing of it either): prefill TTFT over ``PROF_ISL`` (lone
    requests, median of 3) and decode ITL over ``PROF_BATCH`` x ``PROF_CONTEXT``; the profile is written
-   to ``$OUT/sglang-8b-h100.json`` (``source: measured``), ready to replace the shipped, derived one in
-   ``worker/dynamo_worker/profile/data/``.
+   to ``$OUT/sglang-8b-h100.json`` (``source: measured``): the file shipped in
+   ``worker/dynamo_worker/profile/data/`` is this output.
 3. Three operating points (``POINTS``: input length, output length, concurrency) measured through the
    frontend on the GPU worker: TTFT p50 and ITL p50 (per request, (last - first token) / (n - 1)).
 4. The GPU worker is stopped and a mocker started in its place with ``--profile`` of the measured file
@@ -22,8 +22,8 @@ usage: python tests/gpu/run_profile.py        (see tests/gpu/README.md for the d
 ``ENGINE=mocker`` runs every step with a mocker in place of SGLang (loaded with the shipped profile),
 so the suite exercises the script without a GPU (``tests/integration/sglang/test_gpu_profile_script.py``).
 
-Env: ENGINE, PROF_ISL, PROF_BATCH, PROF_CONTEXT, PROF_MAX_TOTAL_TOKENS, PROF_TOLERANCE, PROF_NREQ_SCALE,
-PROF_POINTS (``isl:osl:conc,...``), STARTUP_S, GRAPHS.
+Env: ENGINE, PROF_ISL, PROF_BATCH, PROF_CONTEXT, PROF_DECODE_OSL, PROF_MAX_TOTAL_TOKENS, PROF_CHUNK,
+PROF_TOLERANCE, PROF_NREQ_SCALE, PROF_POINTS (``isl:osl:conc,...``), STARTUP_S, GRAPHS.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from pathlib import Path
 
 os.environ.setdefault("MEM_FRACTION", "0.80")  # one engine on the GPU: the usual share
 os.environ.setdefault("MAX_TOTAL_TOKENS", "")  # set below, the same for the engine and the mocker
+# The 8B shape's config says 8192 positions; the sweep's longest prompt plus its output needs more, and
+# dummy weights have no quality to lose.
+os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run_gpu
@@ -66,7 +69,10 @@ def _ints(name: str, default: str) -> list[int]:
 ISL = _ints("PROF_ISL", "128,512,1024,2048,4096,8192")
 BATCH = _ints("PROF_BATCH", "1,8,32,64")
 CONTEXT = _ints("PROF_CONTEXT", "256,1024,2048,4096")
-MAX_TOTAL_TOKENS = int(os.environ.get("PROF_MAX_TOTAL_TOKENS", 262144))
+DECODE_OSL = int(os.environ.get("PROF_DECODE_OSL", 128))  # tokens each decode cell times per request
+# Room for the largest decode cell (64 x (4096 + 64) tokens) so no request of a batch waits.
+MAX_TOTAL_TOKENS = int(os.environ.get("PROF_MAX_TOTAL_TOKENS", 300000))
+CHUNK = int(os.environ.get("PROF_CHUNK", 8192))  # SGLang's chunked prefill size on an 80 GB GPU
 PAGE = 16
 TOLERANCE = float(os.environ.get("PROF_TOLERANCE", 0.15))
 NREQ_SCALE = float(os.environ.get("PROF_NREQ_SCALE", 2))  # requests per point = scale x concurrency (>= 8)
@@ -78,7 +84,9 @@ POINTS = [
 REQUEST_PORT = free_port()  # the sweep talks to the worker's request plane: no frontend in the profile
 PROFILE_FILE = OUT / "sglang-8b-h100.json"
 SHIPPED = Path(__file__).resolve().parents[2] / "worker/dynamo_worker/profile/data/sglang-8b-h100.json"
-ENGINE_FLAGS = ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--context-length", "16384"]
+# The prefill token budget per scheduler step is explicit, so the mocker is given the same one.
+ENGINE_FLAGS = ["--max-total-tokens", str(MAX_TOTAL_TOKENS), "--context-length", "16384",
+                "--chunked-prefill-size", str(CHUNK)]  # fmt: skip
 MOCKER_FLAGS = ["--num-kv-blocks", str(MAX_TOTAL_TOKENS // PAGE)]
 
 
@@ -141,7 +149,7 @@ async def sweep() -> None:
         s = Sweeper(session, url, MODEL, "worker", vocab=(100, 30000))
         prefill = await s.prefill(ISL, 3)
         log(f"prefill TTFT ms over ISL {ISL}: {prefill.ttft_ms}")
-        decode = await s.decode(BATCH, CONTEXT, 64)
+        decode = await s.decode(BATCH, CONTEXT, DECODE_OSL)
         for b, row in zip(BATCH, decode.itl_ms, strict=True):
             log(f"decode ITL ms at batch {b} over context {CONTEXT}: {row}")
     engine = sglang_version() if ENGINE == "sglang" else "mocker (shipped profile)"
@@ -153,7 +161,8 @@ async def sweep() -> None:
         source="measured" if ENGINE == "sglang" else "mocker",
         note=(
             "measured by tests/gpu/run_profile.py on our SGLang worker's request plane (dummy weights, "
-            f"page size {PAGE}, --max-total-tokens {MAX_TOTAL_TOKENS}); prefill: lone requests, median of 3; "
+            f"page size {PAGE}, --max-total-tokens {MAX_TOTAL_TOKENS}, --chunked-prefill-size {CHUNK}: give "
+            "the mocker the same); prefill: lone requests, median of 3; "
             "decode: b requests at once, mean context c"
         ),
         prefill=prefill,

@@ -50,7 +50,7 @@ def test_profile_script_writes_a_profile_and_compares_the_mocker_on_the_mocker(t
     assert "FAILED" not in stdout and "error:" not in stdout, stdout[-4000:]
     profile = Profile.model_validate_json((out / "sglang-8b-h100.json").read_text())
     assert profile.source == "mocker" and profile.prefill.isl == [128, 512, 2048]
-    assert profile.prefill.ttft_ms == sorted(profile.prefill.ttft_ms)  # longer prompts take longer
+    assert profile.prefill.ttft_ms[-1] > profile.prefill.ttft_ms[0]  # a long prompt takes longer
     assert len(profile.decode.itl_ms) == 2 and all(len(row) == 2 for row in profile.decode.itl_ms)
     result = json.loads((out / "profile.json").read_text())
     for side in ("gpu", "mocker"):

@@ -39,6 +39,16 @@ def test_mocker_and_runtime_flags_mix():
     assert mocker.timing(100).speedup == 50
 
 
+@pytest.mark.parametrize(
+    ("flags", "budget"),
+    [([], 16384), (["--chunked-prefill-size", "8192"], 8192), (["--max-prefill-tokens", "4096",
+     "--chunked-prefill-size", "8192"], 4096), (["--chunked-prefill-size", "-1"], 16384)],
+)  # fmt: skip
+def test_a_step_prefills_at_most_the_smaller_of_sglangs_two_token_limits(flags, budget):
+    _, mocker, _ = parse_args(flags, env={})
+    assert mocker.prefill_budget == budget
+
+
 def test_bad_mocker_values_name_the_flag():
     with pytest.raises(SettingsError, match="--speedup"):
         parse_args(["--speedup", "0"], env={})

@@ -44,21 +44,24 @@ def test_invalid_knobs_are_rejected(bad):
 
 
 def test_a_profile_replaces_the_formulas():
-    """With --profile, a lone prefill costs the profiled TTFT, a cached prefix only its share of what
-    is not the fixed cost per forward pass, prefills batched in one step pay that fixed cost once,
-    and a decode step costs the profiled ITL at the batch's size and mean context; speedup divides."""
+    """With --profile, a lone prefill costs its profiled TTFT; prefills batched in one step cost one
+    forward pass over all their new tokens plus each request's own attention (so eight short prompts
+    cost far less than eight lone ones, and less than one prompt as long as all eight); a cached
+    prefix adds attention only; a decode step costs the profiled ITL at the batch's size and mean
+    context; speedup divides."""
     from dynamo_worker.mocker.settings import MockerSettings
     from dynamo_worker.profile.model import builtin_profile
 
     p = builtin_profile("sglang-8b-h100")
     t = MockerSettings(profile="builtin:sglang-8b-h100").timing(131072)
-    assert t.prefill_s(2048) == pytest.approx(p.ttft_s(2048))
-    fixed = p.ttft_s(0)
-    assert 0 < fixed < p.ttft_s(128)
-    assert t.prefill_s(1024, cached_tokens=1024) == pytest.approx(fixed + (p.ttft_s(2048) - fixed) / 2)
+    for isl in p.prefill.isl:
+        assert t.prefill_s(isl) == pytest.approx(p.ttft_s(isl))
+    assert p.attention_s() > 0
+    assert p.ttft_s(1024) <= t.prefill_s(1024, cached_tokens=4096) < p.ttft_s(1024 + 4096)
     eight = t.prefill_batch_s([(1024, 0)] * 8)
-    assert eight == pytest.approx(8 * p.ttft_s(1024) - 7 * fixed)
-    assert eight < 8 * t.prefill_s(1024)
+    assert eight == pytest.approx(p.pass_s(8192) + p.attention_s() * 8 * 1024 * 1024)
+    assert t.prefill_s(1024) < eight < min(8 * t.prefill_s(1024), p.ttft_s(8192))
+    assert t.prefill_batch_s([(128, 0)] * 4) == pytest.approx(p.ttft_s(512), rel=0.05)  # the flat start
     assert t.prefill_batch_s([]) == 0
     assert t.decode_step_s(32, 32 * 2048) == pytest.approx(p.itl_s(32, 2048))
     fast = MockerSettings(profile="builtin:sglang-8b-h100", speedup=10).timing(131072)

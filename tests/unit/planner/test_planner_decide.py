@@ -4,6 +4,7 @@ forecasts, the frontends' counters turned into an interval, and Dynamo's --confi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from dynamo_worker.planner.decide import (
@@ -19,10 +20,11 @@ from dynamo_worker.planner.decide import (
 from dynamo_worker.planner.forecast import Forecaster
 from dynamo_worker.planner.observe import Totals, interval, parse_frontend_metrics
 from dynamo_worker.planner.settings import parse_args, read_dynamo_config
-from dynamo_worker.profile.model import ProfileError, builtin_profile, load_profile
+from dynamo_worker.profile.model import ProfileError, load_profile
 from dynamo_worker.runtime.settings import SettingsError
 
-H100 = builtin_profile("sglang-8b-h100")
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "profiles"
+H100 = load_profile(FIXTURES / "sglang-8b-derived.json")  # formula-made figures the tests can pin
 
 
 def test_profile_interpolates_and_extrapolates_upwards():

@@ -481,21 +481,28 @@ class MockerEngine(Engine):
             # step's simulated duration, as an engine's own overhead is part of its profiled timings.
             now = loop.time()
             start = now if ended is None else min(now, ended)
-            prefill_s, computed = self._admit()
-            decoding = len(self._running) - computed
-            kv_tokens = sum(self.kvs[s.rank].seq_tokens(s.key) for s in self._running)
+            prefill_s, prefilled = self._admit()
+            if prefilled and not self.settings.enable_mixed_chunk:
+                # SGLang's default schedule: a prefill batch runs on its own and the running batch gets
+                # no token until no waiting request can be admitted (prefill first, decode stalls).
+                advancing, step_s = prefilled, prefill_s
+            else:  # --enable-mixed-chunk: the step's prefills ride along with one decode step
+                decoding = len(self._running) - len(prefilled)
+                kv_tokens = sum(self.kvs[s.rank].seq_tokens(s.key) for s in self._running)
+                advancing, step_s = self._running, prefill_s + self.timing.decode_step_s(decoding, kv_tokens)
             self._publish_load()
-            ended = start + prefill_s + self.timing.decode_step_s(decoding, kv_tokens)
+            ended = start + step_s
             await asyncio.sleep(max(0.0, ended - loop.time()))
-            for seq in list(self._running):
+            for seq in list(advancing):
                 if not seq.finished:
                     self._advance(seq)
             self._publish_load()
 
-    def _admit(self) -> tuple[float, int]:
-        """Move waiting requests into the batch. Returns the prefill time and how many were prefilled."""
-        budget = self.settings.max_prefill_tokens
+    def _admit(self) -> tuple[float, list[_Seq]]:
+        """Move waiting requests into the batch. Returns the prefill time and the requests prefilled."""
+        budget = self.settings.prefill_budget
         prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
+        prefilled: list[_Seq] = []
         admitted = 0
         while self._waiting and len(self._running) < self.settings.max_running_requests:
             seq = self._waiting[0]
@@ -527,8 +534,9 @@ class MockerEngine(Engine):
             else:
                 uncached = len(seq.tokens) - alloc.cached_tokens
                 prefills.append((uncached, alloc.cached_tokens))
+                prefilled.append(seq)
                 budget -= uncached
-        return self.timing.prefill_batch_s(prefills), len(prefills)
+        return self.timing.prefill_batch_s(prefills), prefilled
 
     def _advance(self, seq: _Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""

@@ -73,7 +73,16 @@ class MockerSettings(BaseModel):
     )
     max_running_requests: int = Field(256, ge=1, description="Sequences decoded at once.")
     max_prefill_tokens: int = Field(16384, ge=1, description="Token budget of new prefill tokens per step.")
-    chunked_prefill_size: int | None = Field(None, description="Accepted.")
+    chunked_prefill_size: int | None = Field(
+        None,
+        description="Most new prefill tokens one step takes, as in SGLang (with --max-prefill-tokens, the "
+        "smaller wins; <= 0: no limit of its own).",
+    )
+    enable_mixed_chunk: bool = Field(
+        False,
+        description="Run a step's prefills together with one decode step of the running batch, as SGLang's "
+        "flag does (default: a prefill step runs alone and decoding waits for it).",
+    )
     kv_events_config: str | None = Field(
         None,
         description="Accepted (SGLang's KV events publisher, which the operator wires for KV routing): the "
@@ -158,6 +167,12 @@ class MockerSettings(BaseModel):
     @property
     def role(self) -> Literal["agg", "prefill", "decode"]:
         return "agg" if self.disaggregation_mode == "null" else self.disaggregation_mode
+
+    @property
+    def prefill_budget(self) -> int:
+        """New prefill tokens one scheduler step may take (SGLang: the smaller of both limits)."""
+        chunk = self.chunked_prefill_size
+        return min(self.max_prefill_tokens, chunk) if chunk and chunk > 0 else self.max_prefill_tokens
 
     def timing(self, kv_bytes_per_token: int) -> TimingModel:
         return TimingModel(

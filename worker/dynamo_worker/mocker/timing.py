@@ -16,19 +16,25 @@ One decode step of a batch of ``b`` running sequences holding ``k`` KV tokens in
                      + b * decode_per_seq_us / 1e6
                      + k * decode_per_kv_token_ns / 1e9) / speedup
 
-A scheduler step that admits prefills and advances the running batch takes the sum of the prefills it
-admitted plus one decode step (the batch is fused, as in SGLang's mixed batches).
+A scheduler step that admits prefills takes the prefills' time and gives only them their first token
+(SGLang runs prefill batches first; the running batch decodes when no prefill is waiting). With
+``--enable-mixed-chunk`` the step takes the prefills plus one decode step and every running request
+gets a token, as in SGLang's mixed batches.
 
 With a profile (``--profile``, see ``dynamo_worker.profile.model``) the prefill and decode formulas
-are replaced by the profile's tables. The profiled TTFT of a lone request holds a fixed cost per
-forward pass (``F``: the TTFT table extrapolated to 0 tokens: launch, scheduling, sampling) that a step
-prefilling several requests pays once, as the engine runs them in one batch. So a step's prefills,
-request ``i`` with ``n_i`` new tokens after ``c_i`` cached ones, cost::
+are replaced by the profile's tables. The engine runs a step's prefills as one forward pass over all
+their new tokens, and only attention keeps each request to its own context. So a step prefilling
+requests with ``n_i`` new tokens after ``c_i`` cached ones costs::
 
-    F + sum_i (TTFT(c_i + n_i) - F) * n_i / (c_i + n_i)
+    pass(sum_i n_i) + attention * sum_i n_i * (n_i + c_i)
 
-(a lone uncached request costs exactly its profiled TTFT), and a decode step costs the profiled ITL at
-batch ``b`` and context ``k / b``; ``speedup`` still divides both.
+``attention`` is the profile's seconds per new token x context token (the TTFT table's curvature) and
+``pass`` the TTFT table less that attention (the rest of a forward pass, which grows with the step's
+tokens), and at least the profiled TTFT of the step's longest request. A lone uncached request costs
+exactly its profiled TTFT, and a batch of short prompts pays the engine's fixed cost per pass (the
+flat start of the TTFT table) once. A decode step costs the profiled ITL at batch ``b`` and context
+``k / b``; ``speedup`` still divides both. (How many new tokens one step takes is the engine's
+budget: ``--max-prefill-tokens`` and ``--chunked-prefill-size``.)
 
 Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
 
@@ -95,11 +101,11 @@ class TimingModel:
             return 0.0
         if self.profile is None:
             return sum(self.prefill_s(n, c) for n, c in prefills)
-        fixed = self.profile.ttft_s(0)
-        shares = (
-            (self.profile.ttft_s(max(n + c, 1)) - fixed) * max(n, 1) / max(n + c, 1) for n, c in prefills
-        )
-        return (fixed + sum(shares)) / self.speedup
+        p = self.profile
+        new = [max(n, 1) for n, _ in prefills]
+        attention = p.attention_s() * sum(n * (n + c) for n, (_, c) in zip(new, prefills, strict=True))
+        step = max(p.pass_s(sum(new)) + attention, max(p.ttft_s(n) for n in new))
+        return step / self.speedup
 
     def decode_step_s(self, batch_size: int, kv_tokens: int) -> float:
         if batch_size <= 0:

@@ -104,6 +104,23 @@ class Profile(BaseModel):
         """Time to first token of a lone request of ``isl`` input tokens."""
         return _interp(self.prefill.isl, self.prefill.ttft_ms, isl) / 1e3
 
+    def attention_s(self) -> float:
+        """Seconds per (new token x context token) of prefill attention: the TTFT table's curvature
+        over its three longest points (a lone request's attention grows with the square of its
+        length, the rest of a forward pass linearly); 0 when the table does not bend upwards."""
+        if len(self.prefill.isl) < 3:
+            return 0.0
+        (x0, x1, x2), (y0, y1, y2) = self.prefill.isl[-3:], self.prefill.ttft_ms[-3:]
+        curvature = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)
+        return max(curvature, 0.0) / 1e3
+
+    def pass_s(self, tokens: float) -> float:
+        """A prefill forward pass over ``tokens`` new tokens without its attention: the TTFT table less
+        ``attention_s() * isl**2``, interpolated (linear beyond the table, as such work grows)."""
+        a = self.attention_s() * 1e3
+        rest = [t - a * n * n for n, t in zip(self.prefill.isl, self.prefill.ttft_ms, strict=True)]
+        return _interp(self.prefill.isl, rest, tokens) / 1e3
+
     def itl_s(self, batch_size: float, context: float) -> float:
         """Inter-token latency with ``batch_size`` sequences of ``context`` KV tokens each decoding."""
         d = self.decode
