@@ -8,6 +8,9 @@
   SGLang's own ``ServerArgs`` needs torch to import.
 - ``config_merger``: SGLang's own ``ConfigArgumentMerger`` class, loaded from that release's file at
   whichever path it has (its module imports only argparse and yaml).
+- the fixtures ``sglang_sources``, ``oldest_src`` and ``newest_src``: the source of both ends of the
+  window. The wheels are downloaded once (``pip download --no-deps``) into the project cache folder, the
+  same files ``hack/sglang-compat.sh`` uses.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import pytest
+from dynamo_worker.sglang import compat, uses
 from dynamo_worker.sglang.args import SglangCli
 from dynamo_worker.sglang.source import SourceIndex, server_args_layout
 from dynamo_worker.sglang.uses import CONFIG_PARSER_MODULES
 
+from tests.support.purity import fetching_test_data
 from tests.support.sglang_fake import FAKE_BOOTSTRAP_HOST
 
 TYPES = {"int": int, "float": float, "str": str}
@@ -86,3 +92,20 @@ def cli_from_source(root: Path, version: str) -> SglangCli:
         config_merger=config_merger(root),
         fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
     )
+
+
+@pytest.fixture(scope="session")
+def sglang_sources() -> dict[str, Path]:
+    """``{version: folder containing sglang/}`` for both ends of the window."""
+    with fetching_test_data():
+        return {version: compat.fetch_sglang_source(version) for version in uses.SGLANG_WINDOW}
+
+
+@pytest.fixture(scope="session")
+def oldest_src(sglang_sources) -> Path:
+    return sglang_sources[uses.SGLANG_WINDOW[0]]
+
+
+@pytest.fixture(scope="session")
+def newest_src(sglang_sources) -> Path:
+    return sglang_sources[uses.SGLANG_WINDOW[1]]

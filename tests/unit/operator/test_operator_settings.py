@@ -1,14 +1,10 @@
 """Operator settings: every field is a flag and an environment variable (flags win), the scope must be
-chosen explicitly, bad values name the flag and variable, pod defaults come from OperatorConfig, and
-`python -m dynamo_operator --help` explains every flag."""
-
-import subprocess
-import sys
-from pathlib import Path
+chosen explicitly, bad values name the flag and variable, and pod defaults come from OperatorConfig
+(`python -m dynamo_operator` as a process: tests/integration/operator/test_operator_settings.py)."""
 
 import pytest
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
+from dynamo_operator.settings import SettingsError, parse_settings
 
 
 def test_flags_win_over_environment_and_defaults_come_from_operator_config():
@@ -58,29 +54,6 @@ def test_in_cluster_detection():
 def test_liveness_endpoint():
     assert parse_settings(["--namespace", "a"], {}).liveness_endpoint == "http://0.0.0.0:8080/healthz"
     assert parse_settings(["--namespace", "a", "--liveness-port", "0"], {}).liveness_endpoint is None
-
-
-def test_help_explains_every_flag():
-    out = subprocess.run(
-        [sys.executable, "-m", "dynamo_operator", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    flat = " ".join(out.split())
-    for name, info in OperatorSettings.model_fields.items():
-        assert f"--{name.replace('_', '-')}" in out
-        assert f"DYN_OPERATOR_{name.upper()}" in flat
-        assert " ".join(info.description.split()[:4]) in flat
-
-
-def test_missing_scope_exits_2_with_the_fix(tmp_path: Path):
-    r = subprocess.run(
-        [sys.executable, "-m", "dynamo_operator"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert r.returncode == 2
-    assert "--all-namespaces" in r.stderr
 
 
 def test_webhook_address_service_or_url():

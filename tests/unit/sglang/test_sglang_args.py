@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 from dynamo_worker.runtime.settings import RuntimeSettings
@@ -66,14 +64,6 @@ def test_prefill_without_bootstrap_port_gets_one_chosen():
     assert "disaggregation_bootstrap_port" not in values
 
 
-def test_pick_free_port_returns_a_bindable_port():
-    import socket
-
-    port = args.pick_free_port("127.0.0.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
-
-
 def test_bootstrap_host_is_the_advertised_host_or_the_multinode_leader():
     assert args.bootstrap_host(FakeServerArgs(), RUNTIME) == "10.1.2.3"
     leader = FakeServerArgs(nnodes=2, dist_init_addr="graph-prefill-0.graph-prefill:29500")
@@ -101,16 +91,6 @@ def test_without_sglang_the_worker_says_how_to_install_it():
         pytest.skip("SGLang is installed here")
     with pytest.raises(args.WorkerArgsError, match=r"dynamo-sglang\[sglang\]"):
         args.parse_worker_args(["--model-path", "m"], env={})
-
-
-def test_help_works_without_sglang():
-    out = subprocess.run(
-        [sys.executable, "-m", "dynamo_worker.sglang", "--help"], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    assert "--nats-server" in out.stdout and "--engine-start-timeout-s" in out.stdout
-    if not _sglang_importable():
-        assert "dynamo-sglang[sglang]" in out.stdout
 
 
 def test_our_settings_come_from_flags_and_the_rest_is_left_for_sglang():
@@ -216,18 +196,6 @@ def test_a_missing_config_file_is_named(newest_cli, tmp_path):
         args.parse_worker_args(
             ["--model-path", "m", "--config", str(tmp_path / "no.yaml")], env={}, sglang=newest_cli
         )
-
-
-def test_the_plan_builds_a_new_server_args_for_a_changed_value(newest_cli):
-    plan = args.parse_worker_args(
-        ["--model-path", "m", "--disaggregation-mode", "prefill"], env={}, sglang=newest_cli
-    )
-    assert plan.bootstrap_port_chosen
-    with pytest.raises(AttributeError, match="read-only"):
-        plan.server_args.disaggregation_bootstrap_port = 1234
-    fresh = plan.build_server_args({"disaggregation_bootstrap_port": 1234})
-    assert fresh.disaggregation_bootstrap_port == 1234 and fresh.model_path == "m"
-    assert plan.server_args.disaggregation_bootstrap_port != 1234
 
 
 def test_sglangs_own_validation_of_the_values_is_a_clear_error_too(newest_cli):

@@ -32,6 +32,8 @@ from tests.support.sglang_fake import (
     eventually,
 )
 
+pytestmark = pytest.mark.integration
+
 FAST = SglangSettings(
     canary_interval_s=0.05, canary_timeout_s=1.0, load_interval_s=0.05, capacity_timeout_s=2
 )

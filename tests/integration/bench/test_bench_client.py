@@ -18,6 +18,8 @@ from dynamo_worker.bench.runner import IteratorWorkload, SharedPrefixWorkload, r
 from dynamo_worker.bench.stats import summarize
 from dynamo_worker.bench.workload import LengthDist, random_requests, shared_prefix_turns
 
+pytestmark = pytest.mark.integration
+
 
 class Stub:
     """Streams ``max_tokens`` chunks of one word each; ``fail`` picks a failure for a request."""

@@ -28,6 +28,8 @@ from dynamo_worker.sglang import uses
 from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, KvEventRelay, decode_batch
 from dynamo_worker.sglang.source import SourceIndex, load_structs
 
+pytestmark = pytest.mark.integration
+
 PAGE = 2
 TOKENS = [101, 102, 103, 104, 105, 106]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -24,6 +25,16 @@ from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceRemoved
 from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.runtime.request_plane import RequestClient, RequestServer
+
+from tests.support.bpe_model import build_tokenizer, write_model_dir
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """The small BPE tokenizer (tests/support/bpe_model.py) in a model folder."""
+    return write_model_dir(tmp_path_factory.mktemp("model"), build_tokenizer())
 
 
 def record(worker_id: str, role: str = "agg", model: str = "tiny") -> InstanceRecord:
