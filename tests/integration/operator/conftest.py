@@ -22,6 +22,7 @@ import pytest
 import yaml
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support import wait
 from tests.support.cluster import LocalCluster
 from tests.support.procs import popen
 
@@ -34,15 +35,9 @@ WAIT_S = 60.0
 
 
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``
+    (tests/support/wait.py, with this tier's default bound)."""
+    return wait.wait_until(predicate, what, timeout_s=timeout, interval_s=0.2)
 
 
 def example(name: str) -> dict:

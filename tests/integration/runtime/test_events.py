@@ -6,7 +6,6 @@ published on change and periodically."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import nats
@@ -21,6 +20,8 @@ from dynamo_worker.runtime.events import (
     subscribe_load,
 )
 
+from tests.support.wait import wait_until_async
+
 pytestmark = pytest.mark.integration
 
 
@@ -34,13 +35,6 @@ async def nc(nats_url):
 @pytest.fixture
 def namespace() -> str:
     return "ev-" + uuid.uuid4().hex[:8]
-
-
-async def wait_until(predicate, within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def stored(i: int) -> BlockStored:
@@ -59,7 +53,7 @@ async def test_batches_arrive_in_order_with_consecutive_seqs(nc, namespace):
     publisher.submit([BlockRemoved(block_hashes=[0])])
     await publisher.stop()
     await nc.flush()
-    await wait_until(lambda: sum(len(b.events) for b in got) == 21)
+    await wait_until_async(lambda: sum(len(b.events) for b in got) == 21, "all 21 events", timeout_s=5)
     assert [b.seq for b in got] == list(range(len(got)))
     events = [e for b in got for e in b.events]
     assert [e.block_hashes[0] for e in events[:20]] == list(range(20))
@@ -80,7 +74,7 @@ async def test_each_batch_holds_one_dp_ranks_events_and_names_the_rank(nc, names
     publisher.submit([stored(3)])  # an engine without dp ranks: rank 0
     await publisher.stop()
     await nc.flush()
-    await wait_until(lambda: sum(len(b.events) for b in got) == 5)
+    await wait_until_async(lambda: sum(len(b.events) for b in got) == 5, "all 5 events", timeout_s=5)
     assert [(b.dp_rank, [e.block_hashes[0] for e in b.events]) for b in got] == [
         (0, [0, 1]),
         (1, [10]),
@@ -99,7 +93,7 @@ async def test_a_lost_batch_is_detected_as_a_gap(nc, namespace):
     publisher.seq += 2  # two batches lost on the way
     await publisher.publish_now([stored(2)])
     await nc.flush()
-    await wait_until(lambda: len(gaps) == 2)
+    await wait_until_async(lambda: len(gaps) == 2, "both batches", timeout_s=5)
     assert gaps == [0, 2]
     assert tracker.observe(KvEventBatch(instance_id="bbbbbbbbbbbbbbbb", seq=1, events=[])) == -1  # stale
     await sub.unsubscribe()
@@ -121,7 +115,7 @@ async def test_publisher_overflow_drops_oldest_and_leaves_a_gap(nc, namespace):
     publisher.submit([stored(i) for i in range(1, 9)])  # 8 > 5 pending before the task runs
     await publisher.stop()
     await nc.flush()
-    await wait_until(lambda: len(got) == 2)
+    await wait_until_async(lambda: len(got) == 2, "two batches", timeout_s=5)
     assert publisher.dropped == 3
     assert gaps == [0, 1]
     assert [e.block_hashes[0] for e in got[1].events] == [4, 5, 6, 7, 8]
@@ -134,14 +128,18 @@ async def test_load_is_published_on_change_and_periodically(nc, namespace):
     publisher = LoadPublisher(nc, namespace, "dddddddddddddddd", min_interval_s=0.01, period_s=0.2)
     publisher.start()
     publisher.update(LoadSnapshot(active_blocks=1, total_blocks=10, waiting=0, running=1))
-    await wait_until(lambda: len(got) >= 1)
+    await wait_until_async(lambda: len(got) >= 1, "the first load report", timeout_s=5)
     assert got[0] == LoadMetrics(
         instance_id="dddddddddddddddd", active_blocks=1, total_blocks=10, waiting=0, running=1
     )
     publisher.update(LoadSnapshot(active_blocks=3, total_blocks=10, waiting=2, running=1))
-    await wait_until(lambda: any(m.active_blocks == 3 for m in got))
+    await wait_until_async(
+        lambda: any(m.active_blocks == 3 for m in got), "the changed load (active_blocks=3)", timeout_s=5
+    )
     count = len(got)
-    await wait_until(lambda: len(got) >= count + 2)  # unchanged load is re-sent every period
+    await wait_until_async(
+        lambda: len(got) >= count + 2, "two periodic re-sends of the unchanged load", timeout_s=5
+    )  # unchanged load is re-sent every period
     assert got[-1].active_blocks == 3
     await publisher.stop()
     await sub.unsubscribe()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 import pytest
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, StopConditions, Usage
@@ -21,14 +20,9 @@ from dynamo_worker.runtime.request_plane import (
     WorkerUnreachable,
 )
 
+from tests.support.wait import wait_until_async
+
 pytestmark = pytest.mark.integration
-
-
-async def wait_until(predicate, within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def request(rid: str = "r", max_tokens: int = 3) -> GenerateRequest:
@@ -127,7 +121,11 @@ async def test_closing_the_stream_cancels_the_request_on_the_worker(served):
     stream = client.generate(address, request("gone", 100))
     await anext(stream)
     await stream.aclose()
-    await wait_until(lambda: "gone" in engine.closed and not server.inflight)
+    await wait_until_async(
+        lambda: "gone" in engine.closed and not server.inflight,
+        "the worker to close request gone",
+        timeout_s=5,
+    )
 
 
 async def test_cancelling_the_caller_task_cancels_the_request_on_the_worker(served):
@@ -144,7 +142,11 @@ async def test_cancelling_the_caller_task_cancels_the_request_on_the_worker(serv
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await wait_until(lambda: "task" in engine.closed and not server.inflight)
+    await wait_until_async(
+        lambda: "task" in engine.closed and not server.inflight,
+        "the worker to close request task",
+        timeout_s=5,
+    )
 
 
 async def test_unreachable_worker_raises_worker_unreachable():
@@ -203,7 +205,7 @@ async def test_drain_refuses_new_requests_and_aborts_leftovers(served):
     stream = client.generate(address, request("inflight", 10))
     await anext(stream)
     drain = asyncio.create_task(server.drain(grace_s=0.2))
-    await wait_until(lambda: server.draining)
+    await wait_until_async(lambda: server.draining, "the server to drain", timeout_s=5)
     with pytest.raises(WorkerRejected) as err:
         await anext(client.generate(address, request("new")))
     assert err.value.error_type == "shutting_down"

@@ -6,7 +6,6 @@ health check turns it 503; /metrics is Prometheus text; shutdown deregisters and
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import aiohttp
@@ -22,6 +21,8 @@ from dynamo_worker.runtime.request_plane import RequestClient, WorkerUnreachable
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.runtime.worker import Worker, WorkerStartError, connect_nats, run_worker
 from dynamo_worker.tinymodel import ensure_tiny_model
+
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +44,6 @@ class GatedMocker(MockerEngine):
             raise RuntimeError("simulated engine failure")
 
 
-async def wait_until(predicate, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 async def get(session: aiohttp.ClientSession, port: int, path: str) -> tuple[int, str]:
     async with session.get(f"http://127.0.0.1:{port}{path}") as r:
         return r.status, await r.text()
@@ -69,7 +63,7 @@ async def test_health_follows_the_lifecycle(nats_url, tmp_path):
     worker = Worker(engine, settings)
     starting = asyncio.create_task(worker.start())
     async with aiohttp.ClientSession() as session:
-        await wait_until(lambda: worker.system.port is not None)
+        await wait_until_async(lambda: worker.system.port is not None, "the system server port", timeout_s=10)
         port = worker.system.port
         assert (await get(session, port, "/live"))[0] == 200
         status, body = await get(session, port, "/health")
@@ -88,7 +82,11 @@ async def test_health_follows_the_lifecycle(nats_url, tmp_path):
         watcher = await InstanceWatcher(nc, namespace).start()
         assert record.instance_id in watcher.instances
         await worker.shutdown()
-        await wait_until(lambda: record.instance_id not in watcher.instances)
+        await wait_until_async(
+            lambda: record.instance_id not in watcher.instances,
+            "the instance to leave discovery",
+            timeout_s=10,
+        )
         await watcher.stop()
         await nc.close()
     async with RequestClient(connect_timeout=1) as client:
@@ -113,7 +111,11 @@ async def test_a_stop_during_a_slow_engine_start_exits_cleanly(nats_url, tmp_pat
     engine = GatedMocker(MockerSettings(model_dir=ensure_tiny_model(tmp_path / "m")))  # gate never opens
     stop = asyncio.Event()
     running = asyncio.create_task(run_worker(engine, settings, stop=stop))
-    await wait_until(lambda: engine._sink is not None and not isinstance(engine._sink, NullEventSink))
+    await wait_until_async(
+        lambda: engine._sink is not None and not isinstance(engine._sink, NullEventSink),
+        "the engine to get its event sink",
+        timeout_s=10,
+    )
     stop.set()
     async with asyncio.timeout(10):
         assert await running == 0

@@ -5,11 +5,7 @@ import asyncio
 
 from dynamo_operator.reconcile.workqueue import WorkQueue
 
-
-async def wait_for(predicate):
-    async with asyncio.timeout(5.0):
-        while not predicate():  # noqa: ASYNC110  (polling a plain predicate, bounded by the timeout)
-            await asyncio.sleep(0.01)
+from tests.support.wait import wait_until_async
 
 
 async def test_adds_collapse_and_keys_are_serialized():
@@ -30,11 +26,11 @@ async def test_adds_collapse_and_keys_are_serialized():
         q.add("a")
         q.add("a")
         q.add("b")
-        await wait_for(lambda: len(seen) == 2)
+        await wait_until_async(lambda: len(seen) == 2, "both keys processed", timeout_s=5.0)
         q.add("a")  # while "a" is processing: runs once more afterwards
         q.add("a")
         gate.set()
-        await wait_for(lambda: q.pending() == 0)
+        await wait_until_async(lambda: q.pending() == 0, "an empty queue", timeout_s=5.0)
         assert sorted(seen) == ["a", "a", "b"]
     finally:
         await q.stop()
@@ -51,10 +47,10 @@ async def test_add_after_fires_and_earlier_add_wins():
     try:
         q.add_after("a", 0.05)
         q.add_after("a", 10.0)  # later than the one scheduled: ignored
-        await wait_for(lambda: seen == ["a"])
+        await wait_until_async(lambda: seen == ["a"], "a processed", timeout_s=5.0)
         q.add_after("b", 10.0)
         q.add("b")  # an immediate add cancels the delayed one
-        await wait_for(lambda: seen == ["a", "b"])
+        await wait_until_async(lambda: seen == ["a", "b"], "a, then b processed", timeout_s=5.0)
         await asyncio.sleep(0.1)
         assert seen == ["a", "b"]
     finally:
@@ -74,7 +70,7 @@ async def test_crashing_visit_keeps_worker_alive(caplog):
     try:
         q.add("bad")
         q.add("good")
-        await wait_for(lambda: "good" in seen)
+        await wait_until_async(lambda: "good" in seen, "the good key processed", timeout_s=5.0)
         assert "Reconcile crashed key=bad" in caplog.text
     finally:
         await q.stop()
