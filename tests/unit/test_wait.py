@@ -64,3 +64,8 @@ async def test_the_predicates_own_timeout_is_its_error_not_the_waits():
 
     with pytest.raises(TimeoutError, match="the client gave up"):
         await wait_until_async(times_out, "never", timeout_s=5)
+
+
+def test_explain_adds_its_text_to_the_timeout():
+    with pytest.raises(AssertionError, match="for a 200 from /health; last value: False\nthe log tail"):
+        wait_until(lambda: 503 == 200, "a 200 from /health", timeout_s=0, explain=lambda: "the log tail")

@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.procs import popen as start_process
+from tests.support.wait import wait_until
 
 # DeepSeek writes its markers with U+FF5C (fullwidth bar) and U+2581 (lower one eighth block).
 _B, _S = "\uff5c", "\u2581"
@@ -190,21 +190,27 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
     stack.logs["frontend"] = tmp / "frontend.log"
     with open(stack.logs["frontend"], "wb") as out:
         stack.procs["frontend"] = start_process(cmd, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
     want = set(workers)
-    while True:
+
+    def serving() -> bool:
         try:
             with urllib.request.urlopen(stack.url + "/v1/models", timeout=2) as r:
-                served = {m["id"] for m in json.loads(r.read())["data"]}
-            if want <= served:
-                return stack
+                if want <= {m["id"] for m in json.loads(r.read())["data"]}:
+                    return True
         except OSError:
             pass
         dead = [n for n, p in stack.procs.items() if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            stop_stack(stack)
-            raise AssertionError(f"stack not serving {sorted(want)} (dead: {dead})\n{stack.tail()}")
-        time.sleep(0.3)
+        assert not dead, f"stack not serving {sorted(want)} (dead: {dead})\n{stack.tail()}"
+        return False
+
+    try:
+        wait_until(
+            serving, f"the stack to serve {sorted(want)}", timeout_s=120, interval_s=0.3, explain=stack.tail
+        )
+    except AssertionError:
+        stop_stack(stack)
+        raise
+    return stack
 
 
 def stop_stack(stack: Stack) -> None:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.procs import popen
 from tests.support.procs import popen as start_process
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,16 +59,19 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 30
-        while health(port) != 503:  # up, nothing served yet
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+
+        def up() -> bool:  # up, nothing served yet
+            assert proc.poll() is None, log.read_text()
+            return health(port) == 503
+
+        wait_until(up, "/health to answer 503", timeout_s=30, interval_s=0.1, explain=log.read_text)
         m = mockers("null")
-        deadline = time.monotonic() + 60
-        while health(port) != 200:
+
+        def served() -> bool:
             assert proc.poll() is None and m.proc.poll() is None, log.read_text() + m.log()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+            return health(port) == 200
+
+        wait_until(served, "/health to answer 200", timeout_s=60, interval_s=0.1, explain=log.read_text)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
             assert json.loads(r.read())["models"] == ["tiny"]
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
@@ -111,10 +114,13 @@ def _children(pid: int) -> list[int]:
 def _serving(proc: subprocess.Popen, port: int, log: Path, within_s: float = 60) -> None:
     """Until both processes listen and 20 health checks in a row (new connections, spread over the
     processes) say 200."""
-    deadline = time.monotonic() + within_s
-    while log.read_text().count("Frontend listening") < 2 or not all(health(port) == 200 for _ in range(20)):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+
+    def serving() -> bool:
+        assert proc.poll() is None, log.read_text()
+        listening = log.read_text().count("Frontend listening") >= 2
+        return listening and all(health(port) == 200 for _ in range(20))
+
+    wait_until(serving, "both serving processes", timeout_s=within_s, interval_s=0.1, explain=log.read_text)
 
 
 def test_http_workers_serve_one_port_and_stop_together(mockers, nats_url, namespace, tmp_path):
@@ -136,10 +142,12 @@ def test_http_workers_serve_one_port_and_stop_together(mockers, nats_url, namesp
                 assert r.usage.completion_tokens <= 3
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{helpers[0]}").exists():
-            assert time.monotonic() < deadline, "the serving process outlived the frontend"
-            time.sleep(0.1)
+        wait_until(
+            lambda: not Path(f"/proc/{helpers[0]}").exists(),
+            "the serving process to end with the frontend",
+            timeout_s=10,
+            interval_s=0.1,
+        )
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -13,6 +13,8 @@ import time
 import openai
 import pytest
 
+from tests.support.wait import wait_until_async
+
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
@@ -66,10 +68,9 @@ async def test_prefill_leg_failure_cancels_decode_and_errors(mockers, frontend_f
     assert time.monotonic() - started < BOUND_S
     # the decode leg (if it reached the worker at all) is cancelled, not left waiting for its peer
     # until the decode worker's own 120 s bootstrap timeout
-    deadline = time.monotonic() + BOUND_S
-    while inflight(d.metrics()) > 0:
-        assert time.monotonic() < deadline, "the decode leg was left running"
-        await asyncio.sleep(0.1)
+    await wait_until_async(
+        lambda: inflight(d.metrics()) == 0, "the decode leg to end", timeout_s=BOUND_S, interval_s=0.1
+    )
     assert counter(d.metrics(), "length") == 0
 
 
@@ -79,10 +80,12 @@ async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers):
     await wait_workers(fe, 2, mockers=[p, d])
     p.stop()  # graceful: deregisters at once
     assert fe.registry is not None
-    deadline = time.monotonic() + BOUND_S
-    while fe.registry.get(MODEL).by_role("prefill"):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await wait_until_async(
+        lambda: not fe.registry.get(MODEL).by_role("prefill"),
+        "the prefill worker to leave the registry",
+        timeout_s=BOUND_S,
+        interval_s=0.05,
+    )
     async with client(fe) as c:
         with pytest.raises(openai.APIStatusError) as e:
             await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
@@ -107,10 +110,9 @@ async def test_decode_killed_mid_stream_errors_not_hangs(mockers, frontend_facto
                             d.kill()
         assert received >= 3
     assert fe.server is not None
-    deadline = time.monotonic() + BOUND_S
-    while fe.server.inflight:
-        assert time.monotonic() < deadline, "the frontend kept the request in flight"
-        await asyncio.sleep(0.05)
+    await wait_until_async(
+        lambda: not fe.server.inflight, "the frontend to end the request", timeout_s=BOUND_S, interval_s=0.05
+    )
 
 
 async def test_dead_decode_worker_still_in_discovery_is_skipped(mockers, frontend_factory, wait_workers):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import openai
 import pytest
+
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -60,15 +61,16 @@ async def test_client_disconnect_cancels_on_worker(mockers, frontend_factory, wa
             if chunk.choices and chunk.choices[0].delta.content:
                 break
         await stream.close()
-    deadline = time.monotonic() + BOUND_S
-    while counter(m.metrics(), "cancelled") <= before:
-        assert time.monotonic() < deadline, "the worker never saw the cancellation"
-        await asyncio.sleep(0.1)
+    await wait_until_async(
+        lambda: counter(m.metrics(), "cancelled") > before,
+        "the worker to see the cancellation",
+        timeout_s=BOUND_S,
+        interval_s=0.1,
+    )
     assert fe.server is not None
-    deadline = time.monotonic() + BOUND_S
-    while fe.server.inflight:
-        assert time.monotonic() < deadline, "the frontend kept the request in flight"
-        await asyncio.sleep(0.05)
+    await wait_until_async(
+        lambda: not fe.server.inflight, "the frontend to end the request", timeout_s=BOUND_S, interval_s=0.05
+    )
 
 
 async def test_dead_worker_still_in_discovery_is_skipped(mockers, frontend_factory, wait_workers):
@@ -89,10 +91,13 @@ async def test_models_disappear_when_their_worker_leaves(mockers, frontend_facto
     async with client(fe) as c:
         assert [x.id for x in (await c.models.list()).data] == [MODEL]
         m.stop()  # graceful: deregisters first
-        deadline = time.monotonic() + BOUND_S
-        while (await c.models.list()).data:
-            assert time.monotonic() < deadline, "the model stayed listed after its worker left"
-            await asyncio.sleep(0.05)
+
+        async def unlisted() -> bool:
+            return not (await c.models.list()).data
+
+        await wait_until_async(
+            unlisted, "the model to leave the list with its worker", timeout_s=BOUND_S, interval_s=0.05
+        )
         with pytest.raises(openai.APIStatusError) as e:
             await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
         assert e.value.status_code == 503 and e.value.body["code"] == "no_workers"

@@ -5,14 +5,14 @@ shuffled workload (fresh prefixes for each policy)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 
 import openai
 import pytest
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.protocol import hash_token_blocks
+
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +58,14 @@ async def run(fe, prompts: list[str], pre: Preprocessor, wait_indexed: bool) -> 
             per_request.append(got)
             if wait_indexed:  # let the KV events of this request reach the router before the next one
                 hashes = hash_token_blocks(pre.encode_prompt(prompt), PAGE)
-                deadline = time.monotonic() + 10
-                while max(fe.router.index.overlaps(hashes, fe.router.index.targets()).values()) < len(hashes):
-                    assert time.monotonic() < deadline, "KV events never reached the router"
-                    await asyncio.sleep(0.01)
+                await wait_until_async(
+                    lambda h=hashes: (
+                        max(fe.router.index.overlaps(h, fe.router.index.targets()).values()) >= len(h)
+                    ),
+                    "the request's KV events to reach the router",
+                    timeout_s=10,
+                    interval_s=0.01,
+                )
     return cached / total, per_request
 
 

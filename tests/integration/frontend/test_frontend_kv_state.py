@@ -6,13 +6,12 @@ index; a data-parallel worker is routed per dp rank by that rank's cache."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import openai
 import pytest
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.protocol import hash_token_blocks
+
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -30,13 +29,6 @@ async def complete(fe, prompt: str) -> int:
         r = await c.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
     details = r.usage.prompt_tokens_details
     return details.cached_tokens if details else 0
-
-
-async def until(condition, what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {within_s}s"
-        await asyncio.sleep(0.02)
 
 
 def held(fe, pre: Preprocessor, prompt: str) -> dict:
@@ -60,7 +52,12 @@ async def test_a_frontend_started_after_the_workers_routes_on_their_existing_cac
     prompts = [prefix("late", p) for p in range(4)]
     for prompt in prompts:
         await complete(first, prompt)
-    await until(lambda: all(held(first, pre, p) for p in prompts), "the first frontend indexed the prompts")
+    await wait_until_async(
+        lambda: all(held(first, pre, p) for p in prompts),
+        "the first frontend to index the prompts",
+        timeout_s=10.0,
+        interval_s=0.02,
+    )
     ids = first.router.index.workers()
     assert sum(first.router.index.block_count(w) for w in ids) > 0
 
@@ -72,7 +69,12 @@ async def test_a_frontend_started_after_the_workers_routes_on_their_existing_cac
     # No request was sent since, so what the late frontend knows came from the workers' snapshots.
     # Compared with the first frontend's view as it is now: a block completed by a request's last
     # decoded tokens may be published just after its response, so a copy taken earlier can be stale.
-    await until(lambda: view(late) == view(first), "the late frontend converged to the first one's view")
+    await wait_until_async(
+        lambda: view(late) == view(first),
+        "the late frontend to converge to the first one's view",
+        timeout_s=10.0,
+        interval_s=0.02,
+    )
     assert late.kv_feed is not None and late.kv_feed.snapshots_loaded == 3
     for prompt in prompts:
         holder = held(first, pre, prompt)
@@ -92,19 +94,24 @@ async def test_a_worker_restart_clears_its_blocks(mockers, frontend_factory, wai
     pre = Preprocessor.from_dir(tiny_model)
     before = prefix("restart", 0)
     await complete(fe, before)
-    await until(lambda: held(fe, pre, before), "the prompt was indexed")
+    await wait_until_async(
+        lambda: held(fe, pre, before), "the prompt to be indexed", timeout_s=10.0, interval_s=0.02
+    )
     old_address = fe.registry.get(MODEL).workers[instance].address
     old.kill()
 
     new = mockers("null", "--instance-id", instance, speedup=100.0)
-    await until(
+    await wait_until_async(
         lambda: (w := fe.registry.get(MODEL).workers.get(instance)) is not None and w.address != old_address,
-        "the restarted worker registered its new address",
-        within_s=30.0,
+        "the restarted worker to register its new address",
+        timeout_s=30.0,
+        interval_s=0.02,
     )
     assert new.proc.poll() is None
     await complete(fe, prefix("fresh", 1))  # the new process's first KV events (seq 0)
-    await until(lambda: not held(fe, pre, before), "the old blocks were dropped")
+    await wait_until_async(
+        lambda: not held(fe, pre, before), "the old blocks to be dropped", timeout_s=10.0, interval_s=0.02
+    )
     assert await complete(fe, before) == 0  # and indeed nothing of it was cached
 
 
@@ -120,6 +127,11 @@ async def test_dp_ranks_are_routed_by_their_own_cache(mockers, frontend_factory,
         prompt = prefix("dp", p)
         await complete(fe, prompt + " one?")
         prompt_blocks = len(pre.encode_prompt(prompt)) // PAGE
-        await until(lambda p=prompt, n=prompt_blocks: full(fe, pre, p, n), "the prompt was indexed")
+        await wait_until_async(
+            lambda p=prompt, n=prompt_blocks: full(fe, pre, p, n),
+            "the prompt to be indexed",
+            timeout_s=10.0,
+            interval_s=0.02,
+        )
         (rank_key,) = full(fe, pre, prompt, prompt_blocks)
         assert await complete(fe, prompt + " two?") >= (prompt_blocks - 1) * PAGE, f"prefix {p} on {rank_key}"

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import os
 import re
-import time
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +18,8 @@ import openai
 import pytest
 from aiohttp import web
 from dynamo_worker.multimodal.images import sniff, write_png
+
+from tests.support.wait import wait_until_async
 
 MODEL = "tiny"
 
@@ -258,10 +259,13 @@ async def test_image_generation_returns_the_requested_count_and_format(
         "null", "--role", "diffusion", "--media-output-fs-url", out.as_uri(), component="diffusion"
     )
     fe = await frontend_factory()
-    async with asyncio.timeout(60):  # no tokenizer to load: served as soon as discovery shows the worker
-        while MODEL not in fe.registry.served():
-            assert diffusion.proc.poll() is None, diffusion.log()
-            await asyncio.sleep(0.1)
+
+    def served() -> bool:
+        assert diffusion.proc.poll() is None, diffusion.log()
+        return MODEL in fe.registry.served()
+
+    # no tokenizer to load: served as soon as discovery shows the worker
+    await wait_until_async(served, "the diffusion model to be served", timeout_s=60, interval_s=0.1)
     async with client(fe) as c:
         assert MODEL in [m.id for m in (await c.models.list()).data]
         b64 = await c.images.generate(
@@ -313,10 +317,12 @@ async def test_kv_router_sends_a_repeated_image_to_the_worker_that_caches_it(
         first = await c.chat.completions.create(
             model=MODEL, messages=image_first(cat, "What animal?"), max_tokens=2
         )
-        deadline = time.monotonic() + 10  # until the first request's KV events reached the router
-        while max(index.block_count(w) for w in index.workers()) < first.usage.prompt_tokens // 4:
-            assert time.monotonic() < deadline, "KV events never reached the router"
-            await asyncio.sleep(0.01)
+        await wait_until_async(
+            lambda: max(index.block_count(w) for w in index.workers()) >= first.usage.prompt_tokens // 4,
+            "the first request's KV events to reach the router",
+            timeout_s=10,
+            interval_s=0.01,
+        )
         same = await c.chat.completions.create(
             model=MODEL, messages=image_first(cat, "Which colour is it, and how old?"), max_tokens=2
         )
