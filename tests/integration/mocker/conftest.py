@@ -3,11 +3,9 @@ test module in its own Dynamo namespace, every process stopped at teardown."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.tinymodel import ensure_tiny_model
 
 from tests.support.procs import popen
+from tests.support.wait import wait_until_async
 
 
 @pytest.fixture(scope="session")
@@ -83,16 +82,22 @@ class Mockers:
 
     async def registered(self, mp: MockerProc, within_s: float = 30.0) -> InstanceRecord:
         """Wait until ``mp`` registered (it is the only live instance of its component)."""
-        assert self.watcher is not None
-        deadline = time.monotonic() + within_s
-        while True:
-            found = [r for r in self.watcher.instances.values() if r.component == mp.component]
-            if found:
-                mp.record = found[0]
-                return found[0]
-            if mp.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"mocker {mp.component} did not register:\n{mp.log()[-3000:]}")
-            await asyncio.sleep(0.02)
+        watcher = self.watcher
+        assert watcher is not None
+
+        def found() -> list[InstanceRecord]:
+            records = [r for r in watcher.instances.values() if r.component == mp.component]
+            assert records or mp.proc.poll() is None, (
+                f"mocker {mp.component} did not register:\n{mp.log()[-3000:]}"
+            )
+            return records
+
+        what = f"mocker {mp.component} to register"
+        records = await wait_until_async(
+            found, what, timeout_s=within_s, interval_s=0.02, explain=lambda: mp.log()[-3000:]
+        )
+        mp.record = records[0]
+        return records[0]
 
     async def close(self) -> None:
         for mp in self.procs:

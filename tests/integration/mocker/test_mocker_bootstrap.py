@@ -4,13 +4,14 @@ used once and then forgotten, and a missing or unreachable peer ends in ``Bootst
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
 from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
 from dynamo_worker.protocol import BootstrapInfo
 from dynamo_worker.runtime.nats_server import free_port
+
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +34,8 @@ def info(port: int, room: int) -> BootstrapInfo:
 async def test_decode_first_then_prefill(rendezvous):
     server, session, port = rendezvous
     fetching = asyncio.create_task(fetch_prefill(session, info(port, 1), timeout_s=5))
-    deadline = time.monotonic() + 5
-    while server.open_rooms == 0:  # the decode leg is waiting in the room before the prefill comes
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    # the decode leg is waiting in the room before the prefill comes
+    await wait_until_async(lambda: server.open_rooms > 0, "the decode leg to open its room", timeout_s=5)
     await server.prefill_done(1, RESULT, wait_s=5)
     assert await fetching == RESULT
     assert server.open_rooms == 0

@@ -27,6 +27,8 @@ from dynamo_worker.runtime.events import subscribe_kv_events, subscribe_load
 from dynamo_worker.runtime.modelcard import fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
 
+from tests.support.wait import wait_until_async
+
 pytestmark = pytest.mark.integration
 
 
@@ -122,10 +124,15 @@ async def test_kv_events_and_load_of_a_mocker_reach_subscribers_in_order(mockers
         chunks = [c async for c in client.generate(rec.address, req)]
     generated = [t for c in chunks for t in c.token_ids]
     stored = hash_token_blocks([*prompt, *generated[:8]], 4)  # the last token's KV is not kept
-    deadline = time.monotonic() + 10
-    while sum(len(e.block_hashes) for b in batches for e in b.events if isinstance(e, BlockStored)) < 12:
-        assert time.monotonic() < deadline, f"KV events missing: {batches}"
-        await asyncio.sleep(0.02)
+    await wait_until_async(
+        lambda: (
+            sum(len(e.block_hashes) for b in batches for e in b.events if isinstance(e, BlockStored)) >= 12
+        ),
+        "12 stored blocks in the KV events",
+        timeout_s=10,
+        interval_s=0.02,
+        explain=lambda: f"KV events missing: {batches}",
+    )
     assert all(b.instance_id == rec.instance_id for b in batches)
     assert [b.seq for b in batches] == list(range(len(batches)))
     events = [e for b in batches for e in b.events]
@@ -138,10 +145,14 @@ async def test_kv_events_and_load_of_a_mocker_reach_subscribers_in_order(mockers
 
 async def test_a_non_leader_rank_registers_nothing_and_stops_on_sigterm(mockers):
     mp = mockers.spawn("follower", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "leader:29500")
-    deadline = time.monotonic() + 30
-    while "Non-leader rank" not in mp.log():
-        assert time.monotonic() < deadline and mp.proc.poll() is None, mp.log()
-        await asyncio.sleep(0.05)
+
+    def said_so() -> bool:
+        assert mp.proc.poll() is None, mp.log()
+        return "Non-leader rank" in mp.log()
+
+    await wait_until_async(
+        said_so, "the follower to log Non-leader rank", timeout_s=30, interval_s=0.05, explain=mp.log
+    )
     assert not [r for r in mockers.watcher.instances.values() if r.component == "follower"]
     mp.proc.send_signal(signal.SIGTERM)
     assert mp.proc.wait(15) == 0
@@ -155,10 +166,13 @@ async def test_a_busy_bootstrap_port_ends_the_process_with_a_clear_error(mockers
         mp = mockers.spawn(
             "prefill", "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)
         )
-        deadline = time.monotonic() + 30
-        while mp.proc.poll() is None:
-            assert time.monotonic() < deadline, mp.log()
-            await asyncio.sleep(0.05)
+        await wait_until_async(
+            lambda: mp.proc.poll() is not None,
+            "the mocker to exit",
+            timeout_s=30,
+            interval_s=0.05,
+            explain=mp.log,
+        )
     assert mp.proc.returncode == 1
     assert f"bootstrap port {port} on 127.0.0.1 is not available" in mp.log()
     assert "Traceback" not in mp.log()
