@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 import uuid
 
 import nats
@@ -26,6 +25,7 @@ from dynamo_worker.runtime.nats_server import find_nats_server, free_port, wait_
 from dynamo_worker.runtime.settings import new_instance_id
 
 from tests.support.procs import popen
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -96,10 +96,8 @@ async def test_heartbeats_keep_a_live_worker_registered(nc, namespace):
     watcher = await InstanceWatcher(nc, namespace).start()
     events = watcher.events()
     assert isinstance(await next_event(events), InstanceAdded)
-    deadline = time.monotonic() + 10
-    while reg.heartbeats < 6:  # two TTLs' worth of heartbeats
-        assert time.monotonic() < deadline, "heartbeats stopped"
-        await asyncio.sleep(0.05)
+    # two TTLs' worth of heartbeats
+    await wait_until_async(lambda: reg.heartbeats >= 6, "six heartbeats", timeout_s=10, interval_s=0.05)
     assert rec.instance_id in watcher.instances
     await reg.deregister()
     assert isinstance(await next_event(events), InstanceRemoved)
@@ -140,15 +138,17 @@ async def test_heartbeat_recreates_a_lost_bucket(nc, namespace):
     reg = await register(nc, rec, ttl=1)
     js = nc.jetstream()
     await js.delete_key_value(DISCOVERY_BUCKET)
-    deadline = time.monotonic() + 10
-    while True:
+
+    async def registration():
         try:
             kv = await js.key_value(DISCOVERY_BUCKET)
-            entry = await kv.get(instance_key(rec))
-            break
+            return await kv.get(instance_key(rec))
         except nats.js.errors.Error:
-            assert time.monotonic() < deadline, "the registration did not come back"
-            await asyncio.sleep(0.05)
+            return None
+
+    entry = await wait_until_async(
+        registration, "the registration to come back", timeout_s=10, interval_s=0.05
+    )
     assert InstanceRecord.model_validate_json(entry.value) == rec
     await reg.deregister()
 
@@ -179,10 +179,9 @@ async def test_a_consumer_that_falls_behind_gets_an_error_not_a_hang(nc, namespa
     events = watcher.events()
     assert isinstance(await next_event(events), InstanceAdded)  # subscribed; now it stops reading
     regs += [await register(nc, record(namespace, component=f"c{i}"), ttl=5) for i in range(4)]
-    deadline = time.monotonic() + 10
-    while len(watcher.instances) < 5:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await wait_until_async(
+        lambda: len(watcher.instances) >= 5, "five instances in the watcher", timeout_s=10, interval_s=0.02
+    )
     with pytest.raises(DiscoveryError, match="fell 2 events behind"):
         async with asyncio.timeout(5):
             async for _ in events:
