@@ -31,6 +31,7 @@ from tests.support.sglang_fake import (
     FakeSglangEngine,
     eventually,
 )
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -165,14 +166,18 @@ async def test_a_stuck_scheduler_fails_the_canary_and_health(tmp_path):
     engine = SglangEngine(plan(tmp_path), engine_factory=lambda a: FakeSglangEngine(a, first_token_gate=gate))
     try:
         await engine.start()
-        async with asyncio.timeout(10):
-            while True:
-                try:
-                    await engine.health_check()
-                except RuntimeError as e:
-                    assert "canary" in str(e)
-                    break
-                await asyncio.sleep(0.05)
+
+        async def unhealthy() -> bool:
+            try:
+                await engine.health_check()
+            except RuntimeError as e:
+                assert "canary" in str(e)
+                return True
+            return False
+
+        await wait_until_async(
+            unhealthy, "the canary to fail the health check", timeout_s=10, interval_s=0.05
+        )
     finally:
         gate.set()
         await engine.stop()
@@ -213,13 +218,13 @@ async def test_a_multinode_follower_serves_live_registers_nothing_and_stops(tmp_
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=2) as r:
             return r.status
 
-    async with asyncio.timeout(10):
-        while True:
-            try:
-                if await asyncio.to_thread(live) == 200:
-                    break
-            except OSError:
-                await asyncio.sleep(0.05)
+    async def answers() -> bool:
+        try:
+            return await asyncio.to_thread(live) == 200
+        except OSError:
+            return False
+
+    await wait_until_async(answers, "/live to answer 200", timeout_s=10, interval_s=0.05)
     stop.set()
     assert await task == 0 and killed == [True]
 

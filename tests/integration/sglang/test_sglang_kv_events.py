@@ -28,6 +28,8 @@ from dynamo_worker.sglang import uses
 from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, KvEventRelay, decode_batch
 from dynamo_worker.sglang.source import SourceIndex, load_structs
 
+from tests.support.wait import wait_until_async
+
 pytestmark = pytest.mark.integration
 
 PAGE = 2
@@ -160,9 +162,14 @@ async def test_relay_survives_an_undecodable_batch_says_so_once_and_carries_the_
     good = sglang_batch(newest_src, 1)
     try:
         async with asyncio.timeout(10):
-            while not got:  # a SUB socket misses what is sent before it connects: resend until seen
+
+            def seen() -> bool:  # a SUB socket misses what is sent before it connects: resend until seen
+                if got:
+                    return True
                 pub.send(good)
-                await asyncio.sleep(0.05)
+                return False
+
+            await wait_until_async(seen, "the relay to pass a batch on", timeout_s=10, interval_s=0.05)
             pub.send(msgspec.msgpack.encode([1.0, [42], 0]))  # decodes neither way
             pub.send(b"\xc1 not msgpack")
             arrived.clear()
@@ -199,10 +206,15 @@ async def test_relay_tracks_sequence_numbers_per_dp_rank(caplog):
 
     try:
         async with asyncio.timeout(10):
-            while blocks() != {(0, 100), (1, 101)}:  # until both publishers are joined
+
+            def joined() -> bool:  # until both publishers are joined
+                if blocks() == {(0, 100), (1, 101)}:
+                    return True
                 for rank, pub in enumerate(pubs):
                     pub.send(batch(rank, 100 + rank))
-                await asyncio.sleep(0.05)
+                return False
+
+            await wait_until_async(joined, "both publishers to be joined", timeout_s=10, interval_s=0.05)
             for rank, pub in enumerate(pubs):
                 pub.send(batch(rank, 200 + rank))
             gap = pubs[0].seq
@@ -230,11 +242,15 @@ async def test_a_relay_that_fails_says_so(caplog):
     relay.start()
     payload = msgspec.msgpack.encode([1.0, [["AllBlocksCleared"]], 0])
     try:
-        async with asyncio.timeout(10):
-            while relay.running:
-                pub.send(payload)
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0)  # the done callback runs on the next loop iteration
+
+        def stopped() -> bool:
+            if not relay.running:
+                return True
+            pub.send(payload)
+            return False
+
+        await wait_until_async(stopped, "the relay to stop", timeout_s=10, interval_s=0.05)
+        await asyncio.sleep(0)  # the done callback runs on the next loop iteration
     finally:
         await relay.stop()
         pub.close()
