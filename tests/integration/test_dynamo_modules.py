@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,6 +22,7 @@ from dynamo_operator.api import contract
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.procs import popen as start_process
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -95,14 +95,15 @@ def test_dynamo_command_lines_serve_disaggregated(nats_url: str, tmp_path: Path)
     ]  # fmt: skip
     start("frontend", frontend_argv, {})
     try:
-        deadline = time.monotonic() + STARTUP_S
-        while MODEL not in models(port):
+
+        def listed() -> bool:
+            if MODEL in models(port):
+                return True
             exited = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
             assert not exited, f"exited {exited}:\n{output()}"
-            assert time.monotonic() < deadline, (
-                f"{MODEL} not in /v1/models within {STARTUP_S:.0f}s:\n{output()}"
-            )
-            time.sleep(0.2)
+            return False
+
+        wait_until(listed, f"{MODEL} in /v1/models", timeout_s=STARTUP_S, interval_s=0.2, explain=output)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
         with client:
             stream = client.chat.completions.create(

@@ -10,13 +10,14 @@ import re
 import sys
 import textwrap
 import threading
-import time
 from dataclasses import replace
 
 import pytest
 from dynamo_worker.local.plan import ProcessSpec
 from dynamo_worker.local.supervisor import Console, ProcessDied, StartupTimeout, Supervisor
 from dynamo_worker.runtime.nats_server import free_port
+
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -77,10 +78,7 @@ def test_ready_children_log_to_files_and_console_and_stop_kills_their_groups(sup
     supervisor.start([spec("decode-0", SERVE_HEALTH, str(port), port=port)])
     assert supervisor.wait_ready(30, threading.Event())
     child = supervisor.children[0]
-    deadline = time.monotonic() + 10
-    while len(pids_in_group(child.pid)) < 2:
-        assert time.monotonic() < deadline, "the grandchild did not start"
-        time.sleep(0.05)
+    wait_until(lambda: len(pids_in_group(child.pid)) >= 2, "the grandchild to start", timeout_s=10)
     supervisor.stop()
     assert pids_in_group(child.pid) == []
     assert "serving" in child.log_path.read_text()

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -175,18 +174,21 @@ class OperatorProcess:
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_OPERATOR_")}
         self.proc = popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+        proc = self.proc
+
+        def live() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"operator exited with {proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        return self
+                    return resp.status == 200
             except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"operator not live after {timeout:.0f}s:\n{self.log_tail()}")
+                return False
+
+        wait.wait_until(
+            live, "the operator to be live", timeout_s=timeout, interval_s=0.2, explain=self.log_tail
+        )
+        return self
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:

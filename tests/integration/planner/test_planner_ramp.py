@@ -36,6 +36,7 @@ from dynamo_worker.runtime.nats_server import free_port
 
 from tests.integration.operator.conftest import EXAMPLES, Kubectl, wait_until
 from tests.support.procs import popen as start_process
+from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -156,10 +157,11 @@ def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
 
 async def _wait_roles(url: str, frontend: subprocess.Popen, expected: dict[str, int], within_s: float = 60):
     """Until the frontend's ``dynamo_frontend_workers`` gauge shows the expected workers per role."""
-    deadline = time.monotonic() + within_s
     seen: dict[str, float] = {}
     async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
+
+        async def enough() -> bool:
+            nonlocal seen
             assert frontend.poll() is None, f"the frontend exited with {frontend.returncode}"
             try:
                 async with http.get(url + "/metrics") as r:
@@ -169,12 +171,17 @@ async def _wait_roles(url: str, frontend: subprocess.Popen, expected: dict[str, 
                     for line in text.splitlines()
                     if line.startswith("dynamo_frontend_workers{")
                 }
-                if all(seen.get(role, 0) >= n for role, n in expected.items()):
-                    return
+                return all(seen.get(role, 0) >= n for role, n in expected.items())
             except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"the frontend saw workers {seen}, expected {expected} within {within_s}s")
+                return False
+
+        await wait_until_async(
+            enough,
+            f"the frontend to see workers {expected}",
+            timeout_s=within_s,
+            interval_s=0.2,
+            explain=lambda: f"it saw {seen}",
+        )
 
 
 def _metric(text: str, name: str) -> float | None:

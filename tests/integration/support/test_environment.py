@@ -4,12 +4,11 @@ round-trips through the real nats-server."""
 
 from __future__ import annotations
 
-import time
-
 import nats
 from kubernetes import client
 
 from tests.support.cluster import GPU_NODES
+from tests.support.wait import wait_until
 
 
 def test_gpu_deployment_becomes_ready_on_a_kwok_node(k8s_api, k8s_namespace):
@@ -32,13 +31,13 @@ def test_gpu_deployment_becomes_ready_on_a_kwok_node(k8s_api, k8s_namespace):
     )
     apps.create_namespaced_deployment(k8s_namespace, deployment)
 
-    deadline = time.monotonic() + 60
-    while True:
-        status = apps.read_namespaced_deployment_status("gpu-smoke", k8s_namespace).status
-        if status.ready_replicas == 2:
-            break
-        assert time.monotonic() < deadline, f"Deployment not Ready within 60s: {status}"
-        time.sleep(0.2)
+    wait_until(
+        lambda: apps.read_namespaced_deployment_status("gpu-smoke", k8s_namespace).status.ready_replicas == 2,
+        "the Deployment's 2 replicas to be Ready",
+        timeout_s=60,
+        interval_s=0.2,
+        explain=lambda: str(apps.read_namespaced_deployment_status("gpu-smoke", k8s_namespace).status),
+    )
 
     pods = client.CoreV1Api(k8s_api).list_namespaced_pod(k8s_namespace, label_selector="app=gpu-smoke").items
     assert len(pods) == 2
@@ -66,13 +65,14 @@ def test_pod_asking_for_more_gpus_than_a_node_has_stays_pending(k8s_api, k8s_nam
             ),
         ),
     )
-    deadline = time.monotonic() + 30
-    while True:
+
+    def failed_scheduling() -> bool:
         events = core.list_namespaced_event(k8s_namespace, field_selector="involvedObject.name=too-big").items
-        if any(e.reason == "FailedScheduling" and "nvidia.com/gpu" in e.message for e in events):
-            break
-        assert time.monotonic() < deadline, "no FailedScheduling event naming nvidia.com/gpu within 30s"
-        time.sleep(0.2)
+        return any(e.reason == "FailedScheduling" and "nvidia.com/gpu" in e.message for e in events)
+
+    wait_until(
+        failed_scheduling, "a FailedScheduling event naming nvidia.com/gpu", timeout_s=30, interval_s=0.2
+    )
     assert core.read_namespaced_pod("too-big", k8s_namespace).status.phase == "Pending"
 
 
