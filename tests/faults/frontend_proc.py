@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.procs import popen
+from tests.support.wait import wait_until
 
 
 @dataclass
@@ -45,11 +45,14 @@ class FrontendProc:
             return 0, ""
 
     def wait_serving(self, within_s: float = 60.0) -> None:
-        deadline = time.monotonic() + within_s
-        while self.get("/health")[0] != 200:
+        def serving() -> bool:
+            if self.get("/health")[0] == 200:
+                return True
             assert self.proc.poll() is None, f"frontend exited:\n{self.log()[-3000:]}"
-            assert time.monotonic() < deadline, f"frontend not serving in {within_s}s:\n{self.log()[-3000:]}"
-            time.sleep(0.1)
+            return False
+
+        what = "the frontend to serve (/health 200)"
+        wait_until(serving, what, timeout_s=within_s, interval_s=0.1, explain=lambda: self.log()[-3000:])
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.procs import popen
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -63,11 +64,14 @@ def test_sigkill_of_pytest_leaves_no_process(tmp_path, fault_row, kube_cluster):
         inner = popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     pids: dict[str, int] = {}
     try:
-        deadline = time.monotonic() + START_S
-        while not pids_file.exists():
+
+        def started() -> bool:
+            if pids_file.exists():
+                return True
             assert inner.poll() is None, (tmp_path / "inner.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "the inner run did not start everything"
-            time.sleep(0.2)
+            return False
+
+        wait_until(started, "the inner run to start everything", timeout_s=START_S, interval_s=0.2)
         pids = json.loads(pids_file.read_text())
         assert all(alive(p) for p in pids.values()), pids
         inner.send_signal(signal.SIGKILL)

@@ -23,6 +23,8 @@ import time
 import openai
 import pytest
 
+from tests.support.wait import wait_until_async
+
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
@@ -61,10 +63,7 @@ def cancelled(m) -> float:
 async def until(predicate, what: str, within_s: float = WAIT_S) -> float:
     """Poll ``predicate`` every 20 ms; returns the seconds it took, or fails naming ``what``."""
     started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > within_s:
-            raise AssertionError(f"{what}: not within {within_s}s")
-        await asyncio.sleep(0.02)
+    await wait_until_async(predicate, what, timeout_s=within_s, interval_s=0.02)
     return time.monotonic() - started
 
 
