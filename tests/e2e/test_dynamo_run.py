@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import openai
@@ -23,6 +22,7 @@ import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.procs import popen
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -66,22 +66,21 @@ class DynamoRun:
             return "\n".join(self.lines)
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(pattern, self.output(), re.M)
-            if found:
-                return found
-            if self.proc.poll() is not None:
-                self._reader.join(5)
-                found = re.search(pattern, self.output(), re.M)
-                if found:
-                    return found
+        def found() -> re.Match[str] | None:
+            match = re.search(pattern, self.output(), re.M)
+            if match or self.proc.poll() is None:
+                return match
+            self._reader.join(5)
+            match = re.search(pattern, self.output(), re.M)
+            if not match:
                 pytest.fail(
                     f"dynamo-run exited ({self.proc.returncode}) before {pattern!r}:\n{self.output()}"
                 )
-            if time.monotonic() > deadline:
-                pytest.fail(f"no {pattern!r} within {timeout:.0f}s:\n{self.output()}")
-            time.sleep(0.1)
+            return match
+
+        return wait_until(
+            found, f"{pattern!r} in the output", timeout_s=timeout, interval_s=0.1, explain=self.output
+        )
 
     def started_pids(self) -> dict[str, int]:
         """Every process dynamo-run says it started, by name (nats-server included)."""

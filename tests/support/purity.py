@@ -2,7 +2,8 @@
 
 ``guard(monkeypatch)`` turns socket creation and process spawning into a failure that names the rule and
 where such a test belongs; tests/unit/conftest.py applies it to every unit test. The one socket allowed
-is the AF_UNIX ``socketpair`` an asyncio event loop opens to wake itself up.
+is the AF_UNIX ``socketpair`` an asyncio event loop opens to wake itself up. What it sees is Python's
+``socket`` and process APIs: a C library that opens its own sockets (libzmq) goes unseen.
 ``fetching_test_data()`` lifts the guard for a fixture that fills a cache once (a download, like the
 SGLang sources); it changes nothing where no guard is on.
 """
