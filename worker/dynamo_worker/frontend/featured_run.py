@@ -1,7 +1,7 @@
 """Serving a request that uses features (``frontend.features``): the same worker stream as plain
 requests, shaped with reasoning, tool calls and logprobs.
 
-The plain path (``server.OpenAIServer._run``) stays as it is; a job with a ``FeaturePlan`` comes here
+The plain path (``plain_run.PlainRun``) stays as it is; a job with a ``FeaturePlan`` comes here
 instead. The text still goes through ``OutputText`` (incremental detokenization, stop strings), then
 through ``AnswerStream`` for chat; logprobs come with the worker's chunks, one per token, and ride on
 the next event sent (so a parser holding text back never separates a token from its logprob for
@@ -31,7 +31,8 @@ from dynamo_worker.protocol import TokenLogprob
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.features import FeaturePlan
-    from dynamo_worker.frontend.server import OpenAIServer, _Job
+    from dynamo_worker.frontend.job import Job
+    from dynamo_worker.frontend.server import OpenAIServer
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class _Logprobs:
 
 
 async def run_featured(
-    server: OpenAIServer, http_request: web.Request, job: _Job, plan: FeaturePlan, started: float
+    server: OpenAIServer, http_request: web.Request, job: Job, plan: FeaturePlan, started: float
 ) -> web.StreamResponse:
     pre = job.preprocessor
     chat = job.kind == "chat"
