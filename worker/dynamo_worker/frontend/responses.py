@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "AssistantMessage",
@@ -49,12 +49,13 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _NoNulls(_Wire):
-    """Leaves out the fields that are ``None`` instead of sending ``null``."""
+def _is_none(value: object) -> bool:
+    return value is None
 
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if v is not None}
+
+def _omitted_if_none() -> Any:
+    """A field that defaults to ``None`` and is left out of the body, not sent as ``null``, while so."""
+    return Field(None, exclude_if=_is_none)
 
 
 def dump(body: BaseModel, *, exclude: set[str] | None = None) -> bytes:
@@ -100,11 +101,11 @@ class ChatCompletion(_Wire):
     usage: Usage
 
 
-class ChatDelta(_NoNulls):
+class ChatDelta(_Wire):
     """Only what the chunk adds: ``{"role", "content"}`` first, then ``{"content"}``, ``{}`` at the end."""
 
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+    role: Literal["assistant"] | None = _omitted_if_none()
+    content: str | None = _omitted_if_none()
 
 
 class ChatChunkChoice(_Wire):
@@ -172,9 +173,9 @@ class EmbeddingList(_Wire):
 # --- /v1/images/generations -----------------------------------------------------------------------
 
 
-class ImageData(_NoNulls):
-    url: str | None = None  # response_format url
-    b64_json: str | None = None  # response_format b64_json
+class ImageData(_Wire):
+    url: str | None = _omitted_if_none()  # response_format url
+    b64_json: str | None = _omitted_if_none()  # response_format b64_json
 
 
 class GeneratedImages(_Wire):
@@ -197,10 +198,10 @@ class ModelList(_Wire):
     data: list[ModelCard]
 
 
-class Health(_NoNulls):
+class Health(_Wire):
     status: Literal["healthy", "unhealthy"]
     models: list[str]
-    reason: str | None = None  # unhealthy: why, and what would make it healthy
+    reason: str | None = _omitted_if_none()  # unhealthy: why, and what would make it healthy
 
 
 class Live(_Wire):

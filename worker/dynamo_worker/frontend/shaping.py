@@ -6,6 +6,7 @@ Nothing here does I/O or reads a clock; the same input gives the same bytes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import orjson
@@ -120,55 +121,64 @@ def whole(head: Head, text: str, finish: FinishReason, use: Usage) -> ChatComple
     )
 
 
+Choice = ChatChunkChoice | CompletionChoice
+
+_MARK = "\x00"  # stands for a text in a template: no tokenizer's text is a lone NUL
+_ROLE_JSON = dump(ChatChunkChoice(delta=ChatDelta(role="assistant", content="")))
+
+
+def _choice(kind: str, text: str, finish: FinishReason | None) -> Choice:
+    if kind == "chat":
+        return ChatChunkChoice(delta=ChatDelta(content=text or None), finish_reason=finish)
+    return CompletionChoice(text=text, finish_reason=finish)
+
+
+@functools.cache
+def _recurring(kind: str, text: str, finish: FinishReason | None) -> tuple[Choice, bytes]:
+    """A choice that recurs in every stream (a mark, an empty final one) and its JSON, made once."""
+    choice = _choice(kind, text, finish)
+    return choice, dump(choice)
+
+
 class PlainStream:
     """The SSE events of one plain streamed answer: ``role`` (chat only), ``text`` per token,
     ``final`` with the finish reason, ``usage`` when asked for, then ``SSE_DONE``.
 
-    Each event's body is a ``responses`` model, except on the hot path: a mid-stream text chunk is the
-    same JSON every time but for its text, so ``text`` splices the text (``orjson``) between the bytes
-    of that model rendered once per request, and gives the same bytes. Building and dumping the models
-    per token measured about 15 us a chunk against 0.3 us for the splice (the whole frontend spends a
-    few tens of us per streamed token), i.e. far more than the 3% of tokens/s a change may cost.
+    Every event is rendered from ``responses`` models, but each model only once: the chunk around
+    the choice (the same in every event of a request but the usage one) once per request, a choice
+    that recurs once per process; an event joins their bytes. A mid-stream text chunk is the same JSON
+    every time but for its text, so ``text`` splices the text (``orjson``) into the bytes of its choice
+    rendered around a mark. The bytes are those of building and dumping the whole chunk per event
+    (``test_frontend_shaping`` checks it), which measured 5 us an event against 0.2 us for the splice,
+    while the whole frontend spends about 32 us of CPU per streamed token (``make bench``, scenario
+    frontend): a model per token would cost some 15% of tokens/s, far more than the 3% allowed.
     """
-
-    _MARK = "\x00"
 
     def __init__(self, head: Head) -> None:
         self.head = head
-        self._exclude = None if head.include_usage else {"usage"}
-        self._parts = self._event(self._MARK, None).split(orjson.dumps(self._MARK))
-
-    def _chunk(self, choice: ChatChunkChoice | CompletionChoice, use: Usage | None) -> bytes:
-        h = self.head
-        if isinstance(choice, ChatChunkChoice):
-            body: ChatCompletionChunk | Completion = ChatCompletionChunk(
-                id=h.id, created=h.created, model=h.model, choices=[choice], usage=use
-            )
-        else:
-            body = Completion(id=h.id, created=h.created, model=h.model, choices=[choice], usage=use)
-        return sse(dump(body, exclude=self._exclude))
-
-    def _event(self, text: str | None, finish: FinishReason | None, role: bool = False) -> bytes:
-        if self.head.kind == "chat":
-            delta = ChatDelta(role="assistant", content="") if role else ChatDelta()
-            if text:
-                delta.content = text
-            return self._chunk(ChatChunkChoice(delta=delta, finish_reason=finish), None)
-        return self._chunk(CompletionChoice(text=text or "", finish_reason=finish), None)
+        mark, mark_json = _recurring(head.kind, _MARK, None)
+        body = ChatCompletionChunk if head.kind == "chat" else Completion
+        chunk = body(id=head.id, created=head.created, model=head.model, choices=[mark])
+        # Unambiguous splits: a choice's JSON can occur in the chunk only as the choice (inside a JSON
+        # string its quotes would be escaped), and the mark's JSON only once in the choice.
+        before, after = dump(chunk, exclude=None if head.include_usage else {"usage"}).split(mark_json)
+        text_before, text_after = mark_json.split(orjson.dumps(_MARK))
+        self._before, self._after = b"data: " + before, after + b"\n\n"
+        self._text_before, self._text_after = self._before + text_before, text_after + self._after
 
     def role(self) -> bytes:
         """The first event of a chat stream: the assistant's role, no text yet."""
-        return self._event(None, None, role=True)
+        return self._before + _ROLE_JSON + self._after
 
     def text(self, text: str) -> bytes:
         """A mid-stream event for a non-empty ``text``."""
-        if len(self._parts) != 2:  # the mark occurs elsewhere too (a model name with a NUL in it)
-            return self._event(text, None)
-        return self._parts[0] + orjson.dumps(text) + self._parts[1]
+        return self._text_before + orjson.dumps(text) + self._text_after
 
     def final(self, text: str, finish: FinishReason) -> bytes:
         """The event with the finish reason (and the last text, if any)."""
-        return self._event(text, finish)
+        kind = self.head.kind
+        choice = dump(_choice(kind, text, finish)) if text else _recurring(kind, "", finish)[1]
+        return self._before + choice + self._after
 
     def usage(self, use: Usage) -> bytes:
         """The last event before ``SSE_DONE`` when the client asked for usage: no choices, the counts."""
