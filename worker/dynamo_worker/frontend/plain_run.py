@@ -23,13 +23,11 @@ from dynamo_worker.frontend.httpio import json_response, sse_response
 from dynamo_worker.frontend.responses import FinishReason, Usage, dump
 from dynamo_worker.frontend.shaping import SSE_DONE, Head, PlainStream, finish_reason, sse, usage, whole
 from dynamo_worker.frontend.text import OutputText
-from dynamo_worker.protocol import GenerateChunk
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.dispatch import Dispatcher
     from dynamo_worker.frontend.job import Job
     from dynamo_worker.frontend.metrics import FrontendMetrics
-    from dynamo_worker.frontend.text import Delta
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +36,27 @@ __all__ = ["PlainRun"]
 
 class PlainRun:
     """One plain job from the worker's first chunk to the client's last byte."""
+
+    __slots__ = (
+        "cached_tokens",
+        "completion_tokens",
+        "dispatcher",
+        "events",
+        "finish",
+        "head",
+        "http_request",
+        "itl",
+        "job",
+        "last_token_at",
+        "metrics",
+        "one_by_one",
+        "out",
+        "pending",
+        "response",
+        "started",
+        "texts",
+        "ttft",
+    )
 
     def __init__(
         self,
@@ -67,6 +86,7 @@ class PlainRun:
         self.finish: FinishReason | None = None
         self.texts: list[str] = []  # not streamed: the answer so far
         self.last_token_at: float | None = None
+        self.one_by_one = job.stream or bool(job.stop_strings)  # a chunk of several tokens, token by token
         # SSE events not sent yet. Mid-stream an event is sent at once; the events after the finish
         # reason wait for the end of the stream, so it ends in one write instead of four.
         self.pending: list[bytes] = []
@@ -82,57 +102,58 @@ class PlainRun:
             self.response = await sse_response(self.http_request)
             if self.job.kind == "chat":
                 self.pending.append(events.role())
-        pending = self.pending
-        for text in parts if self.finish is None else parts[:-1]:
+        pending, finish = self.pending, self.finish
+        if finish is None and len(parts) == 1 and not pending:  # the usual event: one token's text
+            if parts[0]:
+                await self.response.write(events.text(parts[0]))
+            return
+        for text in parts if finish is None else parts[:-1]:
             if text:
                 pending.append(events.text(text))
-        if self.finish is not None:
-            pending.append(events.final(parts[-1], self.finish))
+        if finish is not None:
+            pending.append(events.final(parts[-1], finish))
         elif pending:
             await self.response.write(b"".join(pending))
             pending.clear()
 
-    def _observe_tokens(self) -> None:
-        now = time.monotonic()
-        if self.last_token_at is None:
+    def _decode(self, ids: list[int]) -> list[str]:
+        """The text of each token of ``ids`` (of all at once, when neither streamed nor stopped by
+        strings), up to a stop string or token, which sets ``finish``. Token by token, a stop string
+        also ends the count of completion tokens at the token holding it."""
+        now, last = time.monotonic(), self.last_token_at
+        if last is None:
             self.ttft.observe(now - self.started)
         else:
-            self.itl.observe(now - self.last_token_at)
+            self.itl.observe(now - last)
         self.last_token_at = now
-
-    async def _tokens(self, ids: list[int]) -> bool:
-        """Detokenize and send ``ids``; whether a stop string or token ended the answer. Token by token
-        (streamed, or with stop strings), a stop string also ends the count of completion tokens at the
-        token holding it."""
-        self._observe_tokens()
-        one_by_one = len(ids) > 1 and (self.job.stream or bool(self.job.stop_strings))
         parts: list[str] = []
-        delta: Delta | None = None
-        for piece in [[t] for t in ids] if one_by_one else [ids]:
-            delta = self.out.push(piece)
+        push = self.out.push
+        for piece in [[t] for t in ids] if len(ids) > 1 and self.one_by_one else [ids]:
+            delta = push(piece)
             self.completion_tokens += delta.token_count
             parts.append(delta.text)
             if delta.stopped:
                 self.finish = "stop"
-                await self.emit(*parts)
-                return True
-        if any(parts):
-            await self.emit(*parts)
-        return False
-
-    async def _finished(self, chunk: GenerateChunk, reason: str) -> None:
-        self.finish = finish_reason(reason)
-        if chunk.usage is not None:
-            self.cached_tokens = min(chunk.usage.cached_tokens, len(self.job.prompt_ids))
-        await self.emit(self.out.finish())
+                break
+        return parts
 
     async def _generate(self) -> None:
-        async with contextlib.aclosing(self.dispatcher.generate(self.job.entry, self.job.generate)) as chunks:
+        """Relay the worker's chunks (a coroutine per chunk would cost more than the chunk's event)."""
+        job = self.job
+        async with contextlib.aclosing(self.dispatcher.generate(job.entry, job.generate)) as chunks:
             async for chunk in chunks:
-                if chunk.token_ids and await self._tokens(chunk.token_ids):
-                    return
+                if chunk.token_ids:
+                    parts = self._decode(chunk.token_ids)
+                    if self.finish is not None:
+                        await self.emit(*parts)
+                        return
+                    if any(parts):
+                        await self.emit(*parts)
                 if chunk.finish_reason is not None:
-                    await self._finished(chunk, chunk.finish_reason)
+                    self.finish = finish_reason(chunk.finish_reason)
+                    if chunk.usage is not None:
+                        self.cached_tokens = min(chunk.usage.cached_tokens, len(job.prompt_ids))
+                    await self.emit(self.out.finish())
                     return
 
     async def run(self) -> web.StreamResponse:
