@@ -6,7 +6,7 @@ the per-endpoint metrics; thin handlers over the modules that do the work.
   reasoning, structured output or logprobs (a ``FeaturePlan`` on the job).
 - ``POST /v1/embeddings``: ``embeddings`` (its requests batched across clients).
 - ``POST /v1/images/generations``: ``images`` (diffusion workers).
-- ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: here.
+- ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
 
 Bodies are ``responses`` models shaped by ``shaping``; errors are OpenAI's (``errors``, ``httpio``).
 A client that goes away cancels the handler (``handler_cancellation``), which closes the worker
@@ -21,11 +21,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.embeddings import EmbeddingBatcher, prepare_embeddings
-from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ModelNotFound, ServiceUnavailable
+from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable
 from dynamo_worker.frontend.generation import prepare_chat, prepare_completion
 from dynamo_worker.frontend.httpio import (
     MAX_BODY_BYTES,
@@ -35,13 +34,13 @@ from dynamo_worker.frontend.httpio import (
     read_body,
 )
 from dynamo_worker.frontend.images import ImagesApi
+from dynamo_worker.frontend.info_endpoints import InfoEndpoints
 from dynamo_worker.frontend.job import Job
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.multimodal import MultimodalProcessor
 from dynamo_worker.frontend.plain_run import PlainRun
 from dynamo_worker.frontend.registry import ModelRegistry
-from dynamo_worker.frontend.responses import GeneratedImages, Live, ModelCard, dump
-from dynamo_worker.frontend.shaping import health, model_card, model_list
+from dynamo_worker.frontend.responses import GeneratedImages, dump
 
 log = logging.getLogger(__name__)
 
@@ -81,39 +80,10 @@ class OpenAIServer:
         app.router.add_post("/v1/completions", self._endpoint("completion", self._completion))
         app.router.add_post("/v1/embeddings", self._endpoint("embedding", self._embeddings))
         app.router.add_post("/v1/images/generations", self._image_generations)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{model:.+}", self._model)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/live", self._live)
-        app.router.add_get("/metrics", self._metrics)
+        InfoEndpoints(self.registry, self.metrics).add_routes(app)
         return app
 
-    # --- small endpoints ----------------------------------------------------------------------
-
-    def _model_card(self, name: str) -> ModelCard:
-        entry = self.registry.get(name)
-        return model_card(name, entry.created if entry is not None else 0)
-
-    async def _models(self, _: web.Request) -> web.Response:
-        return json_response(dump(model_list([self._model_card(m) for m in self.registry.served()])))
-
-    async def _model(self, request: web.Request) -> web.Response:
-        name, served = request.match_info["model"], self.registry.served()
-        if name not in served:
-            return error_response(ModelNotFound(name, served))
-        return json_response(dump(self._model_card(name)))
-
-    async def _health(self, _: web.Request) -> web.Response:
-        status, body = health(self.registry.served(), self.registry.namespace)
-        return json_response(dump(body), status=status)
-
-    async def _live(self, _: web.Request) -> web.Response:
-        return json_response(dump(Live()))
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+    # --- images -----------------------------------------------------------------------------
 
     async def _image_generations(self, http_request: web.Request) -> web.Response:
         if self.images is None:
