@@ -1,13 +1,14 @@
 """Response shaping and job building, as pure functions: a plain stream's SSE events are byte for byte
-the chunk models rendered whole (whatever the text or the model's name), bodies keep OpenAI's field
-order, worker finish reasons map to OpenAI's or to an error, /health says why it is unhealthy, and
-``build_job`` refuses prompts that are empty or do not fit, naming the field and the room left."""
+the chunk models rendered whole (whatever the text or the model's name), bodies (errors too) keep
+OpenAI's field order, worker finish reasons map to OpenAI's or to an error, /health says why it is
+unhealthy, and ``build_job`` refuses prompts that are empty or do not fit, naming the field and the
+room left."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from dynamo_worker.frontend.errors import InvalidRequest, UpstreamError
+from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, UpstreamError
 from dynamo_worker.frontend.job import build_job
 from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from dynamo_worker.frontend.preprocess import Preprocessor
@@ -102,6 +103,9 @@ def test_bodies_keep_openais_field_order():
             "prompt_tokens_details": {"cached_tokens": 0},
         },
     }
+    error = orjson.dumps(ModelNotFound("big", ["tiny"]).body())
+    assert error.startswith(b'{"error":{"message":"The model \'big\' does not exist')
+    assert error.endswith(b'"type":"invalid_request_error","param":"model","code":"model_not_found"}}')
     assert list(orjson.loads(dump(whole(head, "x", "stop", usage(1, 1, 0))))) == [
         "id", "object", "created", "model", "choices", "usage"
     ]  # fmt: skip

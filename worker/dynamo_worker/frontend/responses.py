@@ -28,6 +28,8 @@ __all__ = [
     "Embedding",
     "EmbeddingList",
     "EmbeddingUsage",
+    "ErrorDetail",
+    "ErrorResponse",
     "FinishReason",
     "GeneratedImages",
     "Health",
@@ -61,6 +63,22 @@ def _omitted_if_none() -> Any:
 def dump(body: BaseModel, *, exclude: set[str] | None = None) -> bytes:
     """``body`` as compact JSON bytes (UTF-8, nothing escaped but what JSON must)."""
     return body.__pydantic_serializer__.to_json(body, exclude=exclude)
+
+
+# --- errors (``frontend.errors``) ----------------------------------------------------------------
+
+
+class ErrorDetail(_Wire):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Wire):
+    """Every error's body, and the last SSE event of a stream that failed after it started."""
+
+    error: ErrorDetail
 
 
 # --- usage ----------------------------------------------------------------------------------------
