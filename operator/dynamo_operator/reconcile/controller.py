@@ -3,7 +3,9 @@
 Every visit reads the graph fresh, renders its whole desired state, applies it (server-side apply),
 prunes the children that are no longer desired, and writes status aggregated from the observed
 children. Create, update, resume, drift and child changes all lead to the same visit; the watches
-in :mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit.
+in :mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit. A visit first copies the
+replicas the graph's scaling adapters ask for into the graph (:mod:`dynamo_operator.reconcile.adapters`),
+then renders, and converges the adapters after the children.
 
 Events are posted on transitions only (a new spec generation, or a condition that changed), so a
 restart of the operator or a repeated visit does not repeat them.
@@ -24,7 +26,7 @@ from pydantic import ValidationError
 from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.reconcile import conditions, plan, scaling, status
+from dynamo_operator.reconcile import adapters, conditions, plan, scaling, status
 from dynamo_operator.reconcile.conditions import READY, Cond
 from dynamo_operator.reconcile.kube import (
     DEPLOYMENT,
@@ -34,11 +36,9 @@ from dynamo_operator.reconcile.kube import (
     POD,
     ROLE,
     ROLE_BINDING,
-    SCALING_ADAPTER,
     SERVICE,
     SERVICE_ACCOUNT,
     STATEFULSET,
-    Conflict,
     Kube,
     KubeError,
     label_selector,
@@ -48,7 +48,6 @@ from dynamo_operator.reconcile.restarts import GroupRestarter
 from dynamo_operator.reconcile.workqueue import WorkQueue
 from dynamo_operator.render import labels, render
 from dynamo_operator.render.names import label_value
-from dynamo_operator.render.scaling import pod_selector
 from dynamo_operator.render.types import Notice, Problem, Rendered
 
 logger = logging.getLogger(__name__)
@@ -273,10 +272,10 @@ class Controller:
         if rendered.problems:
             await self._report_invalid(raw, rendered)
             return None
-        adapters = await self.kube.list(
-            SCALING_ADAPTER, namespace, label_selector(labels.graph_selector(name))
-        )
-        raw, rendered, scaled = await self._copy_adapter_replicas(raw, rendered, adapters)
+        observed_adapters = await adapters.list_adapters(self.kube, raw)
+        patched, scaled = await adapters.copy_replicas(self.kube, raw, rendered, observed_adapters)
+        if patched is not None:  # the graph now has the replicas HPA, KEDA or kubectl scale asked for
+            raw, rendered = patched, self._render(load_graph(patched))
         if rendered.problems:
             await self._report_invalid(raw, rendered)
             return None
@@ -296,7 +295,7 @@ class Controller:
         counts = status.all_counts(
             rendered.services, applied, component_label=labels.COMPONENT, group_label=labels.GROUP
         )
-        await self._sync_adapters(raw, rendered, adapters, counts, scaled)
+        await adapters.sync(self.kube, raw, rendered, observed_adapters, counts, scaled)
         cond = ready_condition(counts, name)
         if cond.status != "True":  # say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
@@ -392,86 +391,6 @@ class Controller:
                     message=f"Deleted {obj['kind']} {obj['metadata']['name']}: no longer in the spec",
                 )
         return applied, errors
-
-    async def _copy_adapter_replicas(
-        self, raw: dict, rendered: Rendered, adapters: list[dict]
-    ) -> tuple[dict, Rendered, dict[str, str]]:
-        """Write the replicas that scaling adapters ask for into the graph (HPA, KEDA, kubectl scale
-        set them), and render it again. Returns the graph, its rendering and service -> when scaled."""
-        meta = raw["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        current = {service: p.replicas for service, p in rendered.services.items()}
-        changes = scaling.replicas_to_copy(adapters, rendered.adapters, current, meta["uid"])
-        if not changes:
-            return raw, rendered, {}
-        ops = scaling.replicas_patch(raw, changes)
-        raw = await self.kube.patch_json(DGD, namespace, name, ops, field_manager=scaling.FIELD_MANAGER)
-        now = _now()
-        for service, replicas in sorted(changes.items()):
-            adapter = next(a for a in rendered.adapters if a["spec"]["dgdRef"]["serviceName"] == service)
-            message = (
-                f"Scaled service {service} from {current[service]} to {replicas} replicas, as "
-                f"DynamoGraphDeploymentScalingAdapter {adapter['metadata']['name']} asks"
-            )
-            logger.info("%s graph=%s/%s", message, namespace, name)
-            await self.kube.post_event(raw, type_="Normal", reason="Scaled", message=message)
-        return raw, self._render(load_graph(raw)), dict.fromkeys(changes, now)
-
-    async def _sync_adapters(
-        self,
-        raw: dict,
-        rendered: Rendered,
-        observed: list[dict],
-        counts: Mapping[str, status.ServiceCounts],
-        scaled: Mapping[str, str],
-    ) -> None:
-        """Create missing adapters, restore their labels and dgdRef, write their status, delete the ones
-        no longer desired. Their spec.replicas is never written here."""
-        meta = raw["metadata"]
-        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        by_name = {o["metadata"]["name"]: o for o in observed}
-        for desired in rendered.adapters:
-            adapter = desired["metadata"]["name"]
-            service = desired["spec"]["dgdRef"]["serviceName"]
-            current = by_name.get(adapter)
-            if current is None:
-                try:
-                    current = await self.kube.create(desired)
-                except Conflict:
-                    logger.warning(
-                        "Could not create DynamoGraphDeploymentScalingAdapter name=%s graph=%s/%s: one of "
-                        "that name exists and is not this graph's; delete it",
-                        adapter,
-                        namespace,
-                        name,
-                    )
-                    continue
-                message = f"Created DynamoGraphDeploymentScalingAdapter {adapter} for service {service}"
-                logger.info("%s graph=%s/%s", message, namespace, name)
-                await self.kube.post_event(raw, type_="Normal", reason="Created", message=message)
-            elif (patch := scaling.adapter_drift(desired, current)) is not None:
-                current = await self.kube.patch_merge(SCALING_ADAPTER, namespace, adapter, patch)
-            if service in counts:
-                patch = scaling.adapter_status(
-                    current, counts[service].replicas, pod_selector(name, service), scaled.get(service)
-                )
-                if patch is not None:
-                    await self.kube.patch_merge(
-                        SCALING_ADAPTER, namespace, adapter, patch, subresource="status"
-                    )
-        wanted = {a["metadata"]["name"] for a in rendered.adapters}
-        for obj in observed:
-            adapter = obj["metadata"]["name"]
-            if adapter in wanted or not plan.controlled_by(obj, uid):
-                continue
-            if await self.kube.delete(SCALING_ADAPTER, namespace, adapter, uid=obj["metadata"]["uid"]):
-                service = (obj.get("spec") or {}).get("dgdRef", {}).get("serviceName")
-                message = (
-                    f"Deleted DynamoGraphDeploymentScalingAdapter {adapter}: service {service} no longer has "
-                    "one (scalingAdapter off, the service removed, or a planner scales it)"
-                )
-                logger.info("%s graph=%s/%s", message, namespace, name)
-                await self.kube.post_event(raw, type_="Normal", reason="Deleted", message=message)
 
     async def _report_invalid(self, raw: dict, rendered: Rendered) -> None:
         cond = invalid_condition(rendered.problems)
