@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 
 from dynamo_operator.reconcile import plan, scaling, status
-from dynamo_operator.reconcile.kube import DGD, SCALING_ADAPTER, Conflict, Kube, label_selector
+from dynamo_operator.reconcile.kube import DGD, SCALING_ADAPTER, Conflict, Kube, NotFound, label_selector
 from dynamo_operator.render import labels
 from dynamo_operator.render.scaling import pod_selector
 from dynamo_operator.render.types import Rendered
@@ -81,6 +81,16 @@ async def sync(
         if current is None:
             try:
                 current = await kube.create(desired)
+            except NotFound:  # the API server has no adapter CRD: the rest of the graph goes on
+                logger.warning(
+                    "Could not create %s name=%s graph=%s/%s: its CRD is not installed; apply "
+                    "charts/dynamo-operator/crds/ (kubectl apply --server-side -f)",
+                    KIND,
+                    adapter,
+                    namespace,
+                    name,
+                )
+                continue
             except Conflict:
                 logger.warning(
                     "Could not create %s name=%s graph=%s/%s: one of that name exists and is not this "

@@ -109,6 +109,14 @@ def test_kubectl_scale_and_an_hpa_scale_one_service_through_its_adapter(
         "as DynamoGraphDeploymentScalingAdapter sglang-agg-decode asks"
     ]
 
+    # the adapter owns the number: an edit of the graph's replicas is set back to the adapter's
+    kc.patch("dgd", "sglang-agg", {"spec": {"services": {"decode": {"replicas": 4}}}})
+    wait_until(
+        lambda: (kc.get("dgd", "sglang-agg") or {})["spec"]["services"]["decode"]["replicas"] == 2,
+        "the graph's decode replicas set back to the adapter's 2",
+    )
+    assert kc.get(ADAPTER, "sglang-agg-decode")["spec"]["replicas"] == 2
+
     kc.apply(_hpa("sglang-agg-decode", 3))  # the real HPA controller scales the adapter
     wait_until(lambda: _deployment_replicas(kc, "sglang-agg-decode", 3), "decode at 3 ready pods (HPA)", 90)
     kc.delete("hpa", "sglang-agg-decode-hpa")
