@@ -68,6 +68,9 @@ def test_kubectl_scale_and_an_hpa_scale_one_service_through_its_adapter(
         True,
     )
     assert kc.get(ADAPTER, "sglang-agg-frontend") is None  # only the service that opts in
+    header, row = kc.run("get", ADAPTER, "sglang-agg-decode").splitlines()[:2]
+    assert header.split()[:4] == ["NAME", "DGD", "SERVICE", "REPLICAS"]
+    assert row.split()[:3] == ["sglang-agg-decode", "sglang-agg", "decode"]
     selector = f"nvidia.com/dynamo-component=decode,{GRAPH_LABEL}=sglang-agg"
     wait_until(
         lambda: (kc.get(ADAPTER, "sglang-agg-decode") or {}).get("status", {}).get("selector") == selector,

@@ -113,3 +113,10 @@ def test_render_stays_pure_with_adapters():
     raw = _opt_in(_raw("agg.yaml"), "decode")
     assert _render(raw) == _render(copy.deepcopy(raw))
     assert DynamoGraphDeployment.model_validate(raw).spec.services["decode"].scaling_adapter.enabled
+
+
+def test_dynamos_deprecated_autoscaling_field_points_to_the_adapter():
+    raw = _raw("agg.yaml")
+    raw["spec"]["services"]["decode"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 3}
+    (notice,) = [n for n in _render(raw).notices if n.reason == "IgnoredFields"]
+    assert "set scalingAdapter: {enabled: true} and aim an HPA or KEDA at its adapter" in notice.message
