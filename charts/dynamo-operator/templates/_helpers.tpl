@@ -89,11 +89,20 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments"]
   verbs: ["get", "list", "watch"]
-# A graph's planner gets a Role allowing get and patch on that graph only; Kubernetes lets the operator
-# grant only what it holds itself, so it holds patch (it never patches a graph's spec).
+# patch: the operator copies a scaling adapter's spec.replicas into its service (the only spec field it
+# writes), and a graph's planner gets a Role allowing get and patch on that graph only (Kubernetes lets
+# the operator grant only what it holds itself).
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments"]
   verbs: ["patch"]
+# One DynamoGraphDeploymentScalingAdapter per service that opts in: created, relabelled, pruned, and its
+# status written. HPA, KEDA and kubectl scale its spec.replicas through /scale.
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeploymentscalingadapters"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamographdeploymentscalingadapters/status"]
+  verbs: ["get", "patch"]
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments/status"]
   verbs: ["get", "patch"]

@@ -24,6 +24,7 @@ How the fields map (the rules of NVIDIA Dynamo's conversion)::
         gpu, gpuType, custom}, claims                nvidia.com/gpu (or gpuType), custom...}, claims
       livenessProbe, readinessProbe                main.livenessProbe, main.readinessProbe
       extraPodMetadata {annotations, labels}       podTemplate.metadata {annotations, labels}
+      scalingAdapter {enabled: true}               scalingAdapter {} (present: enabled)
     spec.envs, spec.backendFramework             spec.env, spec.backendFramework
     status                                       status (one schema, unchanged)
 
@@ -37,7 +38,7 @@ converted object and restored when it is converted back:
 - ``nvidia.com/dgd-v1beta1-fields`` (on v1alpha1 objects): the v1beta1-only graph fields (``annotations``,
   ``labels``, ``priorityClassName``, ``restart``, ``topologyConstraint``, ``experimental``,
   ``providerOverride``), the order of ``spec.components``, and per component its v1beta1-only fields
-  (``minAvailable``, ``roles``, ``scalingAdapter``, ``eppConfig``, ``frontendSidecar``, ``dynamoSidecar``,
+  (``minAvailable``, ``roles``, ``eppConfig``, ``frontendSidecar``, ``dynamoSidecar``,
   ``compilationCache``, ``runtimeVersionOverride``, ``topologyConstraint``, ``experimental``,
   ``providerOverride``).
 
@@ -99,7 +100,6 @@ _BETA_ONLY_COMPONENT = (
     "runtimeVersionOverride",
     "minAvailable",
     "roles",
-    "scalingAdapter",
     "eppConfig",
     "frontendSidecar",
     "dynamoSidecar",
@@ -232,6 +232,8 @@ def _service_to_component(name: str, svc: dict[str, Any]) -> dict[str, Any]:
         comp["sharedMemorySize"] = "0"
     elif shm.get("size") is not None:
         comp["sharedMemorySize"] = shm["size"]
+    if (svc.get("scalingAdapter") or {}).get("enabled"):
+        comp["scalingAdapter"] = {}
     for mount in svc.get("volumeMounts") or []:
         if mount.get("useAsCompilationCache"):
             cache = {"pvcName": mount.get("name"), "mountPath": mount.get("mountPoint")}
@@ -276,6 +278,9 @@ def _component_to_service(comp: dict[str, Any]) -> dict[str, Any]:
     for key in ("replicas", "multinode", "modelRef", "globalDynamoNamespace"):
         if comp.get(key) is not None:
             svc[key] = comp[key]
+    adapter = comp.get("scalingAdapter")
+    if isinstance(adapter, dict) and adapter.get("enabled") is not False:
+        svc["scalingAdapter"] = {"enabled": True}
     shm = comp.get("sharedMemorySize")
     if shm is not None:
         svc["sharedMemory"] = {"disabled": True} if str(shm) == "0" else {"size": shm}

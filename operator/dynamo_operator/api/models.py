@@ -58,6 +58,7 @@ __all__ = [
     "Probe",
     "ResourceItem",
     "Resources",
+    "ScalingAdapter",
     "ServiceSpec",
     "ServiceStatus",
     "SharedMemory",
@@ -301,6 +302,15 @@ class ModelRef(_Model):
     revision: str | None = None
 
 
+class ScalingAdapter(_Model):
+    """Whether the service gets a DynamoGraphDeploymentScalingAdapter (dgdsa): the target of HPA, KEDA
+    and ``kubectl scale``, and then the owner of the service's replicas."""
+
+    enabled: bool = Field(
+        False, description="Create an adapter <graph>-<service>; its spec.replicas sets this service's."
+    )
+
+
 class ServiceSpec(_Model):
     """One entry of ``spec.services``: a component of the graph."""
 
@@ -321,6 +331,9 @@ class ServiceSpec(_Model):
     volume_mounts: list[VolumeMount] = Field(default_factory=list)
     liveness_probe: Probe | None = Field(None, description="Replaces the default liveness probe.")
     readiness_probe: Probe | None = Field(None, description="Replaces the default readiness probe.")
+    scaling_adapter: ScalingAdapter | None = Field(
+        None, description="enabled: true lets HPA, KEDA or kubectl scale set replicas through an adapter."
+    )
     annotations: dict[str, str] = Field(default_factory=dict, description="Added to generated objects.")
     labels: dict[str, str] = Field(default_factory=dict, description="Added to generated objects.")
     # Accepted for compatibility with Dynamo; not acted on (the renderer says so in a Notice).

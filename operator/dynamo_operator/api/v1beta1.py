@@ -5,7 +5,9 @@ The shape is NVIDIA Dynamo's v1beta1: ``spec.components`` is a list of component
 ``podTemplate`` (a Kubernetes PodTemplateSpec whose container named ``main`` runs the component);
 ``spec.env`` is prepended to every component's environment. Fields Dynamo accepts and this operator does
 not act on (``providerOverride``, ``topologyConstraint``, ``experimental``, ``restart``, ``roles``,
-``scalingAdapter``, ``eppConfig``, ...) are declared and kept as given.
+``eppConfig``, ...) are declared and kept as given. ``scalingAdapter`` opts a component into a
+DynamoGraphDeploymentScalingAdapter by being there (Dynamo's v1beta1 marker, ``{}``); ``{enabled:
+false}``, the shape of earlier Dynamo releases, opts out.
 
 The status schema is the one of v1alpha1 (:class:`dynamo_operator.api.models.GraphStatus`): both
 versions share it, so status reads the same whichever version a client asks for.
@@ -82,11 +84,15 @@ class ComponentSpec(_Model):
     )
     model_ref: ModelRef | None = None
     global_dynamo_namespace: bool | None = Field(None, description="Not supported; ignored.")
-    # Accepted for compatibility with Dynamo; not acted on.
+    # Accepted for compatibility with Dynamo; not acted on (except scalingAdapter).
     runtime_version_override: str | None = None
     min_available: Annotated[int, Field(ge=1)] | None = None
     roles: list[_Opaque] | None = None
-    scaling_adapter: _Opaque | None = None
+    scaling_adapter: _Opaque | None = Field(
+        None,
+        description="Present ({}) to scale this component through a DynamoGraphDeploymentScalingAdapter "
+        "(HPA, KEDA, kubectl scale); {enabled: false} opts out.",
+    )
     epp_config: _Opaque | None = None
     frontend_sidecar: str | None = None
     dynamo_sidecar: str | None = None

@@ -3,7 +3,9 @@
 Every visit reads the graph fresh, renders its whole desired state, applies it (server-side apply),
 prunes the children that are no longer desired, and writes status aggregated from the observed
 children. Create, update, resume, drift and child changes all lead to the same visit; the watches
-in :mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit.
+in :mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit. A visit first copies the
+replicas the graph's scaling adapters ask for into the graph (:mod:`dynamo_operator.reconcile.adapters`),
+then renders, and converges the adapters after the children.
 
 Events are posted on transitions only (a new spec generation, or a condition that changed), so a
 restart of the operator or a repeated visit does not repeat them.
@@ -24,7 +26,7 @@ from pydantic import ValidationError
 from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.reconcile import conditions, plan, status
+from dynamo_operator.reconcile import adapters, conditions, plan, scaling, status
 from dynamo_operator.reconcile.conditions import READY, Cond
 from dynamo_operator.reconcile.kube import (
     DEPLOYMENT,
@@ -200,7 +202,7 @@ class Controller:
         self.queue.add(key)
 
     def child_event(self, body: Mapping[str, Any]) -> None:
-        """A Deployment/StatefulSet/LWS/Service of ours changed (or was deleted): visit its graph."""
+        """A child of ours (workload, Service, scaling adapter) changed or was deleted: visit its graph."""
         key = self._owner_key(body)
         if key is not None:
             self.queue.add(key)
@@ -270,6 +272,13 @@ class Controller:
         if rendered.problems:
             await self._report_invalid(raw, rendered)
             return None
+        observed_adapters = await adapters.list_adapters(self.kube, raw)
+        patched, scaled = await adapters.copy_replicas(self.kube, raw, rendered, observed_adapters)
+        if patched is not None:  # the graph now has the replicas HPA, KEDA or kubectl scale asked for
+            raw, rendered = patched, self._render(load_graph(patched))
+        if rendered.problems:
+            await self._report_invalid(raw, rendered)
+            return None
         applied, apply_errors = await self._apply_all(raw, rendered)
         if apply_errors:
             cond = Cond(
@@ -286,6 +295,7 @@ class Controller:
         counts = status.all_counts(
             rendered.services, applied, component_label=labels.COMPONENT, group_label=labels.GROUP
         )
+        await adapters.sync(self.kube, raw, rendered, observed_adapters, counts, scaled)
         cond = ready_condition(counts, name)
         if cond.status != "True":  # say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
@@ -421,6 +431,13 @@ class Controller:
                     await self.kube.post_event(
                         raw, type_="Warning" if n.warning else "Normal", reason=n.reason, message=n.message
                     )
+        scaling_cond = scaling.conflict_condition(rendered.scaling_conflicts, rendered.adapters)
+        if scaling_cond is not None and not rendered.problems:
+            wanted.append(scaling_cond)
+            if scaling_cond.status == "True" and conditions.changed(current_conds, scaling_cond):
+                await self.kube.post_event(
+                    raw, type_="Warning", reason=scaling_cond.reason, message=scaling_cond.message
+                )
         if ready.status == "True" and conditions.changed(current_conds, ready):
             await self.kube.post_event(raw, type_="Normal", reason="Ready", message=ready.message)
         new: dict[str, Any] = {

@@ -4,6 +4,8 @@
 - Watches on our children (Deployments, StatefulSets, LeaderWorkerSets, Services; filtered by our
   managed-by label): queue a visit of the owning graph, so a deleted or edited child is restored and
   status follows the children promptly.
+- Watch on our DynamoGraphDeploymentScalingAdapters (same label): queue a visit of the owning graph, so
+  ``kubectl scale``, HPA and KEDA reach the service promptly.
 - Pod watch (same label): multinode group restarts (StatefulSet backend).
 
 Only ``on.event`` handlers are used: they keep no progress in the objects (no kopf annotations, no
@@ -19,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from dynamo_operator.api import scaling
 from dynamo_operator.api.models import GROUP, PLURAL, STORAGE_VERSION
 from dynamo_operator.reconcile.kube import LWS
 from dynamo_operator.render import labels
@@ -78,6 +81,7 @@ async def graph_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: A
 @kopf.on.event("apps", "v1", "statefulsets", labels=OURS)
 @kopf.on.event("v1", "services", labels=OURS)
 @kopf.on.event(_LWS_GROUP, "v1", "leaderworkersets", labels=OURS)
+@kopf.on.event(GROUP, scaling.VERSION, scaling.PLURAL, labels=OURS)
 async def child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.controller.child_event(body)
 

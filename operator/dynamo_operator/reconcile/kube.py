@@ -54,6 +54,9 @@ class ResourceType:
 
 # The stored version: reading and writing it never needs the conversion webhook.
 DGD = ResourceType("nvidia.com/v1beta1", "DynamoGraphDeployment", "dynamographdeployments")
+SCALING_ADAPTER = ResourceType(
+    "nvidia.com/v1alpha1", "DynamoGraphDeploymentScalingAdapter", "dynamographdeploymentscalingadapters"
+)
 DEPLOYMENT = ResourceType("apps/v1", "Deployment", "deployments")
 STATEFULSET = ResourceType("apps/v1", "StatefulSet", "statefulsets")
 SERVICE = ResourceType("v1", "Service", "services")
@@ -72,6 +75,7 @@ KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
     (t.api_version, t.kind): t
     for t in (
         DGD,
+        SCALING_ADAPTER,
         DEPLOYMENT,
         STATEFULSET,
         SERVICE,
@@ -184,7 +188,7 @@ def _now() -> str:
 
 
 class Kube:
-    """A minimal async Kubernetes client: get, list, server-side apply, patch, delete, events.
+    """A minimal async Kubernetes client: get, list, create, server-side apply, patches, delete, events.
 
     Use as ``async with Kube(creds) as kube``. One aiohttp session with connection reuse.
     """
@@ -276,6 +280,28 @@ class Kube:
             params={"fieldManager": self._field_manager, "force": "true"},
             body=obj,
             content_type="application/apply-patch+yaml",
+        )
+
+    async def create(self, obj: dict) -> dict:
+        """Create ``obj`` (POST); raises :class:`Conflict` when it already exists."""
+        rt = resource_type(obj["apiVersion"], obj["kind"])
+        return await self._request(
+            "POST",
+            rt.path(obj["metadata"].get("namespace")),
+            params={"fieldManager": self._field_manager},
+            body=obj,
+        )
+
+    async def patch_json(
+        self, rt: ResourceType, namespace: str | None, name: str, ops: list[dict], *, field_manager: str
+    ) -> dict:
+        """A JSON patch (RFC 6902); a failed ``test`` operation answers 422 (:class:`Invalid`)."""
+        return await self._request(
+            "PATCH",
+            rt.path(namespace, name),
+            params={"fieldManager": field_manager},
+            body=ops,
+            content_type="application/json-patch+json",
         )
 
     async def patch_merge(

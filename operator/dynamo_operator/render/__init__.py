@@ -20,7 +20,9 @@ What a graph becomes (names: ``<graph>-<service lowercased>``, hashed when too l
 - other component types (planner, ...): a Deployment running the user's command as given; a planner
   also gets a ServiceAccount, Role and RoleBinding allowing it to get and patch only its own graph and
   to create Events (``render.planner``);
-- ``spec.pvcs`` entries with ``create: true``: a PersistentVolumeClaim.
+- ``spec.pvcs`` entries with ``create: true``: a PersistentVolumeClaim;
+- services with ``scalingAdapter: {enabled: true}``: a DynamoGraphDeploymentScalingAdapter, unless a
+  planner scales them (``render.scaling``; returned apart, in ``Rendered.adapters``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dynamo_operator.api.validation import validate
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import notices as _notices
 from dynamo_operator.render import planner as _planner
+from dynamo_operator.render import scaling as _scaling
 from dynamo_operator.render.names import child_name
 from dynamo_operator.render.pods import main_container, rdma_settings
 from dynamo_operator.render.services import render_service
@@ -65,4 +68,11 @@ def render(dgd: DynamoGraphDeployment, config: OperatorConfig) -> Rendered:
         notices += container_notices
         notices += _notices.tp_mismatch(c)
     notices += _notices.transport(dgd, comps, rdma)
-    return Rendered(objects=tuple(objects), notices=tuple(notices), services=plans)
+    adapters, conflicts = _scaling.scaling_adapters(dgd, comps)
+    return Rendered(
+        objects=tuple(objects),
+        notices=tuple(notices),
+        services=plans,
+        adapters=adapters,
+        scaling_conflicts=conflicts,
+    )

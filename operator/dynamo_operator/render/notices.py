@@ -24,10 +24,12 @@ def ignored_fields(c: Component) -> list[Notice]:
     names = [name for name, present in ignored if present]
     if not names:
         return []
+    hint = " To autoscale it, set scalingAdapter: {enabled: true} and aim an HPA or KEDA at its adapter."
     return [
         Notice(
             "IgnoredFields",
-            f"Service {c.name!r} sets {', '.join(names)}, which this operator accepts but does not act on.",
+            f"Service {c.name!r} sets {', '.join(names)}, which this operator accepts but does not act on."
+            + (hint if "autoscaling" in names else ""),
             c.name,
         )
     ]

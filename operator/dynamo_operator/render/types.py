@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from dynamo_operator.api.validation import Problem  # defined in the api (dynamo-run reports it too)
 
-__all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ServicePlan", "Workload"]
+__all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ScalingConflict", "ServicePlan", "Workload"]
 
 WorkloadKind = Literal["Deployment", "StatefulSet", "LeaderWorkerSet"]
 
@@ -21,6 +21,15 @@ class Notice:
     message: str
     service: str | None = None
     warning: bool = False
+
+
+@dataclass(frozen=True)
+class ScalingConflict:
+    """Service ``service`` opts into a scaling adapter, but planner service ``planner`` scales it."""
+
+    service: str
+    planner: str
+    adapter: str  # the adapter's name (not made)
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,18 @@ class ServicePlan:
 
 @dataclass(frozen=True)
 class Rendered:
-    """The desired state of one graph. When ``problems`` is non-empty, ``objects`` is empty."""
+    """The desired state of one graph. When ``problems`` is non-empty, ``objects`` is empty.
+
+    ``adapters`` are the graph's DynamoGraphDeploymentScalingAdapters as first made (their
+    ``spec.replicas`` belongs to HPA, KEDA or kubectl scale afterwards, so they are created, never
+    applied); ``scaling_conflicts`` names the services refused one (``render.scaling``)."""
 
     objects: tuple[dict[str, Any], ...] = ()
     problems: tuple[Problem, ...] = ()
     notices: tuple[Notice, ...] = ()
     services: Mapping[str, ServicePlan] = field(default_factory=dict)
+    adapters: tuple[dict[str, Any], ...] = ()
+    scaling_conflicts: tuple[ScalingConflict, ...] = ()
 
     @property
     def ok(self) -> bool:

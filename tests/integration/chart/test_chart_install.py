@@ -96,10 +96,14 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         who = f"--as=system:serviceaccount:{ns}:{sa}"
         can = lambda *a: kube_cluster.kubectl("auth", "can-i", *a, who, check=False).strip()  # noqa: E731
         assert can("patch", "dynamographdeployments.nvidia.com", "--subresource=status", "-n", ns) == "yes"
-        # Patch on graphs is held only so that the operator may grant a graph's planner patch on that one
-        # graph (Kubernetes lets a Role grant only what its creator holds); the operator never patches
-        # a spec. It may create Roles but not escalate or bind beyond what it holds.
+        # Patch on graphs: the operator writes a scaling adapter's replicas into its service, and grants a
+        # graph's planner patch on that one graph (Kubernetes lets a Role grant only what its creator
+        # holds). It may create Roles but not escalate or bind beyond what it holds.
         assert can("patch", "dynamographdeployments.nvidia.com", "-n", ns) == "yes"
+        adapters = "dynamographdeploymentscalingadapters.nvidia.com"
+        for verb in ("create", "list", "watch", "patch", "delete"):
+            assert can(verb, adapters, "-n", ns) == "yes", verb
+        assert can("patch", adapters, "--subresource=status", "-n", ns) == "yes"
         assert can("escalate", "roles.rbac.authorization.k8s.io", "-n", ns) == "no"
         assert can("bind", "roles.rbac.authorization.k8s.io", "-n", ns) == "no"
         assert can("delete", "pods", "-n", ns) == "yes"
@@ -125,6 +129,28 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         for child in graph:
             main = child["spec"]["template"]["spec"]["containers"][0]
             assert {"name": "NATS_SERVER", "value": nats_address} in main["env"], child["metadata"]["name"]
+
+        # A scaling adapter, with the chart's RBAC: created, its status written, its replicas copied.
+        kube_cluster.kubectl(
+            "patch", "-n", ns, "dynamographdeployments.v1alpha1.nvidia.com", "sglang-disagg", "--type=merge",
+            "-p", json.dumps({"spec": {"services": {"decode": {"scalingAdapter": {"enabled": True}}}}}),
+        )  # fmt: skip
+        wait_until(
+            lambda: kube_cluster.kubectl(
+                "get", "dgdsa", "-n", ns, "sglang-disagg-decode", "--ignore-not-found", "-o", "name"
+            ).strip(),
+            "the decode service's scaling adapter",
+        )
+        kube_cluster.kubectl("scale", "dgdsa", "-n", ns, "sglang-disagg-decode", "--replicas=2")
+        wait_until(
+            lambda: (
+                json.loads(
+                    kube_cluster.kubectl("get", "deployment", "-n", ns, "sglang-disagg-decode", "-o", "json")
+                )["spec"]["replicas"]
+                == 2
+            ),
+            "decode's Deployment scaled to 2 through the adapter",
+        )
 
         # A graph with a planner: the operator, with the chart's RBAC, may grant it its own Role.
         kube_cluster.kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "disagg-planner.yaml"))

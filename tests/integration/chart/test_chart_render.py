@@ -62,6 +62,8 @@ def test_cluster_scope_binds_one_cluster_role(bins):
     assert {
         "dynamographdeployments",
         "dynamographdeployments/status",
+        "dynamographdeploymentscalingadapters",
+        "dynamographdeploymentscalingadapters/status",
         "deployments",
         "statefulsets",
     } <= resources

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 LWS_CRD = Path(__file__).with_name("lws-crd.yaml")
 DGD_CRD = "dynamographdeployments.nvidia.com"
+ADAPTER_CRD = "dynamographdeploymentscalingadapters.nvidia.com"
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 WAIT_S = 60.0
 
@@ -111,7 +112,8 @@ class Kubectl:
 
 @pytest.fixture(scope="session")
 def dgd_crd(kube_cluster: LocalCluster) -> None:
-    """The DynamoGraphDeployment CRD from crds/, applied once per session and Established.
+    """The CRDs from crds/ (DynamoGraphDeployment, its scaling adapter), applied once per session and
+    Established.
 
     When it is already there (the chart test installed it) it is replaced: an operator of an earlier
     test wrote a webhook URL into it, which a server-side apply of the file's Service could only add to."""
@@ -120,7 +122,8 @@ def dgd_crd(kube_cluster: LocalCluster) -> None:
             kube_cluster.kubectl("replace", "-f", str(path))
         else:
             kube_cluster.kubectl("apply", "--server-side", "-f", str(path))
-    kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{DGD_CRD}", "--timeout=60s")
+    for crd in (DGD_CRD, ADAPTER_CRD):
+        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
 
 
 @pytest.fixture

@@ -145,6 +145,7 @@ SERVICE = st.builds(
             "autoscaling": st.just({"enabled": False, "minReplicas": 1}),
             "ingress": st.just({"enabled": False}),
             "pvc": st.builds(lambda n: {"name": n, "create": False}, WORDS),
+            "scalingAdapter": st.builds(lambda on: {"enabled": on}, st.booleans()),
         },
     ),
 )
@@ -267,7 +268,7 @@ COMPONENT = st.builds(
             "frontendSidecar": WORDS,
             "runtimeVersionOverride": st.just("1.5.0"),
             "compilationCache": st.builds(lambda n: {"pvcName": n, "mountPath": "/cache"}, WORDS),
-            "scalingAdapter": st.just({}),
+            "scalingAdapter": st.sampled_from([{}, {"enabled": True}, {"enabled": False}]),
             "topologyConstraint": st.just({"packDomain": "rack"}),
             "experimental": st.just({"checkpoint": {"enabled": False}}),
             "globalDynamoNamespace": st.booleans(),
@@ -408,6 +409,8 @@ def test_each_v1alpha1_field_lands_on_its_v1beta1_counterpart(obj):
         pod_meta = svc.get("extraPodMetadata") or {}
         for key in ("annotations", "labels"):
             assert comp["podTemplate"].get("metadata", {}).get(key) == (pod_meta.get(key) or None)
+        enabled = (svc.get("scalingAdapter") or {}).get("enabled", False)
+        assert ("scalingAdapter" in comp) == enabled
 
 
 @FUZZ
@@ -429,6 +432,9 @@ def test_each_v1beta1_field_lands_on_its_v1alpha1_counterpart(obj):
             assert svc.get("componentType") == ctype and "subComponentType" not in svc
         assert svc.get("replicas") == comp.get("replicas")
         assert svc.get("multinode") == comp.get("multinode")
+        adapter = comp.get("scalingAdapter")
+        enabled = adapter is not None and adapter.get("enabled") is not False
+        assert (svc.get("scalingAdapter") or {}).get("enabled", False) == enabled
         shm = comp.get("sharedMemorySize")
         assert svc.get("sharedMemory") == (
             None if shm is None else {"disabled": True} if shm == "0" else {"size": shm}

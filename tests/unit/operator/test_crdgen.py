@@ -25,12 +25,36 @@ def _version(name: str) -> dict:
     return next(v for v in crdgen.build_crd()["spec"]["versions"] if v["name"] == name)
 
 
-def test_committed_crd_is_fresh():
-    committed = (REPO / "crds" / crdgen.CRD_FILENAME).read_text()
-    assert committed == crdgen.render_crd_yaml(), "crds/ is stale: run `make crds`"
-    chart_copy = REPO / "charts" / "dynamo-operator" / "crds" / crdgen.CRD_FILENAME
-    if chart_copy.parent.is_dir():
-        assert chart_copy.read_text() == committed, "the chart's CRD is stale: run `make crds`"
+def test_committed_crds_are_fresh():
+    for filename, text in (
+        (crdgen.CRD_FILENAME, crdgen.render_crd_yaml()),
+        (crdgen.ADAPTER_CRD_FILENAME, crdgen.render_adapter_crd_yaml()),
+    ):
+        committed = (REPO / "crds" / filename).read_text()
+        assert committed == text, "crds/ is stale: run `make crds`"
+        chart_copy = REPO / "charts" / "dynamo-operator" / "crds" / filename
+        if chart_copy.parent.is_dir():
+            assert chart_copy.read_text() == committed, "the chart's CRD is stale: run `make crds`"
+
+
+def test_adapter_crd_has_dynamos_shape_and_a_scale_subresource():
+    crd = crdgen.build_adapter_crd()
+    assert crd["metadata"]["name"] == "dynamographdeploymentscalingadapters.nvidia.com"
+    assert crd["spec"]["names"]["kind"] == "DynamoGraphDeploymentScalingAdapter"
+    assert crd["spec"]["names"]["shortNames"] == ["dgdsa"]
+    (version,) = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    nodes = dict(_walk(version["schema"]["openAPIV3Schema"]))
+    assert nodes[".spec"]["required"] == ["replicas", "dgdRef"]
+    assert nodes[".spec.replicas"]["minimum"] == 0
+    assert nodes[".spec.dgdRef"]["required"] == ["name", "serviceName"]
+    assert nodes[".spec.dgdRef.serviceName"]["minLength"] == 1
+    assert nodes[".status.selector"]["type"] == "string"
 
 
 def test_crd_shape():
@@ -107,6 +131,7 @@ def test_cli_writes_folders_and_check_detects_drift(tmp_path, capsys):
     assert crdgen.main(["--out", str(first), "--out", str(second)]) == 0
     assert (first / crdgen.CRD_FILENAME).read_text() == (second / crdgen.CRD_FILENAME).read_text()
     assert yaml.safe_load((first / crdgen.CRD_FILENAME).read_text()) == crdgen.build_crd()
+    assert yaml.safe_load((second / crdgen.ADAPTER_CRD_FILENAME).read_text()) == crdgen.build_adapter_crd()
     assert crdgen.main(["--check", "--out", str(first)]) == 0
     (first / crdgen.CRD_FILENAME).write_text("stale\n")
     assert crdgen.main(["--check", "--out", str(first), "--out", str(second)]) == 1

@@ -26,13 +26,15 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, UpstreamError
 from dynamo_worker.frontend.features import check_endpoint, serving
+from dynamo_worker.frontend.httpio import json_response
+from dynamo_worker.frontend.job import Job
 from dynamo_worker.frontend.openai_models import parse_request
+from dynamo_worker.frontend.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
 from dynamo_worker.protocol import (
     EmbedOptions,
     GenerateRequest,
@@ -44,7 +46,7 @@ from dynamo_worker.protocol import (
 if TYPE_CHECKING:
     from dynamo_worker.frontend.dispatch import Dispatcher
     from dynamo_worker.frontend.registry import ModelEntry, ModelRegistry
-    from dynamo_worker.frontend.server import OpenAIServer, _Job
+    from dynamo_worker.frontend.server import OpenAIServer
 
 log = logging.getLogger(__name__)
 
@@ -114,23 +116,20 @@ class EmbeddingPlan:
     encoding_format: str
 
     async def run(
-        self, server: OpenAIServer, http_request: web.Request, job: _Job, started: float
+        self, server: OpenAIServer, http_request: web.Request, job: Job, started: float
     ) -> web.StreamResponse:
         assert job.generate.embed is not None
         vectors = await self.batcher.embed(job.entry, job.generate)
         tokens = sum(len(i) for i in job.generate.embed.inputs)
         server.metrics.input_tokens.labels(job.model).inc(tokens)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encode(v, self.encoding_format)}
-            for i, v in enumerate(vectors)
-        ]
-        body = {
-            "object": "list",
-            "data": data,
-            "model": job.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+        body = EmbeddingList(
+            data=[
+                Embedding(index=i, embedding=_encode(v, self.encoding_format)) for i, v in enumerate(vectors)
+            ],
+            model=job.model,
+            usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+        )
+        return json_response(dump(body))
 
 
 def _encode(packed: str, encoding_format: str) -> list[float] | str:
@@ -138,9 +137,7 @@ def _encode(packed: str, encoding_format: str) -> list[float] | str:
     return packed if encoding_format == "base64" else unpack_vector(packed)
 
 
-async def prepare_embeddings(
-    registry: ModelRegistry, batcher: EmbeddingBatcher, body: bytes, job_cls: type[_Job]
-) -> _Job:
+async def prepare_embeddings(registry: ModelRegistry, batcher: EmbeddingBatcher, body: bytes) -> Job:
     req = parse_request(EmbeddingRequest, body)
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
@@ -192,7 +189,7 @@ async def prepare_embeddings(
         stop=StopConditions(max_tokens=1),
         embed=EmbedOptions(inputs=inputs, dimensions=dimensions),
     )
-    return job_cls(
+    return Job(
         kind="embedding",
         model=req.model,
         entry=entry,
@@ -204,7 +201,7 @@ async def prepare_embeddings(
         stream=False,
         include_usage=False,
         id="embd-" + request_id,
-        plan=EmbeddingPlan(batcher, req.encoding_format),  # type: ignore[arg-type]
+        plan=EmbeddingPlan(batcher, req.encoding_format),
     )
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dynamo_worker.frontend.responses import ErrorDetail, ErrorResponse
+
 __all__ = [
     "ApiError",
     "InvalidRequest",
@@ -53,7 +55,8 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=detail).model_dump()
 
 
 class InvalidRequest(ApiError):

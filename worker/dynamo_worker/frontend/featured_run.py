@@ -1,7 +1,7 @@
 """Serving a request that uses features (``frontend.features``): the same worker stream as plain
 requests, shaped with reasoning, tool calls and logprobs.
 
-The plain path (``server.OpenAIServer._run``) stays as it is; a job with a ``FeaturePlan`` comes here
+The plain path (``plain_run.PlainRun``) stays as it is; a job with a ``FeaturePlan`` comes here
 instead. The text still goes through ``OutputText`` (incremental detokenization, stop strings), then
 through ``AnswerStream`` for chat; logprobs come with the worker's chunks, one per token, and ride on
 the next event sent (so a parser holding text back never separates a token from its logprob for
@@ -24,20 +24,22 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from dynamo_worker.frontend import shaping
 from dynamo_worker.frontend.chat_output import AnswerStream
-from dynamo_worker.frontend.errors import ApiError, UpstreamError
+from dynamo_worker.frontend.errors import ApiError
+from dynamo_worker.frontend.httpio import json_response, sse_response
+from dynamo_worker.frontend.shaping import SSE_DONE, finish_reason, sse
 from dynamo_worker.frontend.text import OutputText
 from dynamo_worker.protocol import TokenLogprob
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.features import FeaturePlan
-    from dynamo_worker.frontend.server import OpenAIServer, _Job
+    from dynamo_worker.frontend.job import Job
+    from dynamo_worker.frontend.server import OpenAIServer
 
 log = logging.getLogger(__name__)
 
 __all__ = ["KeepSpecialDecoder", "run_featured"]
-
-_FINISH = {"stop": "stop", "length": "length"}
 
 
 class KeepSpecialDecoder:
@@ -54,7 +56,7 @@ class KeepSpecialDecoder:
 
 
 def _sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(body) + b"\n\n"
+    return sse(orjson.dumps(body))
 
 
 class _Logprobs:
@@ -106,7 +108,7 @@ class _Logprobs:
 
 
 async def run_featured(
-    server: OpenAIServer, http_request: web.Request, job: _Job, plan: FeaturePlan, started: float
+    server: OpenAIServer, http_request: web.Request, job: Job, plan: FeaturePlan, started: float
 ) -> web.StreamResponse:
     pre = job.preprocessor
     chat = job.kind == "chat"
@@ -148,10 +150,7 @@ async def run_featured(
             return
         events: list[bytes] = []
         if response is None:
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
-            await response.prepare(http_request)
+            response = await sse_response(http_request)
             if chat:
                 events.append(chunk({"role": "assistant", "content": ""}, with_logprobs=False))
         if answer is not None:
@@ -184,13 +183,7 @@ async def run_featured(
                     if delta.text:
                         await emit(delta.text)
                 if c.finish_reason is not None:
-                    if c.finish_reason not in _FINISH:
-                        raise UpstreamError(
-                            f"The worker ended the request early (finish_reason={c.finish_reason}) "
-                            "without being asked to; retry it.",
-                            code="worker_cancelled",
-                        )
-                    finish = _FINISH[c.finish_reason]
+                    finish = finish_reason(c.finish_reason)
                     if c.usage is not None:
                         cached_tokens = min(c.usage.cached_tokens, len(job.prompt_ids))
                     await emit(out.finish())
@@ -208,12 +201,7 @@ async def run_featured(
         return response
     metrics.output_tokens.labels(job.model).inc(completion_tokens)
     metrics.cached_tokens.labels(job.model).inc(cached_tokens)
-    usage = {
-        "prompt_tokens": len(job.prompt_ids),
-        "completion_tokens": completion_tokens,
-        "total_tokens": len(job.prompt_ids) + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
+    usage = shaping.usage(len(job.prompt_ids), completion_tokens, cached_tokens).model_dump()
     reason = finish or "stop"
     if not job.stream:
         text = "".join(text_parts)
@@ -238,10 +226,10 @@ async def run_featured(
     tail = [chunk({}, reason=reason) if chat else chunk(None, "", reason)]
     if job.include_usage:
         tail.append(_sse(base | {"object": obj, "choices": [], "usage": usage}))
-    tail.append(b"data: [DONE]\n\n")
+    tail.append(SSE_DONE)
     await response.write_eof(b"".join(tail))
     return response
 
 
 def _json(body: dict[str, Any]) -> web.Response:
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+    return json_response(orjson.dumps(body))

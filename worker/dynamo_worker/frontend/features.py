@@ -35,7 +35,8 @@ from dynamo_worker.frontend.tools import HARMONY_PARSER, TOOL_PARSERS, supported
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.server import OpenAIServer, _Job
+    from dynamo_worker.frontend.job import Job
+    from dynamo_worker.frontend.server import OpenAIServer
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class FeaturePlan:
         return {"structured": self.structured, "logprobs": self.logprobs}
 
     async def run(
-        self, server: OpenAIServer, http_request: web.Request, job: _Job, started: float
+        self, server: OpenAIServer, http_request: web.Request, job: Job, started: float
     ) -> web.StreamResponse:
         return await run_featured(server, http_request, job, self, started)
 

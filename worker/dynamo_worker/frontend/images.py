@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import aiohttp
 from pydantic import Field, ValidationError, field_validator
@@ -25,6 +25,7 @@ from dynamo_worker.frontend.errors import (
 from dynamo_worker.frontend.multimodal import Unreachable, post_to_worker
 from dynamo_worker.frontend.openai_models import _Body, parse_request
 from dynamo_worker.frontend.registry import ModelRegistry
+from dynamo_worker.frontend.responses import GeneratedImages, ImageData
 from dynamo_worker.multimodal.wire import (
     IMAGES_PATH,
     MAX_GENERATED_IMAGES,
@@ -81,7 +82,7 @@ class ImagesApi:
             await self._session.close()
             self._session = None
 
-    async def generate(self, body: bytes) -> dict[str, Any]:
+    async def generate(self, body: bytes) -> GeneratedImages:
         req = parse_request(ImageGenerationRequest, body)
         entry = self.registry.get(req.model)
         if entry is None:
@@ -138,5 +139,5 @@ class ImagesApi:
             raise UpstreamError(f"The diffusion worker at {worker.address} answered nonsense: {e}") from None
         if len(answer.images) != req.n:
             raise UpstreamError(f"The diffusion worker made {len(answer.images)} images, not {req.n}.")
-        data = [img.model_dump(exclude_none=True) for img in answer.images]
-        return {"created": answer.created, "data": data}
+        data = [ImageData(url=img.url, b64_json=img.b64_json) for img in answer.images]
+        return GeneratedImages(created=answer.created, data=data)

@@ -1,0 +1,126 @@
+"""The I/O around a graph's scaling adapters (``render.scaling``), one visit at a time; the rules are the
+pure ones of :mod:`dynamo_operator.reconcile.scaling`.
+
+- :func:`copy_replicas`: an adapter's ``spec.replicas`` that differs from its service's (``kubectl
+  scale``, HPA, KEDA) is written into the graph, with a ``Scaled`` Event;
+- :func:`sync`: missing adapters are created with the service's replicas, their labels and ``dgdRef``
+  restored, their status written (the service's replicas that exist, its pods' selector), and adapters no
+  longer desired deleted. An adapter's ``spec.replicas`` is never written here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping
+
+from dynamo_operator.reconcile import plan, scaling, status
+from dynamo_operator.reconcile.kube import DGD, SCALING_ADAPTER, Conflict, Kube, NotFound, label_selector
+from dynamo_operator.render import labels
+from dynamo_operator.render.scaling import pod_selector
+from dynamo_operator.render.types import Rendered
+
+__all__ = ["copy_replicas", "list_adapters", "sync"]
+
+logger = logging.getLogger(__name__)
+KIND = "DynamoGraphDeploymentScalingAdapter"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def list_adapters(kube: Kube, raw: dict) -> list[dict]:
+    """The adapters labelled as this graph's (none when their CRD is not installed)."""
+    meta = raw["metadata"]
+    return await kube.list(
+        SCALING_ADAPTER, meta["namespace"], label_selector(labels.graph_selector(meta["name"]))
+    )
+
+
+async def copy_replicas(
+    kube: Kube, raw: dict, rendered: Rendered, observed: list[dict]
+) -> tuple[dict | None, dict[str, str]]:
+    """Write the replicas the adapters ask for into the graph. Returns the patched graph (None when
+    nothing changed) and service -> when it was scaled."""
+    meta = raw["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    current = {service: p.replicas for service, p in rendered.services.items()}
+    changes = scaling.replicas_to_copy(observed, rendered.adapters, current, meta["uid"])
+    if not changes:
+        return None, {}
+    ops = scaling.replicas_patch(raw, changes)
+    patched = await kube.patch_json(DGD, namespace, name, ops, field_manager=scaling.FIELD_MANAGER)
+    for service, replicas in sorted(changes.items()):
+        adapter = next(a for a in rendered.adapters if a["spec"]["dgdRef"]["serviceName"] == service)
+        message = (
+            f"Scaled service {service} from {current[service]} to {replicas} replicas, as "
+            f"{KIND} {adapter['metadata']['name']} asks"
+        )
+        logger.info("%s graph=%s/%s", message, namespace, name)
+        await kube.post_event(patched, type_="Normal", reason="Scaled", message=message)
+    return patched, dict.fromkeys(changes, _now())
+
+
+async def sync(
+    kube: Kube,
+    raw: dict,
+    rendered: Rendered,
+    observed: list[dict],
+    counts: Mapping[str, status.ServiceCounts],
+    scaled: Mapping[str, str],
+) -> None:
+    """Converge the graph's adapters (all but their ``spec.replicas``) and write their status."""
+    meta = raw["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    by_name = {o["metadata"]["name"]: o for o in observed}
+    for desired in rendered.adapters:
+        adapter = desired["metadata"]["name"]
+        service = desired["spec"]["dgdRef"]["serviceName"]
+        current = by_name.get(adapter)
+        if current is None:
+            try:
+                current = await kube.create(desired)
+            except NotFound:  # the API server has no adapter CRD: the rest of the graph goes on
+                logger.warning(
+                    "Could not create %s name=%s graph=%s/%s: its CRD is not installed; apply "
+                    "charts/dynamo-operator/crds/ (kubectl apply --server-side -f)",
+                    KIND,
+                    adapter,
+                    namespace,
+                    name,
+                )
+                continue
+            except Conflict:
+                logger.warning(
+                    "Could not create %s name=%s graph=%s/%s: one of that name exists and is not this "
+                    "graph's; delete it",
+                    KIND,
+                    adapter,
+                    namespace,
+                    name,
+                )
+                continue
+            message = f"Created {KIND} {adapter} for service {service}"
+            logger.info("%s graph=%s/%s", message, namespace, name)
+            await kube.post_event(raw, type_="Normal", reason="Created", message=message)
+        elif (patch := scaling.adapter_drift(desired, current)) is not None:
+            current = await kube.patch_merge(SCALING_ADAPTER, namespace, adapter, patch)
+        if service in counts:
+            selector = pod_selector(name, service)
+            patch = scaling.adapter_status(current, counts[service].replicas, selector, scaled.get(service))
+            if patch is not None:
+                await kube.patch_merge(SCALING_ADAPTER, namespace, adapter, patch, subresource="status")
+    wanted = {a["metadata"]["name"] for a in rendered.adapters}
+    for obj in observed:
+        adapter = obj["metadata"]["name"]
+        if adapter in wanted or not plan.controlled_by(obj, uid):
+            continue
+        if await kube.delete(SCALING_ADAPTER, namespace, adapter, uid=obj["metadata"]["uid"]):
+            service = ((obj.get("spec") or {}).get("dgdRef") or {}).get("serviceName")
+            message = (
+                f"Deleted {KIND} {adapter}: service {service} no longer has one (scalingAdapter off, the "
+                "service removed, or a planner scales it)"
+            )
+            logger.info("%s graph=%s/%s", message, namespace, name)
+            await kube.post_event(raw, type_="Normal", reason="Deleted", message=message)

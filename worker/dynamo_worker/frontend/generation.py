@@ -1,0 +1,75 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions`` up to the job: parse and validate the
+body (400 naming the field), look the model up (404 unknown, 503 nobody serving it), plan the features
+it uses, tokenize (the chat template for chat; images through ``frontend.multimodal``) and check the
+context length (``job.build_job``). Serving the job is ``plain_run`` or ``featured_run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from dynamo_worker.frontend.errors import InvalidRequest
+from dynamo_worker.frontend.features import chat_messages, plan_chat, plan_completion, serving
+from dynamo_worker.frontend.job import Job, build_job, with_plan
+from dynamo_worker.frontend.multimodal import MultimodalProcessor, has_images
+from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from dynamo_worker.frontend.registry import ModelRegistry
+
+__all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "THREAD_TOKENIZE_CHARS", "prepare_chat", "prepare_completion"]
+
+# Prompts at least this long (characters) are tokenized in a thread: a few milliseconds of tokenizing
+# would otherwise stall every stream this frontend relays. Shorter ones cost less than the hop.
+THREAD_TOKENIZE_CHARS = 4096
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+async def _tokenize(chars: int, encode: Callable[..., list[int]], *args: Any) -> list[int]:
+    """``encode(*args)``, in a thread when the text is ``chars`` >= ``THREAD_TOKENIZE_CHARS`` long."""
+    if chars < THREAD_TOKENIZE_CHARS:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
+
+
+async def prepare_chat(registry: ModelRegistry, multimodal: MultimodalProcessor | None, body: bytes) -> Job:
+    req = parse_request(ChatCompletionRequest, body)
+    entry = registry.lookup(req.model)
+    pre = entry.preprocessor
+    assert pre is not None
+    if has_images(req):  # processor -> encode worker -> language worker (frontend.multimodal)
+        if multimodal is None:
+            raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
+        ids, spans, _ = await multimodal.prepare(entry, req, pre)
+        job = build_job("chat", req, entry, ids, prompt_param="messages", default_max=None)
+        job.generate = job.generate.model_copy(update={"images": spans})
+        return job
+    plan = plan_chat(req, serving(pre))
+    messages = chat_messages(req)
+    kwargs = (plan.template_kwargs,) if plan is not None and plan.template_kwargs else ()
+    ids = await _tokenize(
+        sum(len(m["content"]) for m in messages),
+        pre.encode_chat,
+        messages,
+        req.add_generation_prompt,
+        *kwargs,
+    )
+    return with_plan(build_job("chat", req, entry, ids, prompt_param="messages", default_max=None), plan)
+
+
+async def prepare_completion(registry: ModelRegistry, body: bytes) -> Job:
+    req = parse_request(CompletionRequest, body)
+    entry = registry.lookup(req.model)
+    pre = entry.preprocessor
+    assert pre is not None
+    plan = plan_completion(req, serving(pre))
+    prompt = req.prompt_text_or_ids()
+    if isinstance(prompt, str):
+        ids = await _tokenize(len(prompt), pre.encode_prompt, prompt)
+    else:
+        pre.check_ids(prompt)
+        ids = prompt
+    job = build_job(
+        "completion", req, entry, ids, prompt_param="prompt", default_max=COMPLETIONS_DEFAULT_MAX_TOKENS
+    )
+    return with_plan(job, plan)

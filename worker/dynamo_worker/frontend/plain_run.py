@@ -1,0 +1,194 @@
+"""Serving a plain chat or completion job (no tools, reasoning, structured output or logprobs): the
+worker's token stream through detokenization and stop handling to the client, whole or as SSE.
+
+Streaming responses start only when the first output arrives, so a failure before it (no worker,
+worker unreachable, overload) is an ordinary HTTP error status. A failure after it is sent as a final
+SSE event ``data: {"error": {...}}`` (the ``openai`` client raises it) without ``data: [DONE]``.
+Streamed, every token is an event of its own, also when several arrived at once (the worker or the
+request plane coalesced them because a reader fell behind); those events then leave in one write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+from aiohttp import web
+
+from dynamo_worker.frontend.errors import ApiError
+from dynamo_worker.frontend.httpio import json_response, sse_response
+from dynamo_worker.frontend.responses import FinishReason, Usage, dump
+from dynamo_worker.frontend.shaping import SSE_DONE, Head, PlainStream, finish_reason, sse, usage, whole
+from dynamo_worker.frontend.text import OutputText
+
+if TYPE_CHECKING:
+    from dynamo_worker.frontend.dispatch import Dispatcher
+    from dynamo_worker.frontend.job import Job
+    from dynamo_worker.frontend.metrics import FrontendMetrics
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PlainRun"]
+
+
+class PlainRun:
+    """One plain job from the worker's first chunk to the client's last byte."""
+
+    __slots__ = (
+        "cached_tokens",
+        "completion_tokens",
+        "dispatcher",
+        "events",
+        "finish",
+        "head",
+        "http_request",
+        "itl",
+        "job",
+        "last_token_at",
+        "metrics",
+        "one_by_one",
+        "out",
+        "pending",
+        "response",
+        "started",
+        "texts",
+        "ttft",
+    )
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: FrontendMetrics,
+        http_request: web.Request,
+        job: Job,
+        started: float,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.ttft, self.itl = metrics.ttft.labels(job.model), metrics.itl.labels(job.model)
+        self.http_request = http_request
+        self.job = job
+        self.started = started
+        self.out = OutputText(
+            job.preprocessor.tokenizer,
+            prompt_ids=job.prompt_ids,
+            stop_strings=job.stop_strings,
+            stop_token_ids=job.stop_token_ids,
+        )
+        head = Head(job.kind, job.id, job.created, job.model, job.include_usage)
+        self.head = head
+        self.events = PlainStream(head) if job.stream else None
+        self.response: web.StreamResponse | None = None
+        self.completion_tokens = self.cached_tokens = 0
+        self.finish: FinishReason | None = None
+        self.texts: list[str] = []  # not streamed: the answer so far
+        self.last_token_at: float | None = None
+        self.one_by_one = job.stream or bool(job.stop_strings)  # a chunk of several tokens, token by token
+        # SSE events not sent yet. Mid-stream an event is sent at once; the events after the finish
+        # reason wait for the end of the stream, so it ends in one write instead of four.
+        self.pending: list[bytes] = []
+
+    async def emit(self, *parts: str) -> None:
+        """One event per part (the last one carries the finish reason, once there is one), sent in one
+        write."""
+        events = self.events
+        if events is None:
+            self.texts.extend(parts)
+            return
+        if self.response is None:
+            self.response = await sse_response(self.http_request)
+            if self.job.kind == "chat":
+                self.pending.append(events.role())
+        pending, finish = self.pending, self.finish
+        if finish is None and len(parts) == 1 and not pending:  # the usual event: one token's text
+            if parts[0]:
+                await self.response.write(events.text(parts[0]))
+            return
+        for text in parts if finish is None else parts[:-1]:
+            if text:
+                pending.append(events.text(text))
+        if finish is not None:
+            pending.append(events.final(parts[-1], finish))
+        elif pending:
+            await self.response.write(b"".join(pending))
+            pending.clear()
+
+    def _decode(self, ids: list[int]) -> list[str]:
+        """The text of each token of ``ids`` (of all at once, when neither streamed nor stopped by
+        strings), up to a stop string or token, which sets ``finish``. Token by token, a stop string
+        also ends the count of completion tokens at the token holding it."""
+        now, last = time.monotonic(), self.last_token_at
+        if last is None:
+            self.ttft.observe(now - self.started)
+        else:
+            self.itl.observe(now - last)
+        self.last_token_at = now
+        parts: list[str] = []
+        push = self.out.push
+        for piece in [[t] for t in ids] if len(ids) > 1 and self.one_by_one else [ids]:
+            delta = push(piece)
+            self.completion_tokens += delta.token_count
+            parts.append(delta.text)
+            if delta.stopped:
+                self.finish = "stop"
+                break
+        return parts
+
+    async def _generate(self) -> None:
+        """Relay the worker's chunks (a coroutine per chunk would cost more than the chunk's event)."""
+        job = self.job
+        async with contextlib.aclosing(self.dispatcher.generate(job.entry, job.generate)) as chunks:
+            async for chunk in chunks:
+                if chunk.token_ids:
+                    parts = self._decode(chunk.token_ids)
+                    if self.finish is not None:
+                        await self.emit(*parts)
+                        return
+                    if any(parts):
+                        await self.emit(*parts)
+                if chunk.finish_reason is not None:
+                    self.finish = finish_reason(chunk.finish_reason)
+                    if chunk.usage is not None:
+                        self.cached_tokens = min(chunk.usage.cached_tokens, len(job.prompt_ids))
+                    await self.emit(self.out.finish())
+                    return
+
+    async def run(self) -> web.StreamResponse:
+        """Serve the job; raises ``ApiError`` only before the stream started."""
+        job, metrics = self.job, self.metrics
+        metrics.input_tokens.labels(job.model).inc(len(job.prompt_ids))
+        try:
+            await self._generate()
+        except ApiError as e:
+            if self.response is None:
+                raise
+            metrics.errors.labels(e.code or e.type).inc()
+            log.warning(
+                "Stream failed after it started status=%d code=%s message=%s", e.status, e.code, e.message
+            )
+            await self.response.write_eof(b"".join(self.pending) + sse(orjson.dumps(e.body())))
+            return self.response
+        except ConnectionResetError:
+            metrics.errors.labels("client_disconnected").inc()
+            log.info("Client went away request_id=%s", job.generate.request_id)
+            assert self.response is not None
+            return self.response
+        metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
+        metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
+        use = usage(len(job.prompt_ids), self.completion_tokens, self.cached_tokens)
+        if self.events is None:
+            return json_response(dump(whole(self.head, "".join(self.texts), self.finish or "stop", use)))
+        return await self._end(self.events, use)
+
+    async def _end(self, events: PlainStream, use: Usage) -> web.StreamResponse:
+        if self.response is None:  # finished without any output: still a valid (empty) stream
+            await self.emit("")
+        assert self.response is not None
+        if self.job.include_usage:
+            self.pending.append(events.usage(use))
+        self.pending.append(SSE_DONE)
+        await self.response.write_eof(b"".join(self.pending))
+        return self.response
