@@ -42,9 +42,10 @@ test-e2e: venv ## dynamo-run driven by the official openai client
 faults: venv binaries ## the fault suite: one row per fault (what was done, bound, time to a clear answer, lost)
 	FAULTS_TABLE=.faults/table.json $(BIN)/python -m pytest -q tests/faults $(PYTEST_ARGS)
 
-lint: venv binaries ## ruff, formatting, import contracts, CRD drift, helm lint + kubeconform, hadolint
+lint: venv binaries ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m dynamo_operator.api.crdgen --check
 	bash hack/lint-chart.sh

@@ -25,11 +25,11 @@ import base64
 import hashlib
 import struct
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Final = 1
 MAX_ROOM = 2**63 - 1
 
 Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]

@@ -55,7 +55,7 @@ def _kind(component_type: str | None) -> Kind | None:
 
 def _role(spec: ServiceSpec, view: dict[str, Any]) -> Role:
     if spec.component_type in ("prefill", "decode"):
-        return spec.component_type  # type: ignore[return-value]
+        return spec.component_type
     if spec.sub_component_type is not None:
         return spec.sub_component_type
     args = parse_args(view)

@@ -378,15 +378,16 @@ def to_v1beta1(obj: dict[str, Any]) -> dict[str, Any]:
 def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
     """A v1beta1 ``DynamoGraphDeployment`` (raw dict) as v1alpha1.
 
-    Raises :class:`ConversionError` when two components share a name (the API server refuses such an
-    object; a manifest file may still hold one)."""
+    Every component has a name (the CRD schema and the v1beta1 model require one). Raises
+    :class:`ConversionError` when two components share a name (the API server refuses such an object; a
+    manifest file may still hold one)."""
     out = copy.deepcopy(obj)
     meta = out.setdefault("metadata", {})
     restore = _pop_record(meta, ALPHA_FIELDS_ANNOTATION)
     _pop_record(meta, BETA_FIELDS_ANNOTATION)
     spec = out.pop("spec", None) or {}
     components: list[dict[str, Any]] = spec.get("components") or []
-    names = [c.get("name") for c in components]
+    names: list[str] = [c["name"] for c in components]
     for name in names:
         if names.count(name) > 1:
             raise ConversionError(
@@ -397,8 +398,7 @@ def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
 
     services: dict[str, Any] = {}
     keep_components: dict[str, Any] = {}
-    for comp in components:
-        name = comp.get("name")
+    for comp, name in zip(components, names, strict=True):
         svc = _component_to_service(comp)
         saved = saved_services.get(name) or {}
         if saved.get("service") and saved.get("fingerprint") == _fingerprint(v1beta1.ComponentSpec, comp):

@@ -23,7 +23,7 @@ Annotations read by the operator (documented in ``examples/``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -65,14 +65,16 @@ __all__ = [
     "VolumeMount",
 ]
 
-GROUP = "nvidia.com"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+# Final, and the apiVersions spelled out (GROUP/VERSION), so that their types are the literals the
+# models' `apiVersion` and `kind` fields declare.
+GROUP: Final = "nvidia.com"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "nvidia.com/v1alpha1"
 # The version the API server stores (dynamo_operator.api.v1beta1): what the operator watches and writes
 # status to, and what ownerReferences name, so neither needs the conversion webhook.
-STORAGE_VERSION = "v1beta1"
-STORAGE_API_VERSION = f"{GROUP}/{STORAGE_VERSION}"
-KIND = "DynamoGraphDeployment"
+STORAGE_VERSION: Final = "v1beta1"
+STORAGE_API_VERSION: Final = "nvidia.com/v1beta1"
+KIND: Final = "DynamoGraphDeployment"
 PLURAL = "dynamographdeployments"
 SINGULAR = "dynamographdeployment"
 SHORT_NAME = "dgd"

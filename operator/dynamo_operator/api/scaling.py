@@ -9,11 +9,11 @@ an adapter's ``spec.replicas`` into its service; ``status`` reports the service'
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
-from dynamo_operator.api.models import GROUP, ObjectMeta, _Model
+from dynamo_operator.api.models import ObjectMeta, _Model
 
 __all__ = [
     "API_VERSION",
@@ -28,9 +28,9 @@ __all__ = [
     "DynamoGraphDeploymentScalingAdapter",
 ]
 
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "DynamoGraphDeploymentScalingAdapter"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "nvidia.com/v1alpha1"  # models.GROUP/VERSION, spelled out: its type is the literal
+KIND: Final = "DynamoGraphDeploymentScalingAdapter"
 PLURAL = "dynamographdeploymentscalingadapters"
 SINGULAR = "dynamographdeploymentscalingadapter"
 SHORT_NAME = "dgdsa"

@@ -18,7 +18,7 @@ load_graph` turns a raw manifest of either version into it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
 
@@ -48,8 +48,8 @@ __all__ = [
     "GraphSpec",
 ]
 
-VERSION = STORAGE_VERSION
-API_VERSION = STORAGE_API_VERSION
+VERSION: Final = STORAGE_VERSION
+API_VERSION: Final = STORAGE_API_VERSION
 MAIN_CONTAINER = "main"  # the container of podTemplate that runs the component
 
 ComponentType = Literal["frontend", "worker", "prefill", "decode", "planner", "epp"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 READY = "Ready"
 
@@ -16,7 +16,7 @@ class Cond:
     message: str
 
     def as_dict(self, now: str, generation: int | None) -> dict:
-        cond = {
+        cond: dict[str, Any] = {
             "type": self.type,
             "status": self.status,
             "reason": self.reason,

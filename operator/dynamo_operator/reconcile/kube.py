@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "dynamo-sglang-operator"
 REQUEST_TIMEOUT_S = 30.0
+# The operations of a JSON patch (RFC 6902). A name of its own also because inside ``Kube``, whose
+# ``list`` method shadows the builtin, ``list[dict]`` does not name a type.
+JsonPatch = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,7 @@ class Kube:
         )
 
     async def patch_json(
-        self, rt: ResourceType, namespace: str | None, name: str, ops: list[dict], *, field_manager: str
+        self, rt: ResourceType, namespace: str | None, name: str, ops: JsonPatch, *, field_manager: str
     ) -> dict:
         """A JSON patch (RFC 6902); a failed ``test`` operation answers 422 (:class:`Invalid`)."""
         return await self._request(
@@ -349,7 +352,7 @@ class Kube:
         Events are best effort: a failure is logged, never raised."""
         meta = involved["metadata"]
         now = _now()
-        event = {
+        event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {

@@ -28,24 +28,35 @@ STATE_SUCCESSFUL = "successful"
 STATE_FAILED = "failed"
 
 
+# Read-only members (properties), so that render's frozen dataclasses, whose ``kind`` is a Literal,
+# satisfy them.
 class WorkloadLike(Protocol):
-    kind: str
-    name: str
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 class GroupLike(Protocol):
-    name: str
-    workloads: tuple[WorkloadLike, ...]
+    @property
+    def name(self) -> str: ...
+    @property
+    def workloads(self) -> tuple[WorkloadLike, ...]: ...
 
 
 class PlanLike(Protocol):
     """What status needs from a render ``ServicePlan``: the structure, never the counts to report."""
 
-    kind: str
-    replicas: int
-    nodes_per_replica: int
-    children: tuple[str, ...]
-    groups: tuple[GroupLike, ...]
+    @property
+    def kind(self) -> str: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def nodes_per_replica(self) -> int: ...
+    @property
+    def children(self) -> tuple[str, ...]: ...
+    @property
+    def groups(self) -> tuple[GroupLike, ...]: ...
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def _ports(c: Component) -> list[dict[str, Any]]:
 
 
 def _mounts(dgd: DynamoGraphDeployment, c: Component) -> list[dict[str, Any]]:
-    mounts = []
+    mounts: list[dict[str, Any]] = []
     if not (c.spec.shared_memory and c.spec.shared_memory.disabled):
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     for mount in c.spec.volume_mounts:

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from dynamo_worker.frontend.errors import (
@@ -172,7 +172,9 @@ class Dispatcher:
             )
         return self.router.choose(f"{entry.name}/{role}", candidates, token_ids)
 
-    async def generate(self, entry: ModelEntry, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate(
+        self, entry: ModelEntry, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateChunk, None]:
         """Chunks of the (decode) stream; raises ``ApiError`` on failure. Closing it cancels the legs."""
         excluded: set[str] = set()
         failure: ApiError | None = None
@@ -218,12 +220,14 @@ class Dispatcher:
                 for flight in flights:
                     flight.done()
 
-    def _stream(self, worker: InstanceRecord, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    def _stream(
+        self, worker: InstanceRecord, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateChunk, None]:
         return self.client.generate(worker.address, request, **self._timeouts)
 
     async def _agg(
         self, worker: InstanceRecord, request: GenerateRequest, role: str = "aggregated"
-    ) -> AsyncIterator[GenerateChunk]:
+    ) -> AsyncGenerator[GenerateChunk, None]:
         """One leg's stream from ``worker``; a refusal before the first chunk is retryable elsewhere."""
         first = True
         try:
@@ -252,7 +256,7 @@ class Dispatcher:
         *,
         prefill_rank: int | None = None,
         decode_rank: int | None = None,
-    ) -> AsyncIterator[GenerateChunk]:
+    ) -> AsyncGenerator[GenerateChunk, None]:
         if prefill.bootstrap_port is None:
             raise ServiceUnavailable(
                 f"Prefill worker {prefill.instance_id} registered no bootstrap port, so no decode worker can "
@@ -342,7 +346,7 @@ def _on_rank(request: GenerateRequest, choice: Choice) -> GenerateRequest:
 
 
 async def _next_or_leg_failure(
-    stream: AsyncIterator[GenerateChunk], leg: asyncio.Task[None]
+    stream: AsyncGenerator[GenerateChunk, None], leg: asyncio.Task[None]
 ) -> GenerateChunk:
     """The next chunk of ``stream``, or the failure of ``leg`` if it fails first."""
     next_chunk = asyncio.ensure_future(anext(stream))

@@ -76,8 +76,8 @@ class EmbeddingRequest(BaseModel):
         if isinstance(x, str):
             return [x]
         if isinstance(x[0], int):
-            return [list(x)]  # type: ignore[arg-type]
-        return list(x)  # type: ignore[arg-type]
+            return [list(x)]
+        return list(x)
 
 
 def _check_dimensions(features: ServingFeatures, dimensions: int, model: str) -> None:

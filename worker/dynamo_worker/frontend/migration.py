@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.errors import ApiError, WorkerLost
@@ -74,7 +74,9 @@ class MigratingDispatcher:
     def __getattr__(self, name: str) -> object:  # router, quarantine, plan, ...: the dispatcher's
         return getattr(self.dispatcher, name)
 
-    async def generate(self, entry: ModelEntry, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate(
+        self, entry: ModelEntry, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateChunk, None]:
         if self.migration_limit == 0:
             async with contextlib.aclosing(self.dispatcher.generate(entry, request)) as chunks:
                 async for chunk in chunks:

@@ -277,7 +277,7 @@ class CompletionRequest(_Sampling):
         return list(p)  # type: ignore[arg-type]
 
 
-_M = TypeVar("_M", bound=_Body)
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def parse_request(model: type[_M], body: bytes) -> _M:

@@ -79,6 +79,7 @@ def pods_of(objects: Sequence[Mapping[str, Any]]) -> list[Pod]:
             continue
         template = spec["template"]
         tmeta = template.get("metadata", {})
+        names: list[tuple[str, int | None]]
         if kind == "Deployment":
             names = [(f"{meta['name']}-{i}", None) for i in range(spec.get("replicas", 1))]
         else:

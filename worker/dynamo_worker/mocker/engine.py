@@ -47,7 +47,7 @@ import logging
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,7 +280,7 @@ class MockerEngine(Engine):
         if self._session is not None:
             await self._session.close()
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
         queued = False
         problem = self._check(request) or self._check_kind(request)

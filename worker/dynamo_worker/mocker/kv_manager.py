@@ -125,8 +125,8 @@ class BlockManager:
         events: list[KvEvent] = []
         run_start: int | None = None
         for i in range(hits, len(hashes) + 1):
-            h = hashes[i] if i < len(hashes) else None
-            if h is None or h in self._refs:  # end of a run of new blocks
+            block = hashes[i] if i < len(hashes) else None
+            if block is None or block in self._refs:  # end of a run of new blocks
                 if run_start is not None:
                     events.append(
                         BlockStored(
@@ -136,12 +136,12 @@ class BlockManager:
                         )
                     )
                     run_start = None
-                if h is not None:
-                    self._pin(h)
+                if block is not None:
+                    self._pin(block)
                 continue
             if not self._take_slot(events):  # cannot happen: capacity was checked above
                 raise CacheFullError("no free KV block although capacity was checked")
-            self._refs[h] = 1
+            self._refs[block] = 1
             if run_start is None:
                 run_start = i
         seq = _Seq(hashes=list(hashes), tokens=list(tokens))

@@ -109,16 +109,16 @@ def json_for_schema(schema: Any, seed: int, depth: int = 0, root: Any = None) ->
         low, high = int(schema.get("minimum", 0)), int(schema.get("maximum", 100))
         return rng.randint(low, max(low, high))
     if kind == "number":
-        low, high = float(schema.get("minimum", 0)), float(schema.get("maximum", 100))
-        return round(rng.uniform(low, max(low, high)), 3)
+        least, most = float(schema.get("minimum", 0)), float(schema.get("maximum", 100))
+        return round(rng.uniform(least, max(least, most)), 3)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "null":
         return None
     word = _WORDS[rng.randrange(len(_WORDS))]
-    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
-    word = (word * (low // len(word) + 1))[: max(low, len(word))]
-    return word[: int(high)] if high is not None else word
+    shortest, longest = int(schema.get("minLength", 0)), schema.get("maxLength")
+    word = (word * (shortest // len(word) + 1))[: max(shortest, len(word))]
+    return word[: int(longest)] if longest is not None else word
 
 
 def embedding(

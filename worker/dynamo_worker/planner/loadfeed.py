@@ -5,6 +5,8 @@ the mean KV usage of the workers alive in discovery; a role none of whose worker
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from nats.aio.client import Client as NATS
 
 from dynamo_worker.protocol import LoadMetrics
@@ -15,7 +17,7 @@ __all__ = ["LoadFeed", "summarise"]
 
 
 def summarise(
-    roles: dict[str, str], reports: dict[str, LoadMetrics]
+    roles: Mapping[str, str], reports: Mapping[str, LoadMetrics]
 ) -> dict[str, tuple[float | None, float | None]]:
     """Pure: ``roles`` instance id -> role (alive ones), ``reports`` instance id -> last report."""
     out: dict[str, tuple[float | None, float | None]] = {}

@@ -250,5 +250,5 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tu
     site = web.TCPSite(runner, host, port)
     await site.start()
     server = site._server
-    assert server is not None
-    return runner, server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    assert isinstance(server, asyncio.Server)  # what TCPSite.start() made
+    return runner, server.sockets[0].getsockname()[1]

@@ -12,7 +12,7 @@ free what it holds (KV blocks, queue slots) before ``aclose`` returns.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -83,7 +83,7 @@ class Engine(abc.ABC):
         """Load the model and be ready to serve; bounded by the engine's own startup timeout."""
 
     @abc.abstractmethod
-    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Stream disjoint token ids; the last chunk has ``finish_reason`` (and ``usage``). A request
         the engine cannot serve ends with ``finish_reason="error"`` and a typed ``error``."""
 

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dynamo_worker.protocol import (
     KvEvent,
@@ -309,7 +309,7 @@ Callback = Callable[[KvEventBatch], Awaitable[None] | None]
 LoadCallback = Callable[[LoadMetrics], Awaitable[None] | None]
 
 
-async def _subscribe(nc: NATS, subject: str, model: type, callback: Callable) -> Subscription:
+async def _subscribe(nc: NATS, subject: str, model: type[BaseModel], callback: Callable) -> Subscription:
     async def on_msg(msg) -> None:
         try:
             item = model.model_validate_json(msg.data)

@@ -217,6 +217,8 @@ async def fetch_model_card(
         async with asyncio.timeout(NATS_OP_TIMEOUT_S):
             store = await _open_store(_js(js_or_nc))
             raw = (await store.get(f"{checksum}/{CARD_OBJECT}")).data
+            if raw is None:
+                raise ModelCardError(f"model card {checksum[:12]} in the object store is empty")
             card = ModelCard.model_validate_json(raw)
             blobs = {f: (await store.get(f"{checksum}/{f}")).data for f in card.files}
     except (nats.js.errors.ObjectNotFoundError, nats.js.errors.BucketNotFoundError):
@@ -225,10 +227,12 @@ async def fetch_model_card(
         raise ModelCardError(f"could not fetch model card {checksum[:12]}: {NO_JETSTREAM}") from None
     except (nats.errors.Error, TimeoutError) as e:
         raise ModelCardError(f"could not fetch model card {checksum[:12]}: {e!r}") from None
+    verified: dict[str, bytes] = {}
     for f, data in blobs.items():
         if data is None or hashlib.sha256(data).hexdigest() != card.files[f]:
             raise ModelCardError(f"model card {checksum[:12]}: file {f} does not match its checksum")
-    _store_files(Path(cache_dir), target, {**blobs, CARD_OBJECT: raw})
+        verified[f] = data
+    _store_files(Path(cache_dir), target, {**verified, CARD_OBJECT: raw})
     return card, target
 
 

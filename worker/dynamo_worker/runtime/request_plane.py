@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
@@ -57,7 +57,7 @@ NDJSON = "application/x-ndjson"
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a 1M-token prompt as JSON ints fits easily
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one NDJSON line of a stream
 
-GenerateHandler = Callable[[GenerateRequest], AsyncIterator[GenerateChunk]]
+GenerateHandler = Callable[[GenerateRequest], AsyncGenerator[GenerateChunk, None]]
 
 
 # --- errors -------------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ class WorkerUnreachable(RequestPlaneError):
 class WorkerRejected(RequestPlaneError):
     """The worker answered with a non-200 status; ``error_type`` says why (``overloaded``, ...)."""
 
-    def __init__(self, address: str, status: int, error_type: str, message: str) -> None:
+    def __init__(self, address: str, status: int, error_type: ErrorType, message: str) -> None:
         super().__init__(address, f"worker refused the request ({status} {error_type}): {message}")
         self.status = status
         self.error_type = error_type
@@ -333,7 +333,7 @@ class RequestClient:
         connect_timeout: float | None = None,
         first_chunk_timeout: float | None = None,
         idle_timeout: float | None = None,
-    ) -> AsyncIterator[GenerateChunk]:
+    ) -> AsyncGenerator[GenerateChunk, None]:
         """Stream ``request`` to the worker at ``address`` (host:port). Ends after the final chunk.
         Closing the iterator early (or cancelling its task) closes the connection, which cancels the
         request on the worker."""

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import orjson
 from dynamo_operator.api import contract
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 __all__ = [
     "RuntimeSettings",
@@ -99,6 +100,11 @@ def configure_logging(env: Mapping[str, str] | None = None) -> None:
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler], force=True)
 
 
+def _extra(info: FieldInfo | None) -> dict[str, Any]:
+    """A field's ``json_schema_extra`` (its flags and env vars), ``{}`` when it has none."""
+    return info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
+
+
 def _field_flags(name: str, extra: Mapping[str, Any]) -> list[str]:
     return list(extra.get("flags") or ["--" + name.replace("_", "-")])
 
@@ -160,7 +166,7 @@ def settings_from_args(
     given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
     values: dict[str, Any] = {}
     for name, info in model.model_fields.items():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        extra = _extra(info)
         if name in given:
             values[name] = given[name]
         elif extra.get("env") and env.get(extra["env"], "") != "":
@@ -177,8 +183,7 @@ def settings_from_args(
         problems = []
         for err in e.errors():
             field = str(err["loc"][0]) if err["loc"] else ""
-            info = model.model_fields.get(field)
-            extra = info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
+            extra = _extra(model.model_fields.get(field))
             where = " / ".join([*_field_flags(field, extra), *([extra["env"]] if extra.get("env") else [])])
             if err["type"] == "missing":
                 problems.append(f"{where or field} is required")

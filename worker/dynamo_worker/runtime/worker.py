@@ -87,10 +87,11 @@ async def connect_nats(
             await nc.connect(
                 url,
                 name=name,
-                connect_timeout=min(5.0, within_s),
+                # nats-py annotates these two as int; it passes them to asyncio.wait_for and sleep.
+                connect_timeout=min(5.0, within_s),  # type: ignore[arg-type]
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=0.5,  # type: ignore[arg-type]
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
                 reconnected_cb=reconnected,

@@ -25,7 +25,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,11 @@ class EngineStartError(RuntimeError):
     """SGLang did not come up; the message says what to change."""
 
 
+_ROLES: dict[str, Role] = {"null": "agg", "prefill": "prefill", "decode": "decode"}
+
+
 def role_of(disaggregation_mode: str) -> Role:
-    return {"null": "agg", "prefill": "prefill", "decode": "decode"}[disaggregation_mode]
+    return _ROLES[disaggregation_mode]
 
 
 def _load_gauges(registry: CollectorRegistry) -> dict[str, Gauge]:
@@ -253,7 +256,7 @@ class SglangEngine(Engine):
 
     # --- requests --------------------------------------------------------------------------------
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         if self._engine is None:
             raise RuntimeError("SglangEngine.generate called before start()")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
@@ -358,7 +361,7 @@ def _snapshot(loads: list[Any], page_size: int) -> LoadSnapshot:
     )
 
 
-async def _refuse(message: str) -> AsyncIterator[GenerateChunk]:
+async def _refuse(message: str) -> AsyncGenerator[GenerateChunk, None]:
     yield GenerateChunk(finish_reason="error", error=WorkerError(type="invalid_request", message=message))
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
 from dynamo_worker.protocol import (
@@ -217,7 +217,7 @@ def embed_kwargs(req: GenerateRequest, rid: str) -> dict[str, Any]:
 
 async def stream_embedding(
     engine: AsyncGenerateEngine, req: GenerateRequest, rid: str, make_input: Any
-) -> AsyncIterator[GenerateChunk]:
+) -> AsyncGenerator[GenerateChunk, None]:
     """One chunk with every input's vector (``make_input`` builds SGLang's ``EmbeddingReqInput``)."""
     kwargs = embed_kwargs(req, rid)
     finished = False
@@ -264,7 +264,9 @@ def _invalid(message: str) -> GenerateChunk:
     return GenerateChunk(finish_reason="error", error=WorkerError(type="invalid_request", message=message))
 
 
-async def _validated(outputs: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any] | GenerateChunk]:
+async def _validated(
+    outputs: AsyncGenerator[dict[str, Any], None],
+) -> AsyncGenerator[dict[str, Any] | GenerateChunk, None]:
     """SGLang raises ``ValueError`` from the first step for a request it cannot take (too long, bad
     sampling values); that is the caller's fault and becomes an ``invalid_request`` error chunk."""
     async with contextlib.aclosing(outputs):
@@ -277,7 +279,7 @@ async def _validated(outputs: AsyncIterator[dict[str, Any]]) -> AsyncIterator[di
 
 async def stream_request(
     engine: AsyncGenerateEngine, req: GenerateRequest, role: Role, rid: str
-) -> AsyncIterator[GenerateChunk]:
+) -> AsyncGenerator[GenerateChunk, None]:
     """Serve ``req`` on ``engine`` under SGLang request id ``rid``; aborts it unless it finished."""
     try:
         kwargs = generate_kwargs(req, role, rid)

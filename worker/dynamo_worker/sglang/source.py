@@ -111,8 +111,8 @@ class SourceIndex:
         if depth < 5:
             for base in node.bases:
                 if isinstance(base, ast.Name):
-                    for name, item in self.members(where, base.id, depth + 1).items():
-                        members.setdefault(name, item)
+                    for name, member in self.members(where, base.id, depth + 1).items():
+                        members.setdefault(name, member)
         return members
 
     def annotated_fields(self, module: str, cls: str, depth: int = 0) -> list[ast.AnnAssign]:

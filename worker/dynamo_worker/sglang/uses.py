@@ -273,6 +273,7 @@ def server_args_fields(package_dir: Path = PACKAGE_DIR) -> set[str]:
                         and isinstance(sub.value, ast.Name)
                         and sub.value.id == "values"
                         and isinstance(sub.slice, ast.Constant)
+                        and isinstance(sub.slice.value, str)
                     ):
                         fields.add(sub.slice.value)
     return fields - {"model_fields", "resolved_dict"}  # resolved_dict: read where it exists (resolved.py)
