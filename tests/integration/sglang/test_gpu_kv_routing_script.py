@@ -7,44 +7,27 @@ kv routing reaches against round-robin's under cache pressure), never on a durat
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.support.procs import popen as start_process
+from tests.support.gpu_scripts import run_on_mocker
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_kv_routing.py"
-
 
 def test_kv_routing_script_prints_the_table_on_the_mocker(tmp_path):
-    env = {
-        **os.environ,
-        "ENGINE": "mocker",
-        "OUT": str(tmp_path / "out"),
-        "GPU_STATE": str(tmp_path / "state"),
-        "MODEL_DIR": str(tmp_path / "model"),
-        "PREFIXES": "6",
-        "PREFIX_LEN": "512",
-        "UNIQUE_LEN": "32",
-        "NREQ": "96",
-        "CONC": "8",
-        "OSL": "8",
-        "MAX_TOTAL_TOKENS": "3072",  # each worker holds about 4 of the 6 prefixes: cache pressure
-    }
-    proc = start_process(
-        [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    proc = run_on_mocker(
+        "run_kv_routing.py",
+        tmp_path,
+        PREFIXES="6",
+        PREFIX_LEN="512",
+        UNIQUE_LEN="32",
+        NREQ="96",
+        CONC="8",
+        OSL="8",
+        MAX_TOTAL_TOKENS="3072",  # each worker holds about 4 of the 6 prefixes: cache pressure
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the script stops every process it started on SIGTERM
-        stdout, stderr = proc.communicate(timeout=120)
-        raise AssertionError(f"the script took over 240 s:\n{stdout[-4000:]}") from None
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode == 0, stdout[-4000:] + stderr[-2000:]
     assert stdout.rstrip().endswith("RESULT: PASS")
     assert "| round-robin |" in stdout and "| kv |" in stdout and "kv / round-robin:" in stdout

@@ -8,44 +8,27 @@ the GPU run's business): the profile must be a valid, loadable file shaped by th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from dynamo_worker.profile.model import Profile
 
-from tests.support.procs import popen as start_process
+from tests.support.gpu_scripts import run_on_mocker
 
 pytestmark = pytest.mark.integration
-
-SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_profile.py"
 
 
 def test_profile_script_writes_a_profile_and_compares_the_mocker_on_the_mocker(tmp_path):
     out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "ENGINE": "mocker",
-        "OUT": str(out),
-        "GPU_STATE": str(tmp_path / "state"),
-        "MODEL_DIR": str(tmp_path / "model"),
-        "PROF_ISL": "128,512,2048",
-        "PROF_BATCH": "1,4",
-        "PROF_CONTEXT": "256,1024",
-        "PROF_POINTS": "512:16:1,1024:16:4",
-        "PROF_NREQ_SCALE": "1",
-    }
-    proc = start_process(
-        [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    proc = run_on_mocker(
+        "run_profile.py",
+        tmp_path,
+        PROF_ISL="128,512,2048",
+        PROF_BATCH="1,4",
+        PROF_CONTEXT="256,1024",
+        PROF_POINTS="512:16:1,1024:16:4",
+        PROF_NREQ_SCALE="1",
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the script stops every process it started on SIGTERM
-        stdout, stderr = proc.communicate(timeout=120)
-        raise AssertionError(f"the script took over 240 s:\n{stdout[-4000:]}") from None
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode in (0, 1), stdout[-4000:] + stderr[-2000:]
     assert "FAILED" not in stdout and "error:" not in stdout, stdout[-4000:]
     profile = Profile.model_validate_json((out / "sglang-8b-h100.json").read_text())

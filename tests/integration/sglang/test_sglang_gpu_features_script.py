@@ -6,36 +6,16 @@ with SGLang is skipped), so this keeps the script working between runs on the le
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.support.procs import popen as start_process
+from tests.support.gpu_scripts import run_on_mocker
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_gpu_features.py"
-
 
 def test_gpu_features_script_passes_on_the_mocker(tmp_path):
-    env = {
-        **os.environ,
-        "ENGINE": "mocker",
-        "OUT": str(tmp_path / "out"),
-        "FEATURES_DIR": str(tmp_path / "w"),
-    }
-    proc = start_process(
-        [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the script stops every process it started on SIGTERM
-        stdout, stderr = proc.communicate(timeout=120)
-        raise AssertionError(f"the GPU features script took over 240 s:\n{stdout[-4000:]}") from None
+    proc = run_on_mocker("run_gpu_features.py", tmp_path, FEATURES_DIR=str(tmp_path / "w"))
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode == 0, stdout[-4000:] + stderr[-2000:]
     summary = (tmp_path / "out" / "features_summary.txt").read_text()
     assert summary.splitlines()[-1] == "RESULT: PASS"

@@ -5,48 +5,27 @@ script working between the rare runs on the lent GPU machines; the SGLang compar
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.support.procs import popen
+from tests.support.gpu_scripts import run_on_mocker
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_gpu.py"
-
 
 def test_gpu_proof_script_passes_on_the_mocker(tmp_path):
-    env = {
-        **os.environ,
-        "ENGINE": "mocker",
-        "OUT": str(tmp_path / "out"),
-        "GPU_STATE": str(tmp_path / "state"),
-        "MODEL_DIR": str(tmp_path / "model"),
-        "ISL": "256",
-        "OSL": "16",
-        "NREQ": "8",
-        "SWEEP": "2",
-        "PROBES": "2",
-        "KILL_NREQ": "16",
-        "KILL_ISL": "2048",
-    }
-    proc = popen(
-        [sys.executable, str(SCRIPT), "all"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = run_on_mocker(
+        "run_gpu.py",
+        tmp_path,
+        "all",
+        ISL="256",
+        OSL="16",
+        NREQ="8",
+        SWEEP="2",
+        PROBES="2",
+        KILL_NREQ="16",
+        KILL_ISL="2048",
     )
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the script stops every process it started on SIGTERM
-        stdout, stderr = proc.communicate(timeout=120)
-        raise AssertionError(f"the GPU script took over 240 s:\n{stdout[-4000:]}") from None
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode == 0, stdout[-4000:] + stderr[-2000:]
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert summary.splitlines()[-1] == "RESULT: PASS"

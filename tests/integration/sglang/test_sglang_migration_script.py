@@ -5,41 +5,18 @@ between runs on the lent GPU machines."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.support.procs import popen
+from tests.support.gpu_scripts import run_on_mocker
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = Path(__file__).resolve().parents[2] / "gpu" / "run_migration.py"
-
 
 def test_migration_script_passes_on_the_mocker(tmp_path):
-    env = {
-        **os.environ,
-        "ENGINE": "mocker",
-        "OUT": str(tmp_path / "out"),
-        "GPU_STATE": str(tmp_path / "state"),
-        "MODEL_DIR": str(tmp_path / "model"),
-        "MIG_ISL": "128",
-        "MIG_OSL": "64",
-        "MIG_KILL_AT": "16",
-        "MIG_RUNS": "2",
-    }
-    proc = popen(
-        [sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    proc = run_on_mocker(
+        "run_migration.py", tmp_path, MIG_ISL="128", MIG_OSL="64", MIG_KILL_AT="16", MIG_RUNS="2"
     )
-    try:
-        stdout, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the script stops every process it started on SIGTERM
-        stdout, _ = proc.communicate(timeout=120)
-        raise AssertionError(f"the migration script took over 240 s:\n{stdout[-4000:]}") from None
+    stdout = proc.stdout + proc.stderr
     assert proc.returncode == 0, stdout[-4000:]
     summary = (tmp_path / "out" / "migration.txt").read_text()
     assert summary.splitlines()[-1] == "RESULT: PASS"
