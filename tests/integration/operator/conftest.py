@@ -40,6 +40,12 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = WAIT_S)
     return wait.wait_until(predicate, what, timeout_s=timeout, interval_s=0.2)
 
 
+def condition_of(obj: dict | None, type_: str = "Ready") -> dict | None:
+    """The condition ``type_`` of a DGD read once (checks on one object see one status)."""
+    conds = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), None)
+
+
 def example(name: str) -> dict:
     """An example manifest as a dict (a fresh copy each call)."""
     return copy.deepcopy(yaml.safe_load((EXAMPLES / name).read_text()))
@@ -98,9 +104,7 @@ class Kubectl:
         ]
 
     def condition(self, dgd: str, type_: str = "Ready") -> dict | None:
-        obj = self.get("dgd", dgd)
-        conds = ((obj or {}).get("status") or {}).get("conditions") or []
-        return next((c for c in conds if c["type"] == type_), None)
+        return condition_of(self.get("dgd", dgd), type_)
 
     def wait_ready(self, dgd: str, timeout: float = WAIT_S) -> dict:
         """``kubectl wait --for=condition=Ready``, then the DGD."""

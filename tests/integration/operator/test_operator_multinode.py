@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.integration.operator.conftest import Kubectl, OperatorProcess, example, wait_until
+from tests.integration.operator.conftest import Kubectl, OperatorProcess, condition_of, example, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def test_scaling_adds_and_removes_whole_groups(kc: Kubectl, operator: OperatorPr
         lambda: (
             (o := kc.get("dgd", GRAPH))
             and o["status"]["services"]["decode"].get("readyReplicas") == 2
-            and kc.condition(GRAPH)["status"] == "True"
+            and (condition_of(o) or {}).get("status") == "True"
             and o
         ),
         "2 ready groups",
@@ -120,7 +120,7 @@ def test_scaling_adds_and_removes_whole_groups(kc: Kubectl, operator: OperatorPr
         lambda: (
             (o := kc.get("dgd", GRAPH))
             and o["status"]["services"]["decode"].get("replicas") == 1
-            and kc.condition(GRAPH)["status"] == "True"
+            and (condition_of(o) or {}).get("status") == "True"
             and o
         ),
         "1 ready group",

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.operator.conftest import EXAMPLES, Kubectl, OperatorProcess, example, wait_until
+from tests.integration.operator.conftest import (
+    EXAMPLES,
+    Kubectl,
+    OperatorProcess,
+    condition_of,
+    example,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +122,7 @@ def test_scaling_a_service_leaves_others_untouched(kc: Kubectl, operator: Operat
             (o := kc.get("dgd", "sglang-disagg"))
             and o["status"].get("observedGeneration") == o["metadata"]["generation"]
             and o["status"]["services"]["decode"]["readyReplicas"] == 2
-            and kc.condition("sglang-disagg")["status"] == "True"
+            and (condition_of(o) or {}).get("status") == "True"
             and o
         ),
         "the graph to report 2 ready decode replicas and Ready",
@@ -239,7 +246,7 @@ def test_operator_restart_converges_without_duplicates(
             (o := kc.get("dgd", "sglang-disagg"))
             and o["status"]["observedGeneration"] == o["metadata"]["generation"]
             and o["status"]["services"]["prefill"]["readyReplicas"] == 2
-            and kc.condition("sglang-disagg")["status"] == "True"
+            and (condition_of(o) or {}).get("status") == "True"
             and o
         ),
         "the restarted operator to converge",
