@@ -21,7 +21,7 @@ import openai
 import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
-from tests.support.procs import popen
+from tests.support.procs import group_members, popen
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -113,20 +113,6 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                members.append(int(entry))
-    return members
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ nats-server fixture, and the mocker, operator and dynamo-run fixtures.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -32,3 +33,18 @@ def popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen:
     """``subprocess.Popen`` in a new process group, killed by the kernel when this process dies."""
     kwargs.setdefault("start_new_session", True)
     return subprocess.Popen([*die_with_parent(), *cmd], **kwargs)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members

@@ -17,6 +17,7 @@ from dynamo_worker.local.plan import ProcessSpec
 from dynamo_worker.local.supervisor import Console, ProcessDied, StartupTimeout, Supervisor
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.procs import group_members
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -50,20 +51,6 @@ def spec(name: str, code: str, *args: str, port: int = 1, kind: str = "worker") 
     )
 
 
-def pids_in_group(pgid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
 @pytest.fixture
 def supervisor(tmp_path):
     out = io.StringIO()
@@ -78,9 +65,9 @@ def test_ready_children_log_to_files_and_console_and_stop_kills_their_groups(sup
     supervisor.start([spec("decode-0", SERVE_HEALTH, str(port), port=port)])
     assert supervisor.wait_ready(30, threading.Event())
     child = supervisor.children[0]
-    wait_until(lambda: len(pids_in_group(child.pid)) >= 2, "the grandchild to start", timeout_s=10)
+    wait_until(lambda: len(group_members(child.pid)) >= 2, "the grandchild to start", timeout_s=10)
     supervisor.stop()
-    assert pids_in_group(child.pid) == []
+    assert group_members(child.pid) == []
     assert "serving" in child.log_path.read_text()
     assert re.search(r"^decode-0 +\| serving$", supervisor.out.getvalue(), re.M)  # type: ignore[attr-defined]
 
