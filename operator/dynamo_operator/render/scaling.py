@@ -26,6 +26,7 @@ from typing import Any
 from dynamo_operator.api import scaling
 from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment, ServiceSpec
+from dynamo_operator.api.sglang_args import flag_value
 from dynamo_operator.render import labels
 from dynamo_operator.render.names import child_name
 from dynamo_operator.render.pods import object_meta
@@ -48,20 +49,11 @@ def adapter_enabled(spec: ServiceSpec) -> bool:
     return spec.scaling_adapter is not None and spec.scaling_adapter.enabled
 
 
-def _flag(words: list[str], name: str) -> str | None:
-    for i, word in enumerate(words):
-        if word == name and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith(name + "="):
-            return word.split("=", 1)[1]
-    return None
-
-
 def _scaled_roles(planner: Component) -> tuple[str, ...]:
     """The roles a planner scales: ``--scale``, else ``mode`` of an inline ``--config``, else both."""
     words = [*planner.command_view.get("command", []), *planner.command_view.get("args", [])]
-    value = _flag(words, "--scale")
-    config = _flag(words, "--config") or ""
+    value = flag_value(words, "--scale")
+    config = flag_value(words, "--config") or ""
     if value is None and config.lstrip().startswith("{"):
         try:
             value = json.loads(config).get("mode")
