@@ -7,13 +7,15 @@ import argparse
 from typing import Literal
 
 import pytest
+from dynamo_operator.api.settings_sources import Settings
 from dynamo_worker.runtime.settings import (
     RuntimeSettings,
     SettingsError,
     add_model_arguments,
     settings_from_args,
 )
-from pydantic import BaseModel, Field
+from pydantic import Field
+from pydantic_settings import CliSuppress, SettingsConfigDict
 
 
 def test_defaults_without_env_or_flags():
@@ -51,11 +53,13 @@ def test_system_can_be_disabled_by_env_or_switch():
     assert RuntimeSettings.parse(["--no-system-enabled"], env={}).system_enabled is False
 
 
-class _Demo(BaseModel):
+class _Demo(Settings):
+    model_config = SettingsConfigDict(cli_shortcuts={"tp-size": "tp"})
+
     mode: Literal["a", "b"] = Field("a", description="mode")
-    tp_size: int = Field(1, description="tp", json_schema_extra={"flags": ["--tp-size", "--tp"]})
+    tp_size: int = Field(1, description="tp")
     verbose: bool = Field(False, description="switch")
-    hidden: int = Field(3, json_schema_extra={"cli": False})
+    hidden: CliSuppress[int] = Field(3)
 
 
 def test_aliases_choices_and_switches():
@@ -70,7 +74,7 @@ def test_aliases_choices_and_switches():
     assert "tp" in parser.format_help()
 
 
-class _Required(BaseModel):
+class _Required(Settings):
     url: str = Field(description="Where to send requests.", json_schema_extra={"env": "DEMO_URL"})
     mode: Literal["a", "b"] = Field("a", description="A mode.")
 

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field, field_validator
 
 from dynamo_worker.bench.workload import LengthDist
 from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
@@ -16,10 +17,8 @@ from dynamo_worker.runtime.settings import add_model_arguments, settings_from_ar
 __all__ = ["BenchSettings"]
 
 
-class BenchSettings(BaseModel):
+class BenchSettings(Settings):
     """One load run against an OpenAI-compatible endpoint."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str = Field("http://127.0.0.1:8000", description="Server root (with or without /v1).")
     model: str = Field(..., description="Model name to request (see GET /v1/models).")

@@ -12,17 +12,22 @@ from pathlib import Path
 from typing import Literal
 
 from dynamo_operator.api import contract
-from pydantic import BaseModel, ConfigDict, Field
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
 
 __all__ = ["FrontendSettings"]
 
 
-class FrontendSettings(BaseModel):
+class FrontendSettings(Settings):
     """OpenAI-compatible HTTP frontend: finds workers in discovery (NATS), tokenizes, routes, streams."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # --kv-overlap-weight also answers to NVIDIA Dynamo's names for it (older, newer).
+    model_config = SettingsConfigDict(
+        cli_shortcuts={"kv-overlap-weight": ["kv-overlap-score-weight", "router-kv-overlap-score-weight"]}
+    )
 
     http_host: str = Field(
         "0.0.0.0",
@@ -72,11 +77,7 @@ class FrontendSettings(BaseModel):
         description="kv router: cost of one prompt block the chosen worker would have to prefill (not in "
         "its cache) relative to one block of prefill already queued there; 0 routes on load alone. The "
         "cost model and its defaults are documented in dynamo_worker/router/policy.py.",
-        json_schema_extra={
-            "env": contract.ENV_KV_OVERLAP_WEIGHT,
-            # The others are NVIDIA Dynamo's names for it (older, newer).
-            "flags": ["--kv-overlap-weight", "--kv-overlap-score-weight", "--router-kv-overlap-score-weight"],
-        },
+        json_schema_extra={"env": contract.ENV_KV_OVERLAP_WEIGHT},
     )
     kv_decode_weight: float = Field(
         0.1,

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Literal
 
 from dynamo_operator.api import contract
-from pydantic import BaseModel, ConfigDict, Field
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field
+from pydantic_settings import CliSuppress
 
 from dynamo_worker.runtime.settings import add_model_arguments, cache_root, settings_from_args
 
@@ -38,10 +40,8 @@ Exit status: 0 after Ctrl-C/SIGTERM, 1 when a process failed, 2 when the manifes
 """
 
 
-class RunSettings(BaseModel):
+class RunSettings(Settings):
     """How dynamo-run serves one manifest here."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine: Literal["auto", "mocker", "sglang"] = Field(
         "auto",
@@ -93,10 +93,8 @@ class RunSettings(BaseModel):
         f"{contract.ENV_GRACEFUL_SHUTDOWN_S}).",
         json_schema_extra={"env": "DYN_RUN_GRACE_PERIOD", "metavar": "S"},
     )
-    cuda_visible_devices: str | None = Field(
-        None,
-        description="GPUs workers may use; read from CUDA_VISIBLE_DEVICES ('' hides every GPU).",
-        json_schema_extra={"cli": False},
+    cuda_visible_devices: CliSuppress[str | None] = Field(  # no flag: parse_args passes it
+        None, description="GPUs workers may use; read from CUDA_VISIBLE_DEVICES ('' hides every GPU)."
     )
 
     def startup_timeout_for(self, engine: str) -> float:
@@ -122,7 +120,6 @@ def parse_args(
     add_model_arguments(parser, RunSettings, "dynamo-run")
     ns = parser.parse_args(argv)
     manifest = ns.manifest
-    del ns.manifest
     settings = settings_from_args(
         RunSettings, ns, env=env, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES")
     )

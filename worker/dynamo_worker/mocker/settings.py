@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 from dynamo_operator.api import contract
-from pydantic import BaseModel, ConfigDict, Field
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from dynamo_worker.mocker.timing import TimingModel
 from dynamo_worker.multimodal.settings import MultimodalSettings
@@ -25,16 +27,15 @@ __all__ = ["MockerSettings", "parse_args"]
 log = logging.getLogger(__name__)
 
 
-class MockerSettings(BaseModel):
+class MockerSettings(Settings):
     """A simulated SGLang engine: same flags, same protocol, no GPU."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(cli_shortcuts={"model-path": "model", "tp-size": "tp", "dp-size": "dp"})
 
     # --- SGLang flags ---------------------------------------------------------------------------
     model_path: str | None = Field(
         None,
         description="Model folder or hub id (SGLang --model-path). A folder provides the tokenizer.",
-        json_schema_extra={"flags": ["--model-path", "--model"]},
     )
     tokenizer_path: str | None = Field(None, description="Tokenizer folder (SGLang --tokenizer-path).")
     served_model_name: str | None = Field(
@@ -45,13 +46,11 @@ class MockerSettings(BaseModel):
         1,
         ge=1,
         description="Tensor parallel size (accepted).",
-        json_schema_extra={"flags": ["--tp-size", "--tp"]},
     )
     dp_size: int = Field(
         1,
         ge=1,
         description="Data parallel ranks, each with its own KV cache of --num-kv-blocks and KV events.",
-        json_schema_extra={"flags": ["--dp-size", "--dp"]},
     )
     disaggregation_mode: Literal["null", "prefill", "decode"] = Field(
         "null", description="null: aggregated; prefill or decode: one leg of disaggregated serving."

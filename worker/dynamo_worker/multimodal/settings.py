@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field, model_validator
 
 __all__ = ["MultimodalSettings"]
 
 
-class MultimodalSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class MultimodalSettings(Settings):
     role: Literal["language", "encode", "diffusion"] = Field(
         "language",
         description="language: serve token generation (agg, prefill or decode by --disaggregation-mode); "

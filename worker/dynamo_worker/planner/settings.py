@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dynamo_operator.api import contract
-from pydantic import BaseModel, ConfigDict, Field
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field
 
 from dynamo_worker.planner.forecast import PREDICTORS
 from dynamo_worker.runtime.settings import SettingsError, add_model_arguments, settings_from_args
@@ -24,10 +25,8 @@ from dynamo_worker.runtime.settings import SettingsError, add_model_arguments, s
 __all__ = ["DYNAMO_FIELDS", "PlannerSettings", "parse_args", "read_dynamo_config"]
 
 
-class PlannerSettings(BaseModel):
+class PlannerSettings(Settings):
     """Scale the prefill and decode services of one graph to hold TTFT/ITL targets."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     graph: str = Field(
         description="The DynamoGraphDeployment to scale (the planner's own graph).",

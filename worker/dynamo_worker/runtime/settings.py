@@ -1,15 +1,12 @@
-"""Settings of the worker runtime, and the helper that derives a CLI from any typed settings model.
+"""Settings of the worker runtime, and the worker's names for the shared settings mechanism.
 
 Precedence: a command-line flag beats the environment variable, which beats the field default. Every
 field carries its help text; ``--help`` prints it with the env var it reads. This is the only module of
-``dynamo_worker.runtime`` that reads the environment.
-
-A settings field declares its flags and env var in ``json_schema_extra``::
+``dynamo_worker.runtime`` that reads the environment. How a settings model becomes flags and reads its
+environment variables (``add_model_arguments``, ``settings_from_args``, on pydantic-settings) is
+``dynamo_operator.api.settings_sources``, shared with the operator; a field names its env var itself::
 
     namespace: str = Field("dynamo", description="...", json_schema_extra={"env": ENV_NAMESPACE})
-
-Flags default to ``--field-name``; ``"flags": ["--tp", "--tp-size"]`` gives aliases. Bool fields with a
-False default are ``store_true`` switches; Literal fields get ``choices``.
 """
 
 from __future__ import annotations
@@ -20,16 +17,19 @@ import os
 import secrets
 import sys
 import time
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any
 
 import orjson
 from dynamo_operator.api import contract
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.fields import FieldInfo
+from dynamo_operator.api.settings_sources import (
+    Settings,
+    SettingsError,
+    add_model_arguments,
+    settings_from_args,
+)
+from pydantic import Field
 
 __all__ = [
     "RuntimeSettings",
@@ -40,12 +40,6 @@ __all__ = [
     "redact_url",
     "settings_from_args",
 ]
-
-M = TypeVar("M", bound=BaseModel)
-
-
-class SettingsError(ValueError):
-    """A flag or environment variable has a value the process cannot run with."""
 
 
 def cache_root(env: Mapping[str, str] | None = None) -> Path:
@@ -100,102 +94,8 @@ def configure_logging(env: Mapping[str, str] | None = None) -> None:
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[handler], force=True)
 
 
-def _extra(info: FieldInfo | None) -> dict[str, Any]:
-    """A field's ``json_schema_extra`` (its flags and env vars), ``{}`` when it has none."""
-    return info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
-
-
-def _field_flags(name: str, extra: Mapping[str, Any]) -> list[str]:
-    return list(extra.get("flags") or ["--" + name.replace("_", "-")])
-
-
-def _literal_choices(annotation: Any) -> list[str] | None:
-    """The allowed values of a Literal (possibly inside Optional / Annotated), else None."""
-    origin = typing.get_origin(annotation)
-    if origin is Annotated:
-        return _literal_choices(typing.get_args(annotation)[0])
-    if origin is Literal:
-        return [str(a) for a in typing.get_args(annotation)]
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            found = _literal_choices(arg)
-            if found:
-                return found
-    return None
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], title: str = "") -> None:
-    """Add one flag (with aliases) per field of ``model`` to ``parser``. Values are left unparsed
-    (strings) and absent flags are not set, so ``settings_from_args`` can apply env and defaults."""
-    group = parser.add_argument_group(title or model.__name__)
-    for name, info in model.model_fields.items():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        if extra.get("cli") is False:
-            continue
-        env = extra.get("env")
-        default = info.get_default(call_default_factory=False)
-        help_text = info.description or ""
-        if env:
-            help_text += f" [env {env}]"
-        if info.is_required():
-            help_text += " (required)"
-        elif info.default_factory is None:
-            help_text += f" (default: {default!r})"
-        flags = _field_flags(name, extra)
-        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        if info.annotation is bool:
-            kwargs["action"] = "store_true" if default is False else argparse.BooleanOptionalAction
-        else:
-            choices = _literal_choices(info.annotation)
-            if choices:
-                kwargs["choices"] = choices  # argparse shows them as the metavar
-            else:
-                kwargs["metavar"] = extra.get("metavar") or name.upper()
-        group.add_argument(*flags, **kwargs)
-
-
-def settings_from_args(
-    model: type[M],
-    args: argparse.Namespace | Mapping[str, Any],
-    env: Mapping[str, str] | None = None,
-    **overrides: Any,
-) -> M:
-    """Build ``model`` from parsed flags, then env vars, then defaults. ``overrides`` win over all.
-    Raises ``SettingsError`` naming the flag and env var of every invalid value."""
-    env = os.environ if env is None else env
-    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    values: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        extra = _extra(info)
-        if name in given:
-            values[name] = given[name]
-        elif extra.get("env") and env.get(extra["env"], "") != "":
-            values[name] = env[extra["env"]]
-        else:
-            for fallback in extra.get("env_fallbacks", ()):
-                if env.get(fallback, "") != "":
-                    values[name] = env[fallback]
-                    break
-    values.update(overrides)
-    try:
-        return model.model_validate(values)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            field = str(err["loc"][0]) if err["loc"] else ""
-            extra = _extra(model.model_fields.get(field))
-            where = " / ".join([*_field_flags(field, extra), *([extra["env"]] if extra.get("env") else [])])
-            if err["type"] == "missing":
-                problems.append(f"{where or field} is required")
-            else:
-                problems.append(f"{where or field}: {err['msg']} (got {err.get('input')!r})")
-        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
-
-
-class RuntimeSettings(BaseModel):
+class RuntimeSettings(Settings):
     """What every worker process needs to join a graph: where NATS is, who it is, where it listens."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     namespace: str = Field(
         "dynamo",

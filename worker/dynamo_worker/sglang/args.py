@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from dynamo_operator.api import contract
-from pydantic import BaseModel, ConfigDict, Field
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field
 
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 from dynamo_worker.sglang.uses import CONFIG_PARSER_MODULES, FLAG_REPLACEMENTS, REMOVED_FLAGS, SGLANG_WINDOW
@@ -68,10 +69,8 @@ class WorkerArgsError(ValueError):
     """The command line cannot start a worker; the message names the flag and the fix."""
 
 
-class SglangSettings(BaseModel):
+class SglangSettings(Settings):
     """Settings of the SGLang worker itself (bounds of its waits, its background checks)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine_start_timeout_s: float = Field(
         1800.0, gt=0, description="Seconds SGLang may take to load the model and come up."
