@@ -1,8 +1,9 @@
 """``OperatorConfig``: everything besides the DynamoGraphDeployment that decides the rendered objects.
 
 A frozen, typed model with help text on every field. It reads no environment itself:
-``dynamo_operator.settings`` builds it from flags and environment variables (one place), and tests
-build it directly. Two equal configs render byte-identical objects from one DGD.
+``dynamo_operator.settings.OperatorSettings`` derives from it (so each field here is also a flag and an
+environment variable, declared once) and builds it once the group backend is known; tests build it
+directly. Two equal configs render byte-identical objects from one DGD.
 """
 
 from __future__ import annotations
@@ -56,4 +57,4 @@ class OperatorConfig(BaseModel):
     discovery_ttl_s: Annotated[float, Field(gt=0)] = Field(
         DEFAULT_DISCOVERY_TTL_S, description="Seconds a worker's registration lives without a heartbeat."
     )
-    log_format: Literal["json", "text"] = Field("json", description="DYN_LOG_FORMAT in the pods.")
+    pod_log_format: Literal["json", "text"] = Field("json", description="DYN_LOG_FORMAT in the pods.")

@@ -2,26 +2,34 @@
 
 This is the only module of ``dynamo_operator`` that reads the environment. Every field is both a flag
 (``--field-name``) and an environment variable (``DYN_OPERATOR_FIELD_NAME``); a flag wins over the
-environment, which wins over the default. ``--help`` lists them all with their help text.
+environment, which wins over the default. ``--help`` lists them all with their help text. The
+mechanism (pydantic-settings' CLI source and a source for each field's variable) is the worker's too:
+``dynamo_operator.api.settings_sources``.
 
-The fields that shape pods (images, NATS address, RDMA resource, ...) take their defaults and help
-from :class:`dynamo_operator.config.OperatorConfig`, so the two cannot drift; :meth:`OperatorSettings.
-operator_config` builds the render input once the group backend is known.
+The fields that shape pods (images, NATS address, RDMA resource, ...) are inherited from
+:class:`dynamo_operator.config.OperatorConfig`, declared once; :meth:`OperatorSettings.operator_config`
+builds the render input once the group backend is known.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import SettingsConfigDict
 
+from dynamo_operator.api.settings_sources import (
+    Settings,
+    SettingsError,
+    add_model_arguments,
+    settings_from_args,
+)
 from dynamo_operator.config import OperatorConfig
 
 __all__ = ["ENV_PREFIX", "OperatorSettings", "SettingsError", "parse_settings"]
@@ -31,20 +39,11 @@ ENV_PREFIX = "DYN_OPERATOR_"
 _IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
 
-def _like(name: str, **overrides: Any) -> Any:
-    """A settings field with the default and help of ``OperatorConfig.<name>``."""
-    info = OperatorConfig.model_fields[name]
-    return Field(overrides.pop("default", info.default), description=info.description, **overrides)
+class OperatorSettings(Settings, OperatorConfig):
+    """How the operator connects, what it watches, and the defaults it renders pods with (the fields
+    inherited from OperatorConfig)."""
 
-
-class SettingsError(ValueError):
-    """Invalid settings; the message names the flag/variable and the fix."""
-
-
-class OperatorSettings(BaseModel):
-    """How the operator connects, what it watches, and the defaults it renders pods with."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)  # every field reads DYN_OPERATOR_<FIELD>
 
     # --- connection and scope ---------------------------------------------------------------------
     kubeconfig: Path | None = Field(
@@ -70,7 +69,7 @@ class OperatorSettings(BaseModel):
     )
 
     # --- behaviour ----------------------------------------------------------------------------------
-    group_backend: Literal["auto", "lws", "statefulset"] = Field(
+    group_backend: Literal["auto", "lws", "statefulset"] = Field(  # type: ignore[assignment]  # auto: resolved
         "auto",
         description="What multinode groups are made of. auto: LeaderWorkerSet when the CRD "
         "leaderworkersets.leaderworkerset.x-k8s.io is installed at start-up, else StatefulSets.",
@@ -118,18 +117,13 @@ class OperatorSettings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Operator log level.")
     log_format: Literal["text", "json"] = Field("text", description="Operator log format.")
 
-    # --- pod defaults (see OperatorConfig) -----------------------------------------------------------
-    nats_url: str = _like("nats_url")
-    frontend_image: str = _like("frontend_image")
-    worker_image: str = _like("worker_image")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _like("image_pull_policy")
-    rdma_resource_name: str = _like("rdma_resource_name")
-    rdma_resource_count: int = _like("rdma_resource_count", ge=1)
-    ucx_tls: str = _like("ucx_tls")
-    default_shm_size: str = _like("default_shm_size")
-    startup_timeout_s: int = _like("startup_timeout_s", ge=60)
-    discovery_ttl_s: float = _like("discovery_ttl_s", gt=0)
-    pod_log_format: Literal["json", "text"] = _like("log_format")
+    @field_validator("namespace", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """The environment variable lists namespaces separated by commas."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     @model_validator(mode="after")
     def _webhook_target(self) -> OperatorSettings:
@@ -193,20 +187,8 @@ class OperatorSettings(BaseModel):
 
     def operator_config(self, group_backend: Literal["lws", "statefulset"]) -> OperatorConfig:
         """The render input, with the group backend resolved (auto detection happens at start-up)."""
-        return OperatorConfig(
-            nats_url=self.nats_url,
-            frontend_image=self.frontend_image,
-            worker_image=self.worker_image,
-            image_pull_policy=self.image_pull_policy,
-            group_backend=group_backend,
-            rdma_resource_name=self.rdma_resource_name,
-            rdma_resource_count=self.rdma_resource_count,
-            ucx_tls=self.ucx_tls,
-            default_shm_size=self.default_shm_size,
-            startup_timeout_s=self.startup_timeout_s,
-            discovery_ttl_s=self.discovery_ttl_s,
-            log_format=self.pod_log_format,
-        )
+        fields = OperatorConfig.model_fields.keys() - {"group_backend"}
+        return OperatorConfig(**self.model_dump(include=fields), group_backend=group_backend)
 
     @property
     def liveness_endpoint(self) -> str | None:
@@ -218,38 +200,9 @@ class OperatorSettings(BaseModel):
 # --- the CLI and environment, derived from the fields ---------------------------------------------------
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _env(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-def _base_type(annotation: Any) -> Any:
-    """``X | None`` -> X."""
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0] if len(args) == 1 else str
-    return annotation
-
-
-def _is_tuple(annotation: Any) -> bool:
-    return typing.get_origin(_base_type(annotation)) is tuple
-
-
-def _from_env(name: str, annotation: Any, raw: str) -> Any:
-    base = _base_type(annotation)
-    if _is_tuple(annotation):
-        return tuple(p.strip() for p in raw.split(",") if p.strip())
-    if base is bool:
-        lowered = raw.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise SettingsError(f"{_env(name)}={raw!r} is not a boolean: use true or false")
-    return raw
+def _help(name: str, info: FieldInfo, envs: list[str]) -> str:
+    default = info.default
+    return f"{info.description} [env {envs[0]}; default: {default if default != () else 'none'}]"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,23 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         "converted by its webhook): renders each graph into Deployments, StatefulSets/LeaderWorkerSets "
         "and Services, keeps them converged, and reports status and Events. Every flag can also be set "
         f"by the environment variable named in its help ({ENV_PREFIX}<FLAG>); flags win.",
-        argument_default=argparse.SUPPRESS,
     )
-    for name, info in OperatorSettings.model_fields.items():
-        annotation = info.annotation
-        base = _base_type(annotation)
-        default = info.default
-        help_text = f"{info.description} [env {_env(name)}; default: {default if default != () else 'none'}]"
-        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
-        if _is_tuple(annotation):
-            kwargs.update(action="append", metavar=name.upper())
-        elif base is bool:
-            kwargs.update(action=argparse.BooleanOptionalAction)
-        elif typing.get_origin(base) is Literal:
-            kwargs.update(choices=typing.get_args(base))
-        else:
-            kwargs.update(metavar=name.upper())
-        parser.add_argument(_flag(name), dest=name, **kwargs)
+    add_model_arguments(parser, OperatorSettings, None, help_text=_help, switches="dual")
     return parser
 
 
@@ -285,20 +223,4 @@ def parse_settings(
     """Settings from ``environ`` (default os.environ) overridden by ``argv`` (default sys.argv[1:]).
 
     Raises SettingsError naming the offending flag/variable; ``--help`` exits after printing help."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for name, info in OperatorSettings.model_fields.items():
-        if _env(name) in environ:
-            values[name] = _from_env(name, info.annotation, environ[_env(name)])
-    cli = vars(build_parser().parse_args(argv))
-    for name, value in cli.items():
-        values[name] = tuple(value) if isinstance(value, list) else value
-    try:
-        return OperatorSettings.model_validate(values)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = err["loc"][0] if err["loc"] else None
-            where = f"{_flag(loc)} / {_env(loc)}: " if isinstance(loc, str) else ""
-            lines.append(f"{where}{err['msg'].removeprefix('Value error, ')}")
-        raise SettingsError("invalid operator settings: " + "; ".join(lines)) from None
+    return settings_from_args(OperatorSettings, build_parser().parse_args(argv), environ)

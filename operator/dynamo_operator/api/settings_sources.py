@@ -150,16 +150,16 @@ def worker_help(name: str, info: FieldInfo, envs: list[str]) -> str:
 def add_model_arguments(
     parser: argparse.ArgumentParser,
     model: type[Settings],
-    title: str = "",
+    title: str | None = "",
     help_text: HelpText = worker_help,
     switches: Literal["dual", "store_true"] = "store_true",
 ) -> CliSettingsSource[argparse.ArgumentParser]:
-    """Add the flags of ``model``'s fields to ``parser`` (in a group titled ``title``) with
-    pydantic-settings' CLI source, and return that source. Absent flags stay unset (env and defaults
+    """Add the flags of ``model``'s fields to ``parser`` with pydantic-settings' CLI source, in a group
+    titled ``title`` (None: none), and return that source. Absent flags stay unset (env and defaults
     apply later). Help is ``help_text(name, info, env_names)``; a field with choices (a Literal) lists
     them; a bool field is ``--x/--no-x``, or with ``switches="store_true"`` a plain ``--x`` switch when
     its default is False."""
-    group = parser.add_argument_group(title or model.__name__)
+    group = parser if title is None else parser.add_argument_group(title or model.__name__)
 
     def add_argument(_parser: Any, *names: str, **kwargs: Any) -> Any:
         name = kwargs["dest"]

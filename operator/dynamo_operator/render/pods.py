@@ -50,7 +50,7 @@ def contract_env(dgd: DynamoGraphDeployment, c: Component, config: OperatorConfi
         {"name": contract.ENV_GRAPH_NAMESPACE, "value": dgd.namespace},
         {"name": contract.ENV_NATS_SERVER, "value": config.nats_url},
         {"name": contract.ENV_DISCOVERY_TTL, "value": f"{config.discovery_ttl_s:g}"},
-        {"name": contract.ENV_LOG_FORMAT, "value": config.log_format},
+        {"name": contract.ENV_LOG_FORMAT, "value": config.pod_log_format},
     ]
     if c.kind == "frontend":
         env.append({"name": contract.ENV_HTTP_PORT, "value": str(contract.FRONTEND_PORT)})

@@ -19,6 +19,7 @@ def test_flags_win_over_environment_and_defaults_come_from_operator_config():
     assert s.group_backend == "lws"
     assert s.nats_url == "nats://x:1"
     assert s.frontend_image == OperatorConfig().frontend_image
+    assert parse_settings(["--all-namespaces"], {"dyn_operator_workers": "3"}).workers == 8  # upper case only
     config = s.operator_config("lws")
     assert config == OperatorConfig(nats_url="nats://x:1", group_backend="lws")
 
@@ -49,6 +50,8 @@ def test_in_cluster_detection():
     with_kubeconfig = parse_settings(["--namespace", "a", "--kubeconfig", "/k"], {})
     assert not with_kubeconfig.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert parse_settings(["--namespace", "a", "--in-cluster"], {}).use_in_cluster({})
+    forced_off = parse_settings(["--namespace", "a", "--no-in-cluster"], {"DYN_OPERATOR_IN_CLUSTER": "true"})
+    assert not forced_off.use_in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
 
 
 def test_liveness_endpoint():

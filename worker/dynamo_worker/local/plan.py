@@ -114,7 +114,7 @@ def machine_env(*, http_host: str, grace_s: float, path: str) -> dict[str, str]:
 
 def local_config(nats_url: str) -> OperatorConfig:
     """The operator config a local run renders with: the embedded NATS, text logs, StatefulSet groups."""
-    return OperatorConfig(nats_url=nats_url, log_format="text", group_backend="statefulset")
+    return OperatorConfig(nats_url=nats_url, pod_log_format="text", group_backend="statefulset")
 
 
 def _module(container: Mapping[str, Any]) -> str | None:
