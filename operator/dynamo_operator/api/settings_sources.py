@@ -38,17 +38,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-__all__ = [
-    "FieldEnvSource",
-    "HelpText",
-    "Settings",
-    "SettingsError",
-    "add_model_arguments",
-    "env_names",
-    "flag_names",
-    "settings_from_args",
-    "worker_help",
-]
+__all__ = ["FieldEnvSource", "Settings", "SettingsError", "add_model_arguments", "settings_from_args"]
 
 S = TypeVar("S", bound="Settings")
 # help text of a field from its name, FieldInfo and environment variables
@@ -106,18 +96,16 @@ class FieldEnvSource(PydanticBaseSettingsSource):
         self.environ = environ
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """The value of the first of the field's variables that is set and not empty, else None."""
         for env in env_names(self.settings_cls, field_name):
-            if self.environ.get(env, "") != "":
+            if self.environ.get(env):
                 return self.environ[env], env, False
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        for name, info in self.settings_cls.model_fields.items():
-            value, env, _ = self.get_field_value(info, name)
-            if env != name:
-                values[name] = value
-        return values
+        fields = self.settings_cls.model_fields.items()
+        values = {name: self.get_field_value(info, name)[0] for name, info in fields}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 def _literal_choices(annotation: Any) -> list[str] | None:
@@ -153,12 +141,11 @@ def add_model_arguments(
     title: str | None = "",
     help_text: HelpText = worker_help,
     switches: Literal["dual", "store_true"] = "store_true",
-) -> CliSettingsSource[argparse.ArgumentParser]:
+) -> None:
     """Add the flags of ``model``'s fields to ``parser`` with pydantic-settings' CLI source, in a group
-    titled ``title`` (None: none), and return that source. Absent flags stay unset (env and defaults
-    apply later). Help is ``help_text(name, info, env_names)``; a field with choices (a Literal) lists
-    them; a bool field is ``--x/--no-x``, or with ``switches="store_true"`` a plain ``--x`` switch when
-    its default is False."""
+    titled ``title`` (None: none). Absent flags stay unset (env and defaults apply later). Help is
+    ``help_text(name, info, env_names)``; a field typed Literal gets its values as choices; a bool field
+    is ``--x/--no-x``, or with ``switches="store_true"`` a plain ``--x`` switch when its default is False."""
     group = parser if title is None else parser.add_argument_group(title or model.__name__)
 
     def add_argument(_parser: Any, *names: str, **kwargs: Any) -> Any:
@@ -178,7 +165,7 @@ def add_model_arguments(
             kwargs["metavar"] = _extra(info).get("metavar") or name.upper()
         return group.add_argument(*names, **kwargs)
 
-    return CliSettingsSource(model, root_parser=parser, add_argument_method=add_argument)
+    CliSettingsSource(model, root_parser=parser, add_argument_method=add_argument)
 
 
 def _where(model: type[BaseSettings], name: str) -> str:

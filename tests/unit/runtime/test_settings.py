@@ -39,6 +39,9 @@ def test_advertise_host_falls_back_to_the_pod_ip():
     assert RuntimeSettings.parse([], env={"POD_IP": "10.1.2.3"}).advertise_host == "10.1.2.3"
     env = {"POD_IP": "10.1.2.3", "DYN_ADVERTISE_HOST": "worker-0.svc"}
     assert RuntimeSettings.parse([], env=env).advertise_host == "worker-0.svc"
+    env = {"POD_IP": "10.1.2.3", "DYN_ADVERTISE_HOST": ""}  # empty counts as unset
+    assert RuntimeSettings.parse([], env=env).advertise_host == "10.1.2.3"
+    assert RuntimeSettings.parse([], env={"advertise_host": "x", "namespace": "y"}).namespace == "dynamo"
 
 
 def test_invalid_values_name_the_flag_and_env_var():
