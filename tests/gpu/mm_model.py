@@ -15,8 +15,9 @@
   ``torch.manual_seed(seed)``, with the LM head scaled up (std ``HEAD_STD``) so that greedy top-1
   logits are far apart; of ``seeds``, the one whose greedy answer (HF, CPU) to the proof's question
   about ``image_png`` has the widest smallest top-1 gap: tiny numeric differences between HF's vision
-  tower (our encode worker) and SGLang's (its own server) should not flip a greedy token. Names as the hub checkpoints spell them
-  (``visual.*``, ``model.layers.*``, ``lm_head.*``), which SGLang's and HF's loaders both read.
+  tower (our encode worker) and SGLang's (its own server) should not flip a greedy token. Names as the
+  hub checkpoints spell them (``visual.*``, ``model.layers.*``, ``lm_head.*``), which SGLang's and
+  HF's loaders both read.
 
 Needs torch, transformers, safetensors and tokenizers (the GPU image has them):
 ``python tests/gpu/mm_model.py FOLDER`` builds one.

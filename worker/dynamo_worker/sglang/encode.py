@@ -164,8 +164,8 @@ class HfVisionEncoder(Encoder):
                     content_hash=digest,
                     num_tokens=emb.shape[0],
                     hidden_size=emb.shape[1],
-                    dtype=DTYPES[str(emb.dtype)],  # type: ignore[arg-type]
-                    grid_thw=grid,  # type: ignore[arg-type]
+                    dtype=DTYPES[str(emb.dtype)],
+                    grid_thw=grid,
                     width=info.width,
                     height=info.height,
                     data=base64.b64encode(emb.view(torch.uint8).numpy().tobytes()).decode(),
