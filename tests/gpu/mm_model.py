@@ -136,6 +136,7 @@ def _tokenizer(folder: Path) -> int:
                 "pad_token": "<|endoftext|>",
                 "model_max_length": 4096,
                 "add_bos_token": False,
+                "clean_up_tokenization_spaces": False,
             },
             indent=1,
         )

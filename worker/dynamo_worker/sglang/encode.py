@@ -101,7 +101,7 @@ class HfVisionEncoder(Encoder):
 
     def _load(self) -> None:
         import torch
-        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText
 
         s = self.settings
         config = AutoConfig.from_pretrained(s.model_path, trust_remote_code=s.trust_remote_code)
@@ -117,10 +117,10 @@ class HfVisionEncoder(Encoder):
                 if isinstance(getattr(owner, name, None), torch.nn.Module):
                     setattr(owner, name, torch.nn.Identity())
         self._model = model.to(s.encoder_device).eval()
-        processor = AutoProcessor.from_pretrained(
+        # the fast (torchvision) processor where it exists, as SGLang's own server loads it
+        self._processor = AutoImageProcessor.from_pretrained(
             s.model_path, trust_remote_code=s.trust_remote_code, use_fast=True
         )
-        self._processor = getattr(processor, "image_processor", processor)
         vision = getattr(config, "vision_config", None)
         self._merge = int(getattr(vision, "spatial_merge_size", 1) or 1)
         log.info("Loaded the vision tower model=%s dtype=%s device=%s", s.model_path, dtype, s.encoder_device)
