@@ -57,8 +57,8 @@ WORK = Path(os.environ.get("MM_DIR") or "/tmp/dynamo-gpu-mm")
 SGLANG_FLAGS = [
     "--attention-backend", "triton", "--sampling-backend", "pytorch", "--cuda-graph-backend-prefill",
     "disabled", "--cuda-graph-backend-decode", "disabled", "--mm-feature-transport", "cpu",
-    "--skip-server-warmup", "--context-length", "4096", "--mem-fraction-static", "0.5", "--grammar-backend",
-    "none", "--random-seed", "1",
+    "--skip-server-warmup", "--context-length", "4096", "--mem-fraction-static", "0.5", "--max-total-tokens",
+    "131072", "--grammar-backend", "none", "--random-seed", "1", "--mm-attention-backend", "triton_attn",
 ]  # fmt: skip
 QUESTION = "What is in the picture?"
 
