@@ -96,6 +96,7 @@ class Run:
         deadline = time.monotonic() + STARTUP_S + 30
         while "Serving namespace=" not in self.log_path.read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()  # never leave a half-started graph behind
                 raise RuntimeError(f"dynamo-run {example} did not start; see {self.log_path}")
             time.sleep(0.5)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="x", max_retries=0)
@@ -276,6 +277,13 @@ def phase_diffusion(checks: dict[str, bool]) -> None:
         run.stop()
 
 
+def print_log_tails(lines: int = 25) -> None:
+    """The end of every process log, so one device call shows why a phase failed."""
+    for path in sorted(OUT.joinpath("logs").rglob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        print(f"----- {path.relative_to(OUT)} (last {len(tail)} lines)", *tail, sep="\n", flush=True)
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     checks: dict[str, bool] = {}
@@ -295,6 +303,7 @@ def main() -> int:
             phase(checks)
         except Exception as e:  # a phase that cannot run is a failed check, reported with its reason
             checks[f"{phase.__name__} ran ({type(e).__name__}: {e})"] = False
+            print_log_tails()
     lines = [f"{'PASS' if ok else 'FAIL'}  {name}" for name, ok in checks.items()]
     verdict = "RESULT: PASS" if checks and all(checks.values()) else "RESULT: FAIL"
     summary = "\n".join([f"engine={ENGINE}", *lines, *notes, verdict])
