@@ -30,6 +30,8 @@ case "${1:?usage: install.sh 1|2|3|f}" in
     tar xzf .gpuw/e/*.tgz -C "$site"
     # sglang 0.5.17 imports under the image's transformers 5.17 (which already registers qwen3_asr)
     sed -i '167,168s/Config)$/Config, exist_ok=True)/' "$site/sglang/srt/configs/qwen3_asr.py"
+    # ... and load Qwen-VL models there (transformers 5.17 renamed a class SGLang's qwen2_5_vl.py imports)
+    python3 tests/gpu/patch_sglang.py "$site"
     if [ -d .gpuw/f ]; then install_f; else echo "no .gpuw/f carried: run step f in its own call"; fi
     ;;
   f)
