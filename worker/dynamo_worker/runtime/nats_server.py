@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+_CLIENT_PORT = re.compile(r"Listening for client connections on \S+:(\d+)")
 
 
 class NatsServerError(RuntimeError):
@@ -83,8 +86,8 @@ class NatsServer:
         return self.store_dir / "nats-server.log"
 
     def start(self) -> NatsServer:
-        if self.port == 0:
-            self.port = free_port(self.host)
+        """Start it; with port 0 nats-server binds a free port itself (``-p -1``) and ``port`` is read
+        back from its log."""
         if self.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-nats-")
             self.store_dir = Path(self._tmp.name)
@@ -95,15 +98,18 @@ class NatsServer:
             "-a",
             self.host,
             "-p",
-            str(self.port),
+            str(self.port or -1),
             "-js",
             "-sd",
             str(self.store_dir),
             *self.extra_args,
         ]
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0  # the log is appended to
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            if self.port == 0:
+                self.port = self._bound_port(logged)
             wait_for_port(self.host, self.port, self.startup_timeout, self.proc)
         except NatsServerError as e:
             tail = self.log_tail()
@@ -111,6 +117,24 @@ class NatsServer:
             raise NatsServerError(f"nats-server did not start: {e}\n{tail}") from None
         log.info("Started nats-server url=%s pid=%s", self.url, self.proc.pid)
         return self
+
+    def _bound_port(self, logged: int) -> int:
+        """The port of nats-server's "Listening for client connections on HOST:PORT" line, written to
+        its log after byte ``logged``, within ``startup_timeout``."""
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            exited = self.proc.poll()
+            with open(self.log_path, "rb") as f:
+                f.seek(logged)
+                found = _CLIENT_PORT.search(f.read().decode(errors="replace"))
+            if found:
+                return int(found[1])
+            if exited is not None:
+                raise NatsServerError(f"process exited with code {exited} before listening")
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"no listening line in its log after {self.startup_timeout:.0f}s")
+            time.sleep(0.05)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
