@@ -62,6 +62,24 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
             time.sleep(0.05)
 
 
+def bound_client_port(proc: subprocess.Popen, log_path: Path, timeout: float, logged: int = 0) -> int:
+    """The port that nats-server ``proc``, started with ``-p -1``, bound: read from the "Listening for
+    client connections on HOST:PORT" line of its log ``log_path`` (after byte ``logged``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exited = proc.poll()
+        with open(log_path, "rb") as f:
+            f.seek(logged)
+            found = _CLIENT_PORT.search(f.read().decode(errors="replace"))
+        if found:
+            return int(found[1])
+        if exited is not None:
+            raise NatsServerError(f"process exited with code {exited} before listening")
+        if time.monotonic() > deadline:
+            raise NatsServerError(f"no listening line in its log after {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 @dataclass
 class NatsServer:
     """A nats-server child process with JetStream, storing into a temporary directory it owns."""
@@ -109,7 +127,7 @@ class NatsServer:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             if self.port == 0:
-                self.port = self._bound_port(logged)
+                self.port = bound_client_port(self.proc, self.log_path, self.startup_timeout, logged)
             wait_for_port(self.host, self.port, self.startup_timeout, self.proc)
         except NatsServerError as e:
             tail = self.log_tail()
@@ -117,24 +135,6 @@ class NatsServer:
             raise NatsServerError(f"nats-server did not start: {e}\n{tail}") from None
         log.info("Started nats-server url=%s pid=%s", self.url, self.proc.pid)
         return self
-
-    def _bound_port(self, logged: int) -> int:
-        """The port of nats-server's "Listening for client connections on HOST:PORT" line, written to
-        its log after byte ``logged``, within ``startup_timeout``."""
-        assert self.proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            exited = self.proc.poll()
-            with open(self.log_path, "rb") as f:
-                f.seek(logged)
-                found = _CLIENT_PORT.search(f.read().decode(errors="replace"))
-            if found:
-                return int(found[1])
-            if exited is not None:
-                raise NatsServerError(f"process exited with code {exited} before listening")
-            if time.monotonic() > deadline:
-                raise NatsServerError(f"no listening line in its log after {self.startup_timeout:.0f}s")
-            time.sleep(0.05)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
