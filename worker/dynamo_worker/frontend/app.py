@@ -172,7 +172,7 @@ class Frontend:
         server = site._server  # aiohttp exposes the bound sockets only here
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        log_listening(log, "frontend", "http", s.http_host, self.port)
+        log_listening("frontend", "http", s.http_host, self.port)
         log.info(
             "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s",
             s.namespace,

@@ -79,7 +79,7 @@ class BootstrapServer:
                 "pass another --disaggregation-bootstrap-port, or 0 for any free port"
             ) from None
         self.port = self._runner.addresses[0][1]
-        log_listening(log, "bootstrap", "http", self._host, self.port)
+        log_listening("bootstrap", "http", self._host, self.port)
         return self.port
 
     async def stop(self) -> None:

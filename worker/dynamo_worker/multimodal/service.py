@@ -122,7 +122,7 @@ class ServiceWorker:
         site = web.TCPSite(self._runner, s.listen_host, s.request_port)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        log_listening(log, "request-plane", "http", s.listen_host, self.port)
+        log_listening("request-plane", "http", s.listen_host, self.port)
         record = InstanceRecord(
             instance_id=s.instance_id,
             namespace=s.namespace,

@@ -27,7 +27,7 @@ async def _run(settings: PlannerSettings, ignored: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner, port = await serve_metrics(planner.metrics.registry, settings.metrics_host, settings.metrics_port)
-    log_listening(log, "planner-metrics", "http", settings.metrics_host, port)
+    log_listening("planner-metrics", "http", settings.metrics_host, port)
     nc = None
     try:
         if settings.mode == "load":

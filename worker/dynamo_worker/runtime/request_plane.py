@@ -175,7 +175,7 @@ class RequestServer:
         site = web.TCPSite(self._runner, self._host, self._port, backlog=1024)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        log_listening(log, "request-plane", "http", self._host, self.port)
+        log_listening("request-plane", "http", self._host, self.port)
         return self.port
 
     async def drain(self, grace_s: float) -> int:

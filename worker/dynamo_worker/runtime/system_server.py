@@ -61,7 +61,7 @@ class SystemServer:
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        log_listening(log, "system", "http", self._host, self.port)
+        log_listening("system", "http", self._host, self.port)
         return self.port
 
     async def stop(self) -> None:
