@@ -85,23 +85,29 @@ def measure(
     async def go() -> Report:
         async with make_session() as session:
             target = make_target(session)
-            if warmup:
-                await run_load(
-                    target,
-                    _random(999, "fixed:16", "fixed:4")(),
-                    concurrency=concurrency,
-                    num_requests=warmup,
-                    duration_s=30,
-                    drain_s=10,
-                )
-            results = await run_load(
+            try:
+                return await run(target)
+            finally:
+                await target.close()
+
+    async def run(target: Target) -> Report:
+        if warmup:
+            await run_load(
                 target,
-                make_workload(),
+                _random(999, "fixed:16", "fixed:4")(),
                 concurrency=concurrency,
-                num_requests=num_requests,
-                duration_s=duration_s,
-                drain_s=15,
+                num_requests=warmup,
+                duration_s=30,
+                drain_s=10,
             )
+        results = await run_load(
+            target,
+            make_workload(),
+            concurrency=concurrency,
+            num_requests=num_requests,
+            duration_s=duration_s,
+            drain_s=15,
+        )
         return summarize(results)
 
     return asyncio.run(go())
@@ -127,8 +133,8 @@ def scenario_frontend(workdir: Path, scale: float) -> dict[str, Report]:
         # Different prompts per side, so neither finds the other's prompts in the mocker's prefix cache.
         tokenizer = fleet.model_dir / "tokenizer.json"
         direct = measure(
-            lambda s: RequestPlaneTarget(
-                s, f"127.0.0.1:{mocker.ports['request']}", MODEL, tokenizer, timeout_s=60
+            lambda _session: RequestPlaneTarget(
+                f"127.0.0.1:{mocker.ports['request']}", MODEL, tokenizer, timeout_s=60
             ),
             _random(1, "fixed:128", "fixed:64"),
             concurrency=concurrency,

@@ -145,13 +145,15 @@ async def sweep() -> None:
     from dynamo_worker.profile.sweep import Sweeper
 
     async with aiohttp.ClientSession() as session:
-        url = f"http://127.0.0.1:{REQUEST_PORT}"
-        s = Sweeper(session, url, MODEL, "worker", vocab=(100, 30000))
-        prefill = await s.prefill(ISL, 3)
-        log(f"prefill TTFT ms over ISL {ISL}: {prefill.ttft_ms}")
-        decode = await s.decode(BATCH, CONTEXT, DECODE_OSL)
-        for b, row in zip(BATCH, decode.itl_ms, strict=True):
-            log(f"decode ITL ms at batch {b} over context {CONTEXT}: {row}")
+        s = Sweeper(session, f"127.0.0.1:{REQUEST_PORT}", MODEL, "worker", vocab=(100, 30000))
+        try:
+            prefill = await s.prefill(ISL, 3)
+            log(f"prefill TTFT ms over ISL {ISL}: {prefill.ttft_ms}")
+            decode = await s.decode(BATCH, CONTEXT, DECODE_OSL)
+            for b, row in zip(BATCH, decode.itl_ms, strict=True):
+                log(f"decode ITL ms at batch {b} over context {CONTEXT}: {row}")
+        finally:
+            await s.close()
     engine = sglang_version() if ENGINE == "sglang" else "mocker (shipped profile)"
     profile = Profile(
         model="Llama-3.1-8B shape (tests/gpu/model/config.json: 32 layers, 8 KV heads, bf16)",

@@ -1,10 +1,10 @@
 """Wire models shared by every role: what a frontend sends a worker, and what a worker streams back.
 
-Transport (the request plane): the frontend POSTs one ``GenerateRequest`` as JSON to
-``http://<instance.address>/v1/generate``; the worker answers ``200`` with ``application/x-ndjson``,
-one ``GenerateChunk`` per line. Chunks carry *disjoint* token ids (each id once, in order). The last
+Transport (the request plane, ``runtime.request_plane``): the frontend sends each ``GenerateRequest``
+as JSON over its one connection to ``<instance.address>``, and the worker streams ``GenerateChunk``s
+back on the same connection. Chunks carry *disjoint* token ids (each id once, in order). The last
 chunk has ``finish_reason`` set and ``usage``; a failure is a last chunk with ``finish_reason="error"``
-and ``error`` set. Closing the connection cancels the request on the worker.
+and ``error`` set. Cancelling the stream (or closing the connection) cancels the request on the worker.
 
 Optional request features (all default off, so a plain request is unchanged on the wire):
 ``structured`` constrains decoding to a grammar (SGLang's ``json_schema`` / ``regex`` / ``ebnf`` /

@@ -1,5 +1,5 @@
 """The load generator against the real stack: a mocker worker process and a frontend process on a real
-nats-server. Both targets (OpenAI SSE through the frontend, NDJSON straight to the request plane) stream
+nats-server. Both targets (OpenAI SSE through the frontend, straight to the request plane) stream
 exact output lengths (ignore_eos is honoured), report prompt tokens, and see cache hits on a repeated
 prompt; the shared-prefix workload's turns all complete."""
 
@@ -58,11 +58,13 @@ async def test_openai_target_through_the_frontend(stack, api):
 
 async def test_request_plane_target_straight_to_the_mocker(stack):
     fleet, mocker, _ = stack
-    async with make_session() as session:
-        target = RequestPlaneTarget(
-            session, f"127.0.0.1:{mocker.ports['request']}", MODEL, fleet.model_dir / "tokenizer.json"
-        )
+    target = RequestPlaneTarget(
+        f"127.0.0.1:{mocker.ports['request']}", MODEL, fleet.model_dir / "tokenizer.json"
+    )
+    try:
         results = await run_load(target, _specs(2), concurrency=4, num_requests=8, duration_s=60)
+    finally:
+        await target.close()
     assert all(r.ok for r in results), [r.error_message for r in results if not r.ok]
     assert all(
         r.output_tokens == len(r.chunk_times) or r.output_tokens >= len(r.chunk_times) for r in results

@@ -1,16 +1,20 @@
-"""The request plane over real sockets: NDJSON streaming (a chunk is handed on as soon as it arrives;
-chunks that arrive together are handed on as one), connection reuse, the in-flight bound
-(``overloaded``), invalid requests, cancellation reaching the engine when the client goes away, every
-wait bounded, typed errors when the worker is unreachable or dies mid-stream, and draining."""
+"""The request plane over real sockets: streaming (a chunk is handed on as soon as it arrives; chunks
+that arrive together are handed on as one), many requests multiplexed over one connection, the
+in-flight bound (``overloaded``), invalid requests and clients that do not speak the protocol,
+cancellation reaching the engine when the client goes away, every wait bounded, typed errors when the
+worker is unreachable or dies mid-stream, and draining."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 
+import aiohttp
+import orjson
 import pytest
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, StopConditions, Usage
 from dynamo_worker.runtime.request_plane import (
+    MAGIC,
     RequestClient,
     RequestServer,
     WorkerRejected,
@@ -107,12 +111,40 @@ async def test_beyond_max_inflight_is_rejected_as_overloaded(served):
         assert [c async for c in s][-1].finish_reason == "length"
 
 
+async def test_concurrent_requests_share_one_connection_and_get_their_own_streams(served):
+    _engine, server, client, address = served
+    server.max_inflight = 64
+
+    async def run(i: int) -> list[GenerateChunk]:
+        return [c async for c in client.generate(address, request(f"m{i}", 2 + i))]
+
+    results = await asyncio.gather(*(run(i) for i in range(40)))
+    for i, chunks in enumerate(results):
+        tokens = [t for c in chunks for t in c.token_ids]
+        assert tokens == [*range(10, 10 + 1 + i), 99]  # this request's tokens, in order, once
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2 + i
+    assert server.open_connections == 1 and client.open_connections == 1
+
+
 async def test_an_invalid_request_is_rejected_with_400(served):
-    _, _, client, address = served
-    session = client._get_session()
-    async with session.post(f"http://{address}/v1/generate", json={"request_id": "x"}) as r:
+    _, _, _, address = served
+    host, port = address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(MAGIC + b'G1 {"request_id": "x"}\n')
+    async with asyncio.timeout(5):
+        line = await reader.readline()
+    status, error = line.split(b" ", 2)[1:]
+    assert line.startswith(b"R1 ") and status == b"400"
+    assert orjson.loads(error)["type"] == "invalid_request"
+    writer.close()
+
+
+async def test_an_http_client_is_told_what_the_port_is(served):
+    """Someone who curls a worker's request port gets a 400 naming the port's purpose, not a hang."""
+    _, _, _, address = served
+    async with aiohttp.ClientSession() as session, session.get(f"http://{address}/v1/models") as r:
         assert r.status == 400
-        assert (await r.json())["error"]["type"] == "invalid_request"
+        assert "request plane" in await r.text()
 
 
 async def test_closing_the_stream_cancels_the_request_on_the_worker(served):
@@ -179,12 +211,9 @@ async def test_a_worker_dying_mid_stream_raises_worker_stream_broken():
     """A raw socket server plays a worker that crashes after one chunk."""
 
     async def crashing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        line = b'{"token_ids":[5]}\n'
-        writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        assert await reader.readexactly(len(MAGIC)) == MAGIC
+        assert (await reader.readline()).startswith(b"G1 ")
+        writer.write(b'D1 {"token_ids":[5]}\n')
         await writer.drain()
         writer.transport.abort()
 

@@ -8,8 +8,8 @@ Two targets with one interface (``async send(spec) -> RequestResult``):
   not used on purpose: it parses every chunk into pydantic objects and hides when bytes arrive, which
   adds client-side CPU per token (on a 2-core machine that lands in the figures) and blurs TTFT/ITL.
   Reading the SSE lines directly timestamps each chunk as it arrives.
-- ``RequestPlaneTarget``: a worker's request plane (``POST /v1/generate``, NDJSON of
-  ``GenerateChunk``), the baseline that shows what the frontend adds. Prompts are tokenized with the
+- ``RequestPlaneTarget``: a worker's request plane (``runtime.request_plane``, the frontend's own
+  client), the baseline that shows what the frontend adds. Prompts are tokenized with the
   model's ``tokenizer.json`` before the clock starts.
 
 Errors are results, not exceptions: ``RequestResult.error`` is a short type (``http_503``,
@@ -31,12 +31,22 @@ import orjson
 
 from dynamo_worker.bench.stats import RequestResult
 from dynamo_worker.bench.workload import RequestSpec
+from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions
+from dynamo_worker.runtime.request_plane import (
+    RequestClient,
+    RequestPlaneError,
+    WorkerRejected,
+    WorkerUnreachable,
+)
 
 __all__ = ["OpenAITarget", "RequestPlaneTarget", "Target", "make_session"]
 
 
 class Target(Protocol):
     async def send(self, spec: RequestSpec) -> RequestResult: ...
+
+    async def close(self) -> None:
+        """Release what the target holds beyond the caller's session."""
 
 
 def make_session(connections: int = 0) -> aiohttp.ClientSession:
@@ -99,6 +109,9 @@ class OpenAITarget:
         else:
             body["prompt"] = spec.prompt
         return body
+
+    async def close(self) -> None:
+        """Nothing to release: the session is the caller's."""
 
     async def send(self, spec: RequestSpec) -> RequestResult:
         data = orjson.dumps(self.body(spec))
@@ -166,63 +179,61 @@ class OpenAITarget:
 
 
 class RequestPlaneTarget:
-    """Streams ``GenerateRequest``s straight to a worker's request plane (``host:port``)."""
+    """Streams ``GenerateRequest``s straight to a worker's request plane (``host:port``) with the
+    frontend's own ``RequestClient`` (one connection for the run; ``close`` ends it)."""
 
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        address: str,
-        model: str,
-        tokenizer_json: Path,
-        *,
-        timeout_s: float = 120.0,
-    ) -> None:
+    def __init__(self, address: str, model: str, tokenizer_json: Path, *, timeout_s: float = 120.0) -> None:
         from tokenizers import Tokenizer
 
-        self.session, self.model, self.timeout_s = session, model, timeout_s
-        self.url = f"http://{address}/v1/generate"
+        self.address, self.model, self.timeout_s = address, model, timeout_s
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        self.client = RequestClient(first_chunk_timeout=timeout_s, idle_timeout=timeout_s)
 
-    def body(self, spec: RequestSpec) -> bytes:
+    def request(self, spec: RequestSpec) -> GenerateRequest:
         ids = self.tokenizer.encode(spec.prompt, add_special_tokens=False).ids or [0]
-        return orjson.dumps(
-            {
-                "request_id": uuid.uuid4().hex,
-                "model": self.model,
-                "token_ids": ids,
-                "sampling": {"temperature": 0.0},
-                "stop": {"max_tokens": spec.max_tokens, "ignore_eos": True},
-            }
+        return GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            model=self.model,
+            token_ids=ids,
+            sampling=SamplingOptions(temperature=0.0),
+            stop=StopConditions(max_tokens=spec.max_tokens, ignore_eos=True),
         )
 
     async def send(self, spec: RequestSpec) -> RequestResult:
-        headers = {"Content-Type": "application/json"}
-        data = self.body(spec)
-        return await _post(self.session, self.url, data, headers, self.timeout_s, self._read_ndjson)
-
-    async def _read_ndjson(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
+        request = self.request(spec)
+        result = RequestResult(start=time.perf_counter())
         tokens = 0
-        async for raw in response.content:
-            now = time.perf_counter()
-            if not raw.strip():
-                continue
-            chunk = orjson.loads(raw)
-            if chunk.get("error"):
-                result.error = "stream_error"
-                result.error_message = chunk["error"].get("message", "")
-                return
-            if chunk.get("token_ids"):
-                tokens += len(chunk["token_ids"])
-                if result.first_chunk is None:
-                    result.first_chunk = now
-                result.chunk_times.append(now)
-            if chunk.get("finish_reason"):
-                usage = chunk.get("usage") or {}
-                result.output_tokens = int(usage.get("completion_tokens", tokens))
-                result.prompt_tokens = usage.get("prompt_tokens")
-                result.cached_tokens = int(usage.get("cached_tokens") or 0)  # omitted when 0
-                return
-        result.error, result.error_message = "incomplete", "the stream ended without a finish_reason"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for chunk in self.client.generate(self.address, request):
+                    now = time.perf_counter()
+                    if chunk.error is not None:
+                        result.error, result.error_message = "stream_error", chunk.error.message
+                        break
+                    if chunk.token_ids:
+                        tokens += len(chunk.token_ids)
+                        if result.first_chunk is None:
+                            result.first_chunk = now
+                        result.chunk_times.append(now)
+                    if chunk.finish_reason is not None:
+                        usage = chunk.usage
+                        result.output_tokens = usage.completion_tokens if usage else tokens
+                        result.prompt_tokens = usage.prompt_tokens if usage else None
+                        result.cached_tokens = usage.cached_tokens if usage else 0
+        except TimeoutError:
+            result.error, result.error_message = "timeout", f"no complete answer within {self.timeout_s}s"
+        except WorkerUnreachable as e:
+            result.error, result.error_message = "connect", str(e)
+        except WorkerRejected as e:
+            result.error, result.error_message = f"http_{e.status}", e.detail
+        except RequestPlaneError as e:
+            result.error, result.error_message = "stream_broken", str(e)
+        finally:
+            result.end = time.perf_counter()
+        return result
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 async def _post(

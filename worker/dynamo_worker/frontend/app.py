@@ -40,7 +40,7 @@ from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.listening import log_listening
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
-from dynamo_worker.runtime.worker import connect_nats, redact_url
+from dynamo_worker.runtime.worker import close_nats, connect_nats, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +216,7 @@ class Frontend:
         if self.images is not None:
             await self.images.close()
         if self.nc is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5.0):
-                    await self.nc.close()
+            await close_nats(self.nc)
             self.nc = None
         if self._tmp is not None:
             self._tmp.cleanup()

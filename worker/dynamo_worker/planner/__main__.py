@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -16,6 +15,7 @@ from dynamo_worker.planner.step import GraphError
 from dynamo_worker.profile.model import ProfileError
 from dynamo_worker.runtime.listening import log_listening
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
+from dynamo_worker.runtime.worker import close_nats
 
 log = logging.getLogger("dynamo_worker.planner")
 
@@ -47,8 +47,7 @@ async def _run(settings: PlannerSettings, ignored: list[str]) -> int:
         if planner.load_feed is not None:
             await planner.load_feed.stop()
         if nc is not None:
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await close_nats(nc)
         await runner.cleanup()
     return 0
 

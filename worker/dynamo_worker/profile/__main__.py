@@ -39,7 +39,9 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dynamo_worker.profile", description=__doc__.split("\n")[0])
     p.add_argument(
-        "--url", required=True, help="Frontend root (or a worker's request plane with --target worker)."
+        "--url",
+        required=True,
+        help="Frontend root (or, with --target worker, a worker's request plane as host:port).",
     )
     p.add_argument("--target", choices=("frontend", "worker"), default="frontend", help="What --url is.")
     p.add_argument("--model", required=True, help="Served model name.")
@@ -64,11 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
 async def _sweep(a: argparse.Namespace) -> Profile:
     async with aiohttp.ClientSession() as session:
         s = Sweeper(session, a.url, a.model, a.target, vocab=(10, a.vocab_max))
-        prefill = await s.prefill(a.isl, a.repeats)
-        print(f"prefill TTFT ms over ISL {a.isl}: {prefill.ttft_ms}", flush=True)
-        decode = await s.decode(a.batch, a.context, a.decode_osl)
-        for b, row in zip(a.batch, decode.itl_ms, strict=True):
-            print(f"decode ITL ms at batch {b} over context {a.context}: {row}", flush=True)
+        try:
+            prefill = await s.prefill(a.isl, a.repeats)
+            print(f"prefill TTFT ms over ISL {a.isl}: {prefill.ttft_ms}", flush=True)
+            decode = await s.decode(a.batch, a.context, a.decode_osl)
+            for b, row in zip(a.batch, decode.itl_ms, strict=True):
+                print(f"decode ITL ms at batch {b} over context {a.context}: {row}", flush=True)
+        finally:
+            await s.close()
     return Profile(
         model=a.model_label or a.model,
         engine=a.engine,

@@ -4,8 +4,8 @@ Two targets, one measurement:
 
 - ``frontend``: our (or any OpenAI-compatible) frontend, ``POST /v1/completions`` streamed, the prompt
   given as token ids so the input length is exact and no tokenizer runs in the client;
-- ``worker``: an aggregated worker's request plane (``POST /v1/generate``, NDJSON), which leaves the
-  frontend out of the figures.
+- ``worker``: an aggregated worker's request plane (``host:port``, through the frontend's own
+  ``RequestClient``), which leaves the frontend out of the figures.
 
 Prefill: for each input length, ``repeats`` lone requests (one after the other, ``max_tokens=1``) with
 fresh random token ids (so no prefix-cache hit); TTFT is their median.
@@ -31,6 +31,8 @@ import aiohttp
 import orjson
 
 from dynamo_worker.profile.model import DecodeTable, PrefillTable
+from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions
+from dynamo_worker.runtime.request_plane import RequestClient, RequestPlaneError
 
 __all__ = ["SweepError", "Sweeper"]
 
@@ -59,66 +61,69 @@ class Sweeper:
     ) -> None:
         self.session, self.model, self.target = session, model, target
         root = url.rstrip("/").removesuffix("/v1")
-        self.endpoint = f"{root}/v1/completions" if target == "frontend" else f"{root}/v1/generate"
+        self.endpoint = f"{root}/v1/completions" if target == "frontend" else root.partition("://")[2] or root
         self.vocab, self.rng, self.timeout_s = vocab, random.Random(seed), timeout_s
+        self.client = RequestClient(first_chunk_timeout=timeout_s, idle_timeout=timeout_s)
+
+    async def close(self) -> None:
+        await self.client.close()
 
     def _ids(self, n: int) -> list[int]:
         return [self.rng.randrange(*self.vocab) for _ in range(max(n, 1))]
 
-    def _body(self, ids: list[int], max_tokens: int) -> bytes:
-        if self.target == "frontend":
-            body = {
-                "model": self.model,
-                "prompt": ids,
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-                "stream": True,
-                "temperature": 0.0,
-            }
-        else:
-            body = {
-                "request_id": uuid.uuid4().hex,
-                "model": self.model,
-                "token_ids": ids,
-                "sampling": {"temperature": 0.0},
-                "stop": {"max_tokens": max_tokens, "ignore_eos": True},
-            }
-        return orjson.dumps(body)
-
     async def one(self, isl: int, max_tokens: int) -> _Timed:
         """Send one request; the arrival time of each token (a chunk of k tokens counts k times)."""
         timed = _Timed(time.perf_counter())
-        headers = {"Content-Type": "application/json"}
+        ids = self._ids(isl)
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self.session.post(
-                    self.endpoint, data=self._body(self._ids(isl), max_tokens), headers=headers
-                ) as r:
-                    if r.status != 200:
-                        raise SweepError(
-                            f"{self.endpoint} answered HTTP {r.status}: {(await r.text())[:300]}"
-                        )
-                    async for raw in r.content:
-                        now = time.perf_counter()
-                        line = raw.strip()
-                        if self.target == "frontend":
-                            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                                continue
-                            event = orjson.loads(line[5:])
-                            if "error" in event:
-                                raise SweepError(f"the stream failed: {event['error']}")
-                            if any(c.get("text") for c in event.get("choices") or ()):
-                                timed.tokens.append(now)
-                        elif line:
-                            chunk = orjson.loads(line)
-                            if chunk.get("error"):
-                                raise SweepError(f"the worker failed the request: {chunk['error']}")
-                            timed.tokens.extend([now] * len(chunk.get("token_ids") or ()))
-        except (aiohttp.ClientError, TimeoutError) as e:
+                if self.target == "frontend":
+                    await self._frontend(ids, max_tokens, timed)
+                else:
+                    await self._worker(ids, max_tokens, timed)
+        except (aiohttp.ClientError, RequestPlaneError, TimeoutError) as e:
             raise SweepError(f"Could not complete a request to {self.endpoint}: {e!r}; is it serving?") from e
         if not timed.tokens:
             raise SweepError(f"{self.endpoint} returned no tokens for a {isl}-token prompt")
         return timed
+
+    async def _frontend(self, ids: list[int], max_tokens: int, timed: _Timed) -> None:
+        body = {
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0.0,
+        }
+        headers = {"Content-Type": "application/json"}
+        async with self.session.post(self.endpoint, data=orjson.dumps(body), headers=headers) as r:
+            if r.status != 200:
+                raise SweepError(f"{self.endpoint} answered HTTP {r.status}: {(await r.text())[:300]}")
+            async for raw in r.content:
+                now = time.perf_counter()
+                line = raw.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                event = orjson.loads(line[5:])
+                if "error" in event:
+                    raise SweepError(f"the stream failed: {event['error']}")
+                if any(c.get("text") for c in event.get("choices") or ()):
+                    timed.tokens.append(now)
+
+    async def _worker(self, ids: list[int], max_tokens: int, timed: _Timed) -> None:
+        request = GenerateRequest(
+            request_id=uuid.uuid4().hex,
+            model=self.model,
+            token_ids=ids,
+            sampling=SamplingOptions(temperature=0.0),
+            stop=StopConditions(max_tokens=max_tokens, ignore_eos=True),
+        )
+        async for chunk in self.client.generate(self.endpoint, request):
+            now = time.perf_counter()
+            if chunk.error is not None:
+                raise SweepError(f"the worker failed the request: {chunk.error.message}")
+            timed.tokens.extend([now] * len(chunk.token_ids))
 
     async def prefill(self, isls: Sequence[int], repeats: int = 3) -> PrefillTable:
         ttft = []

@@ -1,24 +1,35 @@
-"""The request plane: a frontend streams a ``GenerateRequest`` straight to a worker over HTTP/1.1.
+"""The request plane: a frontend streams ``GenerateRequest``s straight to a worker over one TCP connection.
 
-``POST http://<address>/v1/generate`` with the request as JSON; ``200`` answers
-``application/x-ndjson``, one ``GenerateChunk`` per line, the last one with ``finish_reason``.
-A refusal is a non-200 status with ``{"error": {"type": ..., "message": ...}}`` (``WorkerError``):
-400 ``invalid_request``, 503 ``overloaded`` / ``shutting_down``.
+Many requests share a connection (a frontend process keeps one per worker), each a numbered stream.
+After connecting, the client sends ``MAGIC``; then every message is one line (JSON never holds a raw
+newline)::
 
-Server (``RequestServer``): aiohttp with ``handler_cancellation=True``, so a client that closes the
-connection cancels the handler task, which closes the engine's iterator, which aborts the request.
-At most ``max_inflight`` requests run at once; more are refused at once (no queue in front of the
-engine). Writes wait for the socket to drain, so a slow reader slows its own stream only.
+    client -> worker   G<id> <GenerateRequest JSON>     start stream <id> (the client numbers them)
+                       C<id>                            cancel it (the caller went away)
+    worker -> client   D<id> <GenerateChunk JSON>       a chunk; the one with finish_reason ends <id>
+                       R<id> <status> <WorkerError>     refused before it started; ends <id>
 
-Client (``RequestClient``): one shared ``aiohttp.ClientSession`` with keep-alive. Every wait is
-bounded: connecting, the first chunk, and the gap between two chunks. Lines that arrive together
-are parsed in one call and their token ids handed on as one chunk (``_coalesce``). Errors::
+Refusals: 400 ``invalid_request``, 503 ``overloaded`` / ``shutting_down``. A worker writes what its
+streams produced in one event-loop turn with one send, and a client parses what one receive brought in
+one call, so the cost of a token does not include a system call or an HTTP frame of its own (the
+reason this is not HTTP: one HTTP stream per request cost about twice the CPU per token). Anything
+that connects without ``MAGIC`` is answered (an HTTP client gets a ``400`` saying what the port is)
+and disconnected.
+
+Server (``RequestServer``): a task per stream. A connection that closes cancels its streams, which
+closes the engine's iterator, which aborts the requests. At most ``max_inflight`` streams run at once;
+more are refused at once (no queue in front of the engine). When the client reads slower than the
+worker writes, the transport's buffer fills and the streams of that connection wait for it to drain.
+
+Client (``RequestClient``): every wait is bounded: connecting, the first chunk, and the gap between
+two chunks. Chunks of one stream that arrive together are handed on as one (``_coalesce``). A
+connection with no stream for ``keepalive_s`` is closed. Errors::
 
     RequestPlaneError
     ├── WorkerUnreachable     could not connect, or the connection closed before any answer
-    ├── WorkerRejected        non-200 answer; ``.error_type`` from the body (``overloaded``, ...)
+    ├── WorkerRejected        refused; ``.error_type`` says why (``overloaded``, ...)
     ├── WorkerTimeout         no first chunk, or no next chunk, within its bound
-    └── WorkerStreamBroken    the stream ended without a final chunk, or carried an invalid line
+    └── WorkerStreamBroken    the connection closed before the final chunk, or carried an invalid line
 """
 
 from __future__ import annotations
@@ -26,13 +37,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import cast
 
-import aiohttp
 import orjson
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
@@ -40,7 +50,7 @@ from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, Wo
 from dynamo_worker.runtime.listening import log_listening
 
 __all__ = [
-    "GENERATE_PATH",
+    "MAGIC",
     "RequestClient",
     "RequestMetrics",
     "RequestPlaneError",
@@ -53,10 +63,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-GENERATE_PATH = "/v1/generate"
-NDJSON = "application/x-ndjson"
-MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a 1M-token prompt as JSON ints fits easily
-MAX_LINE_BYTES = 16 * 1024 * 1024  # one NDJSON line of a stream
+MAGIC = b"DYNAMO-REQUEST-PLANE/1\n"
+MAX_LINE_BYTES = 64 * 1024 * 1024  # one message: a 1M-token prompt as JSON ints fits easily
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC")
+_NOT_HTTP = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+    b"This port is a Dynamo worker's request plane (a framed TCP protocol, not HTTP): send requests "
+    b"through the frontend's OpenAI API; the worker's /health and /metrics are on its system port.\n"
+)
 
 GenerateHandler = Callable[[GenerateRequest], AsyncGenerator[GenerateChunk, None]]
 
@@ -91,7 +105,7 @@ class WorkerTimeout(RequestPlaneError):
 
 
 class WorkerStreamBroken(RequestPlaneError):
-    """The stream ended before its final chunk (the worker died mid-stream) or was not valid NDJSON."""
+    """The stream ended before its final chunk (the worker died mid-stream) or carried an invalid line."""
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -119,20 +133,133 @@ class RequestMetrics:
         )
 
 
-# --- server -------------------------------------------------------------------------------------
+# --- framing ------------------------------------------------------------------------------------
 
 
-def _error_response(status: int, error_type: ErrorType, message: str) -> web.Response:
-    body = {"error": WorkerError(type=error_type, message=message).model_dump()}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+class _Lines:
+    """Splits a byte stream into lines. A line longer than ``MAX_LINE_BYTES`` raises ``ValueError``."""
+
+    __slots__ = ("_parts", "_size")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []  # the start of a line whose end has not arrived yet
+        self._size = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if b"\n" not in data:
+            self._parts.append(data)
+            self._size += len(data)
+            if self._size > MAX_LINE_BYTES:
+                raise ValueError(f"a message exceeds {MAX_LINE_BYTES} bytes")
+            return []
+        if self._parts:
+            data = b"".join(self._parts) + data
+            self._parts.clear()
+        *lines, rest = data.split(b"\n")
+        self._size = len(rest)
+        if rest:
+            if self._size > MAX_LINE_BYTES:
+                raise ValueError(f"a message exceeds {MAX_LINE_BYTES} bytes")
+            self._parts.append(rest)
+        return lines
 
 
 def _line(chunk: GenerateChunk) -> bytes:
-    return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True) + b"\n"
+    return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True)
+
+
+def _error_chunk(error_type: ErrorType, message: str) -> GenerateChunk:
+    return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
+
+
+# --- server -------------------------------------------------------------------------------------
+
+
+class _ServerConnection(asyncio.Protocol):
+    """One client's connection to a ``RequestServer``: its streams, and what they wrote this turn."""
+
+    def __init__(self, server: RequestServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.greeting = b""  # until it is MAGIC
+        self.greeted = False
+        self.lines = _Lines()
+        self.streams: dict[bytes, asyncio.Task[None]] = {}
+        self.out: list[bytes] = []
+        self.flush_soon = False
+        self.writable = asyncio.Event()
+        self.writable.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self.server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        for task in self.streams.values():
+            task.cancel()  # the client went away
+        self.writable.set()  # streams waiting for the buffer to drain run into their cancellation
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.greeted:
+            data = self._greet(data)
+            if not data:
+                return
+        try:
+            lines = self.lines.feed(data)
+        except ValueError as e:
+            self.refuse_connection(str(e))
+            return
+        for line in lines:
+            if line:
+                self.server._message(self, line)
+
+    def _greet(self, data: bytes) -> bytes:
+        """What follows ``MAGIC`` once it has arrived; b"" while it has not or when it did not come."""
+        greeting = self.greeting + data
+        if greeting.startswith(MAGIC):
+            self.greeted, self.greeting = True, b""
+            return greeting[len(MAGIC) :]
+        if MAGIC.startswith(greeting):
+            self.greeting = greeting
+            return b""
+        assert self.transport is not None
+        if greeting.startswith(_HTTP_METHODS):
+            self.transport.write(_NOT_HTTP)
+        peer = self.transport.get_extra_info("peername")
+        log.warning("Closed a connection that does not speak the request plane peer=%s", peer)
+        self.transport.close()
+        return b""
+
+    def refuse_connection(self, message: str) -> None:
+        assert self.transport is not None
+        log.warning("Closed a request-plane connection: %s", message)
+        self.transport.abort()
+
+    def send(self, data: bytes) -> None:
+        """Queue ``data`` for the one write of this event-loop turn."""
+        self.out.append(data)
+        if not self.flush_soon:
+            self.flush_soon = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_soon = False
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
 
 
 class RequestServer:
-    """Serves ``POST /v1/generate`` by streaming what ``handler`` yields."""
+    """Serves the request plane by streaming what ``handler`` yields for each request."""
 
     def __init__(
         self,
@@ -148,9 +275,10 @@ class RequestServer:
         self._port = port
         self.max_inflight = max_inflight
         self._metrics = metrics
-        self._runner: web.AppRunner | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._aborted: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+        self._connections: set[_ServerConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._aborted: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -162,20 +290,17 @@ class RequestServer:
 
     @property
     def open_connections(self) -> int:
-        """Client connections currently open (kept alive between requests)."""
-        server = self._runner.server if self._runner is not None else None
-        return len(server.connections) if server is not None else 0
+        """Client connections currently open."""
+        return len(self._connections)
 
     async def start(self) -> int:
         """Listen; returns the bound port."""
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        app.router.add_post(GENERATE_PATH, self._generate)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, backlog=1024)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        log_listening("request-plane", "http", self._host, self.port)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), self._host, self._port, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log_listening("request-plane", "tcp", self._host, self.port)
         return self.port
 
     async def drain(self, grace_s: float) -> int:
@@ -197,99 +322,333 @@ class RequestServer:
         return len(left)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        """Stop listening and close every connection (what was written is still sent)."""
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._connections):
+                if conn.transport is not None:
+                    conn.transport.close()
+            await self._server.wait_closed()
+            self._server = None
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
             self._metrics.requests.labels(outcome).inc()
 
-    async def _generate(self, http_request: web.Request) -> web.StreamResponse:
+    def _message(self, conn: _ServerConnection, line: bytes) -> None:
+        head, _, body = line.partition(b" ")
+        kind, sid = head[:1], head[1:]
+        if not sid.isdigit():
+            conn.refuse_connection(f"invalid message {line[:40]!r}")
+        elif kind == b"G":
+            self._open(conn, sid, body)
+        elif kind == b"C":
+            task = conn.streams.get(sid)
+            if task is not None:
+                task.cancel()
+        else:
+            conn.refuse_connection(f"invalid message {line[:40]!r}")
+
+    def _refuse(
+        self, conn: _ServerConnection, sid: bytes, status: int, error: ErrorType, message: str
+    ) -> None:
+        self._count(error)
+        body = orjson.dumps(WorkerError(type=error, message=message).model_dump())
+        conn.send(b"R%s %d %s\n" % (sid, status, body))
+
+    def _open(self, conn: _ServerConnection, sid: bytes, body: bytes) -> None:
         if self.draining:
-            self._count("shutting_down")
-            return _error_response(503, "shutting_down", "worker is shutting down; send it elsewhere")
+            self._refuse(conn, sid, 503, "shutting_down", "worker is shutting down; send it elsewhere")
+            return
         if len(self._tasks) >= self.max_inflight:
-            self._count("overloaded")
-            return _error_response(
-                503, "overloaded", f"worker serves its maximum of {self.max_inflight} requests; retry later"
-            )
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)  # reserve the slot before reading the body
+            message = f"worker serves its maximum of {self.max_inflight} requests; retry later"
+            self._refuse(conn, sid, 503, "overloaded", message)
+            return
+        if sid in conn.streams:
+            self._refuse(conn, sid, 400, "invalid_request", f"stream {sid.decode()} is already open")
+            return
+        try:
+            request = GenerateRequest.model_validate_json(body)
+        except ValidationError as e:
+            self._refuse(conn, sid, 400, "invalid_request", f"invalid GenerateRequest: {e}")
+            return
+        task = conn.loop.create_task(self._serve(conn, sid, request))
+        conn.streams[sid] = task
+        self._tasks.add(task)
         self._idle.clear()
         if self._metrics is not None:
             self._metrics.inflight.inc()
-        started = time.monotonic()
-        try:
-            try:
-                request = GenerateRequest.model_validate_json(await http_request.read())
-            except ValidationError as e:
-                self._count("invalid_request")
-                return _error_response(400, "invalid_request", f"invalid GenerateRequest: {e}")
-            return await self._stream(http_request, request, task)
-        finally:
-            self._tasks.discard(task)
-            self._aborted.discard(task)
-            if not self._tasks:
-                self._idle.set()
-            if self._metrics is not None:
-                self._metrics.inflight.dec()
-                self._metrics.duration.observe(time.monotonic() - started)
 
-    async def _stream(
-        self, http_request: web.Request, request: GenerateRequest, task: asyncio.Task[Any]
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers={"Content-Type": NDJSON})
-        await response.prepare(http_request)
+    async def _serve(self, conn: _ServerConnection, sid: bytes, request: GenerateRequest) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        started = time.monotonic()
+        prefix = b"D" + sid + b" "
         outcome = "cancelled"
         tokens = 0
         try:
             async with contextlib.aclosing(self._handler(request)) as chunks:
                 async for chunk in chunks:
-                    await response.write(_line(chunk))
+                    conn.send(prefix + _line(chunk) + b"\n")
                     tokens += len(chunk.token_ids)
                     if chunk.finish_reason is not None:
                         outcome = chunk.error.type if chunk.error else chunk.finish_reason
                         break
+                    if not conn.writable.is_set():
+                        await conn.writable.wait()  # the client reads slower than we write
                 else:
                     outcome = "engine_error"
-                    await response.write(
-                        _line(_error_chunk("engine_error", "engine ended the stream without a final chunk"))
-                    )
+                    error = _error_chunk("engine_error", "engine ended the stream without a final chunk")
+                    conn.send(prefix + _line(error) + b"\n")
         except asyncio.CancelledError:
             if task not in self._aborted:
                 log.info("Cancelled request request_id=%s (client went away)", request.request_id)
                 raise
             task.uncancel()
             outcome = "shutting_down"
-            await response.write(
-                _line(_error_chunk("shutting_down", "worker shut down before the request finished"))
-            )
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            log.info("Client went away request_id=%s", request.request_id)
-            return response
+            error = _error_chunk("shutting_down", "worker shut down before the request finished")
+            conn.send(prefix + _line(error) + b"\n")
         except Exception as e:  # an engine bug: map it to an error chunk for this request only
             log.exception("Engine failed request_id=%s", request.request_id)
             outcome = "engine_error"
-            await response.write(_line(_error_chunk("engine_error", f"engine failed: {e}")))
+            conn.send(prefix + _line(_error_chunk("engine_error", f"engine failed: {e}")) + b"\n")
         finally:
+            conn.streams.pop(sid, None)
+            self._tasks.discard(task)
+            self._aborted.discard(task)
+            if not self._tasks:
+                self._idle.set()
             self._count(outcome)
-            if self._metrics is not None and tokens:
-                self._metrics.output_tokens.inc(tokens)
-        await response.write_eof()
-        return response
-
-
-def _error_chunk(error_type: ErrorType, message: str) -> GenerateChunk:
-    return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
+            if self._metrics is not None:
+                self._metrics.inflight.dec()
+                self._metrics.duration.observe(time.monotonic() - started)
+                if tokens:
+                    self._metrics.output_tokens.inc(tokens)
 
 
 # --- client -------------------------------------------------------------------------------------
 
 
+class _Stream:
+    """One request's chunks as they arrive, for the task that reads them. ``take`` waits with one lazily
+    re-armed timer per stream, not a timer per wait: a reader that keeps up finds chunks waiting and
+    arms none."""
+
+    __slots__ = (
+        "address",
+        "answered",
+        "chunks",
+        "error",
+        "expired",
+        "loop",
+        "refused",
+        "timer",
+        "until",
+        "waiter",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, address: str) -> None:
+        self.loop = loop
+        self.address = address
+        self.chunks: list[GenerateChunk] = []
+        self.error: RequestPlaneError | None = None
+        self.answered = False  # a chunk came
+        self.refused = False  # the worker ended the stream with a refusal
+        self.waiter: asyncio.Future[None] | None = None
+        self.until: float | None = None  # deadline of the wait in progress; None between waits
+        self.expired = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, error: RequestPlaneError) -> None:
+        if self.error is None:
+            self.error = error
+        self.wake()
+
+    async def take(self, until: float, message: str) -> list[GenerateChunk]:
+        """The chunks that arrived since the last take, waiting for one until ``until`` (loop time)."""
+        while not self.chunks:
+            if self.error is not None:
+                raise self.error
+            if self.expired:
+                raise WorkerTimeout(self.address, message)
+            self.until = until
+            if self.timer is None or self.timer.when() > until:
+                self.close()
+                self.timer = self.loop.call_at(until, self._check)
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter, self.until = None, None
+        chunks, self.chunks = self.chunks, []
+        return chunks
+
+    def _check(self) -> None:
+        self.timer = None
+        if self.until is None:
+            return  # fired between waits: the next wait arms it again
+        if self.loop.time() < self.until:
+            self.timer = self.loop.call_at(self.until, self._check)  # the wait began after arming
+            return
+        self.expired = True
+        self.wake()
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class _ClientConnection(asyncio.Protocol):
+    """A connection to one worker, carrying the streams of many requests."""
+
+    def __init__(self, address: str, keepalive_s: float, forget: Callable[[_ClientConnection], None]) -> None:
+        self.address = address
+        self.keepalive_s = keepalive_s
+        self.forget = forget
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.lines = _Lines()
+        self.streams: dict[bytes, _Stream] = {}
+        self.next_id = 0
+        self.lost = False
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        sock = transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):  # notice a worker host that vanished
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        transport.write(MAGIC)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.forget(self)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        for stream in self.streams.values():
+            if stream.answered:
+                stream.fail(
+                    WorkerStreamBroken(
+                        self.address, "the connection closed before the final chunk (worker died?)"
+                    )
+                )
+            else:
+                stream.fail(WorkerUnreachable(self.address, "the connection closed before an answer"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            lines = self.lines.feed(data)
+        except ValueError as e:
+            self._broken(str(e))
+            return
+        ids: list[bytes] = []
+        bodies: list[bytes] = []
+        for line in lines:
+            head, _, body = line.partition(b" ")
+            if head[:1] == b"D":
+                ids.append(head[1:])
+                bodies.append(body)
+            elif head[:1] == b"R":
+                self._refused(head[1:], body)
+            elif line:
+                self._broken(f"invalid message from worker: {line[:80]!r}")
+                return
+        if not bodies:
+            return
+        try:
+            chunks = _CHUNKS.validate_json(b"[" + b",".join(bodies) + b"]")
+        except ValidationError:
+            self._one_by_one(ids, bodies)
+            return
+        touched: dict[bytes, _Stream] = {}
+        for sid, chunk in zip(ids, chunks, strict=True):
+            stream = self.streams.get(sid)
+            if stream is not None:  # else: cancelled here, and the worker had not heard yet
+                stream.chunks.append(chunk)
+                touched[sid] = stream
+        for stream in touched.values():
+            stream.answered = True
+            stream.wake()
+
+    def _one_by_one(self, ids: list[bytes], bodies: list[bytes]) -> None:
+        """Some line did not validate: hand on the valid ones, fail the streams of the others."""
+        for sid, body in zip(ids, bodies, strict=True):
+            stream = self.streams.get(sid)
+            if stream is None or stream.error is not None:
+                continue
+            try:
+                stream.chunks.append(GenerateChunk.model_validate_json(body))
+                stream.answered = True
+                stream.wake()
+            except ValidationError as e:
+                stream.fail(WorkerStreamBroken(self.address, f"invalid chunk from worker: {e}"))
+
+    def _refused(self, sid: bytes, body: bytes) -> None:
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        stream.refused = True
+        status_text, _, error_json = body.partition(b" ")
+        status = int(status_text) if status_text.isdigit() else 500
+        try:
+            error = WorkerError.model_validate_json(error_json)
+            stream.fail(WorkerRejected(self.address, status, error.type, error.message))
+        except ValidationError:
+            stream.fail(WorkerRejected(self.address, status, "engine_error", f"refused with status {status}"))
+
+    def _broken(self, message: str) -> None:
+        for stream in self.streams.values():
+            stream.fail(WorkerStreamBroken(self.address, message))
+        assert self.transport is not None
+        self.transport.abort()
+
+    def open(self, request: bytes) -> tuple[bytes, _Stream]:
+        """Start a stream carrying ``request`` (JSON)."""
+        assert self.transport is not None
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        self.next_id += 1
+        sid = b"%d" % self.next_id
+        stream = self.streams[sid] = _Stream(self.loop, self.address)
+        self.transport.write(b"G" + sid + b" " + request + b"\n")
+        return sid, stream
+
+    def close_stream(self, sid: bytes, cancel: bool) -> None:
+        """Forget stream ``sid``; with ``cancel``, tell the worker to stop it."""
+        stream = self.streams.pop(sid, None)
+        if stream is not None:
+            stream.close()
+        if self.lost:
+            return
+        assert self.transport is not None
+        if cancel:
+            self.transport.write(b"C" + sid + b"\n")
+        if not self.streams and self.idle_timer is None:
+            self.idle_timer = self.loop.call_later(self.keepalive_s, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        self.idle_timer = None
+        if not self.streams and self.transport is not None:
+            self.transport.close()
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 class RequestClient:
-    """Streams requests to workers over one shared, keep-alive ``aiohttp.ClientSession``."""
+    """Streams requests to workers, one connection per worker shared by all requests to it."""
 
     def __init__(
         self,
@@ -297,34 +656,63 @@ class RequestClient:
         connect_timeout: float = 5.0,
         first_chunk_timeout: float = 600.0,
         idle_timeout: float = 120.0,
-        max_connections: int = 0,
+        keepalive_s: float = 30.0,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.first_chunk_timeout = first_chunk_timeout
         self.idle_timeout = idle_timeout
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self.keepalive_s = keepalive_s
+        self._connections: dict[str, _ClientConnection] = {}
+        self._connecting: dict[str, asyncio.Future[_ClientConnection]] = {}
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=30.0)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None),
-                read_bufsize=1024 * 1024,  # the reader's buffer; lines may be longer (MAX_LINE_BYTES)
-            )
-        return self._session
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for pending in list(self._connecting.values()):
+            pending.cancel()
+        for conn in list(self._connections.values()):
+            if conn.transport is not None:
+                conn.transport.close()
+        self._connections.clear()
 
     async def __aenter__(self) -> RequestClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _forget(self, conn: _ClientConnection) -> None:
+        if self._connections.get(conn.address) is conn:
+            del self._connections[conn.address]
+
+    async def _connection(self, address: str, connect_timeout: float) -> _ClientConnection:
+        conn = self._connections.get(address)
+        if conn is not None and not conn.lost:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is None:  # one connect per worker, however many requests wait for it
+            pending = asyncio.ensure_future(self._connect(address, connect_timeout))
+            self._connecting[address] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(address, None))
+        return await asyncio.shield(pending)
+
+    async def _connect(self, address: str, connect_timeout: float) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            host, port = _host_port(address)
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _ClientConnection(address, self.keepalive_s, self._forget), host, port
+                )
+        except TimeoutError:
+            raise WorkerUnreachable(address, f"could not connect within {connect_timeout:.1f}s") from None
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+            raise WorkerUnreachable(address, f"could not connect: {reason}") from None
+        self._connections[address] = conn
+        return conn
 
     async def generate(
         self,
@@ -336,78 +724,28 @@ class RequestClient:
         idle_timeout: float | None = None,
     ) -> AsyncGenerator[GenerateChunk, None]:
         """Stream ``request`` to the worker at ``address`` (host:port). Ends after the final chunk.
-        Closing the iterator early (or cancelling its task) closes the connection, which cancels the
-        request on the worker."""
+        Closing the iterator early (or cancelling its task) cancels the request on the worker."""
         connect_timeout = self.connect_timeout if connect_timeout is None else connect_timeout
         first_chunk_timeout = self.first_chunk_timeout if first_chunk_timeout is None else first_chunk_timeout
         idle_timeout = self.idle_timeout if idle_timeout is None else idle_timeout
-        url = f"http://{address}{GENERATE_PATH}"
-        body = orjson.dumps(request.model_dump(exclude_defaults=True))
-        timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout)
-        session = self._get_session()
-        finished, first = False, True
-        response: aiohttp.ClientResponse | None = None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + first_chunk_timeout
+        until = loop.time() + first_chunk_timeout
+        message = f"worker sent no first chunk within {first_chunk_timeout:.1f}s"
+        conn = await self._connection(address, connect_timeout)
+        sid, stream = conn.open(orjson.dumps(request.model_dump(exclude_defaults=True)))
+        finished = False
         try:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    response = await session.post(
-                        url, data=body, headers={"Content-Type": "application/json"}, timeout=timeout
-                    )
-            except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as e:
-                # before TimeoutError: aiohttp's connect timeout is a TimeoutError too
-                raise WorkerUnreachable(address, f"could not connect: {e or type(e).__name__}") from None
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                raise WorkerUnreachable(address, f"connection closed before an answer: {e!r}") from None
-            except TimeoutError:
-                raise WorkerTimeout(address, f"no answer within {first_chunk_timeout:.1f}s") from None
-            if response.status != 200:
-                raise await _rejected(address, response)
-            no_first = f"worker sent no first chunk within {first_chunk_timeout:.1f}s"
-            no_next = f"worker sent no next chunk within {idle_timeout:.1f}s"
-            reads = _ReadBound(response.content, address)
-            partial = b""  # the start of a line whose end has not arrived yet
-            try:
-                while True:
-                    if first:
-                        reads.start(deadline, no_first)
-                    else:
-                        reads.start(loop.time() + idle_timeout, no_next)
-                    try:
-                        data = await response.content.readany()  # all that has arrived: 1+ lines
-                    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ValueError) as e:
-                        raise WorkerStreamBroken(address, f"stream broke mid-response: {e}") from None
-                    finally:
-                        reads.stop()
-                    if not data:
-                        raise WorkerStreamBroken(address, "stream ended without a final chunk (worker died?)")
-                    *lines, partial = (partial + data).split(b"\n")
-                    if len(partial) > MAX_LINE_BYTES:
-                        raise WorkerStreamBroken(
-                            address, f"a line of the stream exceeds {MAX_LINE_BYTES} bytes"
-                        )
-                    lines = [line for line in lines if line]
-                    if not lines:
-                        continue
-                    first = False
-                    try:
-                        chunks = _CHUNKS.validate_json(b"[" + b",".join(lines) + b"]")
-                    except ValidationError as e:
-                        raise WorkerStreamBroken(address, f"invalid chunk from worker: {e}") from None
-                    for chunk in _coalesce(chunks):
-                        finished = chunk.finish_reason is not None
-                        yield chunk
-                        if finished:
-                            return
-            finally:
-                reads.close()
+            while True:
+                chunks = await stream.take(until, message)
+                for chunk in _coalesce(chunks):
+                    finished = chunk.finish_reason is not None
+                    yield chunk
+                    if finished:
+                        return
+                until = loop.time() + idle_timeout  # the caller's time between takes is not counted
+                message = f"worker sent no next chunk within {idle_timeout:.1f}s"
         finally:
-            if response is not None:
-                if finished:
-                    response.release()
-                else:
-                    response.close()
+            conn.close_stream(sid, cancel=not finished and not stream.refused)
 
 
 _CHUNKS = TypeAdapter(list[GenerateChunk])
@@ -452,53 +790,3 @@ def _coalesce(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
     if head is not None:
         out.append(head)
     return out
-
-
-class _ReadBound:
-    """Bounds each wait for the next line of a stream with one lazily re-armed timer instead of a timer
-    per line (creating and cancelling one per chunk took about a tenth of the frontend's time per token).
-    ``start(until, message)`` before a read, ``stop()`` after it; a read still waiting at ``until`` fails
-    with ``WorkerTimeout(message)``. Time the caller spends between reads is never counted."""
-
-    def __init__(self, content: aiohttp.StreamReader, address: str) -> None:
-        self._content, self._address = content, address
-        self._loop = asyncio.get_running_loop()
-        self._until: float | None = None  # deadline of the read in progress; None between reads
-        self._message = ""
-        self._timer: asyncio.TimerHandle | None = None
-
-    def start(self, until: float, message: str) -> None:
-        self._until, self._message = until, message
-        if self._timer is None or self._timer.when() > until:
-            self.close()
-            self._timer = self._loop.call_at(until, self._check)
-
-    def stop(self) -> None:
-        self._until = None
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _check(self) -> None:
-        self._timer = None
-        if self._until is None:
-            return  # fired between reads: the next start() arms it again
-        if self._loop.time() < self._until:
-            self._timer = self._loop.call_at(self._until, self._check)  # the read began after arming
-            return
-        self._content.set_exception(WorkerTimeout(self._address, self._message))
-
-
-async def _rejected(address: str, response: aiohttp.ClientResponse) -> WorkerRejected:
-    status = response.status
-    try:
-        async with asyncio.timeout(5.0):
-            raw = await response.read()
-        error = WorkerError.model_validate(orjson.loads(raw)["error"])
-        return WorkerRejected(address, status, error.type, error.message)
-    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError, ValidationError):
-        return WorkerRejected(address, status, "engine_error", f"HTTP {status} {response.reason}")
-    finally:
-        response.release()

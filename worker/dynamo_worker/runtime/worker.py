@@ -48,6 +48,24 @@ log = logging.getLogger(__name__)
 NATS_CONNECT_TIMEOUT_S = 30.0
 
 
+async def close_nats(nc: NATS, within_s: float = 5.0) -> None:
+    """Close ``nc`` within ``within_s``, its reconnect attempts included. nats-py's ``close`` cancels a
+    running reconnect attempt once; an attempt that is inside a connect can absorb that cancellation
+    and go on retrying a broker that is gone (forever: we reconnect without limit), so the cancellation
+    is repeated until the attempt has ended."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+        async with asyncio.timeout_at(deadline):
+            await nc.close()
+    reconnecting = nc._reconnection_task  # nats-py keeps no public handle on it
+    while reconnecting is not None and not reconnecting.done() and loop.time() < deadline:
+        reconnecting.cancel()
+        await asyncio.wait({reconnecting}, timeout=0.1)
+    if reconnecting is not None and not reconnecting.done():
+        log.warning("A NATS reconnect attempt outlived close() by %.0fs; leaving it", within_s)
+
+
 class WorkerStartError(RuntimeError):
     """The worker could not start; the message names the step and the fix."""
 
@@ -278,8 +296,7 @@ class Worker:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(5.0):
                     await self.nc.drain()
-            if not self.nc.is_closed:
-                await self.nc.close()
+            await close_nats(self.nc)
             self.nc = None
         log.info("Worker stopped instance_id=%s", self.settings.instance_id)
 
