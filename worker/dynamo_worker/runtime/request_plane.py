@@ -36,7 +36,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
-from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, WorkerError
+from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, TokenLogprob, WorkerError
 
 __all__ = [
     "GENERATE_PATH",
@@ -422,35 +422,58 @@ def _joinable(head: GenerateChunk, chunk: GenerateChunk) -> bool:
     )
 
 
-def _join(head: GenerateChunk, chunk: GenerateChunk) -> GenerateChunk:
-    logprobs = None if head.logprobs is None else [*head.logprobs, *(chunk.logprobs or [])]
-    return chunk.model_copy(update={"token_ids": head.token_ids + chunk.token_ids, "logprobs": logprobs})
-
-
 def _coalesce(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
     """Chunks that arrived together, as few chunks: consecutive token-only chunks become one (their
     logprobs too), and their tokens go into the final chunk unless it is an error; chunks with
     embeddings are never joined. Nothing waits for this: a chunk that arrives alone is passed on alone;
     only a reader that fell behind sees several at once, and handing them on together saves it
-    per-chunk work exactly when it is short of time."""
+    per-chunk work exactly when it is short of time. A run of joined chunks is copied once, at its
+    end (copying per joined chunk cost more than the rest of the frontend's work per token)."""
     if len(chunks) == 1:
         return chunks
     out: list[GenerateChunk] = []
-    head: GenerateChunk | None = None  # token-only chunks joined so far
+    head: GenerateChunk | None = None  # the first token-only chunk of the run being joined
+    ids: list[int] = []  # the run's token ids (and logprobs, when it has them)
+    logprobs: list[TokenLogprob] | None = None
     for chunk in chunks:
         if head is not None and _joinable(head, chunk):
-            chunk = _join(head, chunk)
-        elif head is not None:
-            out.append(head)
-        token_only = chunk.finish_reason is None and chunk.usage is None and chunk.embeddings is None
-        head = chunk if token_only and chunk.error is None else None
-        if head is None:
+            ids += chunk.token_ids
+            if logprobs is not None:
+                logprobs += chunk.logprobs or []
+            if _token_only(chunk):
+                continue
+            out.append(chunk.model_copy(update={"token_ids": ids, "logprobs": logprobs}))
+            head = None
+        else:
+            if head is not None:
+                out.append(_joined(head, ids, logprobs))
+            if _token_only(chunk):
+                head, ids = chunk, list(chunk.token_ids)
+                logprobs = None if chunk.logprobs is None else list(chunk.logprobs)
+                continue
+            head = None
             out.append(chunk)
         if chunk.finish_reason is not None:
             break  # a final chunk ends the stream
     if head is not None:
-        out.append(head)
+        out.append(_joined(head, ids, logprobs))
     return out
+
+
+def _token_only(chunk: GenerateChunk) -> bool:
+    return (
+        chunk.finish_reason is None
+        and chunk.usage is None
+        and chunk.embeddings is None
+        and chunk.error is None
+    )
+
+
+def _joined(head: GenerateChunk, ids: list[int], logprobs: list[TokenLogprob] | None) -> GenerateChunk:
+    """The run that started at ``head``: ``head`` itself when it was alone."""
+    if len(ids) == len(head.token_ids):
+        return head
+    return head.model_copy(update={"token_ids": ids, "logprobs": logprobs})
 
 
 class _ReadBound:
