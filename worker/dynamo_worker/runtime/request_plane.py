@@ -127,6 +127,16 @@ def _error_response(status: int, error_type: ErrorType, message: str) -> web.Res
 
 
 def _line(chunk: GenerateChunk) -> bytes:
+    """The chunk as one NDJSON line, without its default fields. A chunk of token ids only (nearly
+    every line) is written directly, as pydantic would write it, in a third of the time."""
+    if (
+        chunk.token_ids
+        and chunk.finish_reason is None  # and so no error either
+        and chunk.usage is None
+        and chunk.logprobs is None
+        and chunk.embeddings is None
+    ):
+        return b'{"token_ids":' + orjson.dumps(chunk.token_ids) + b"}\n"
     return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True) + b"\n"
 
 
