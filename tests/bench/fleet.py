@@ -1,6 +1,7 @@
 """Local processes for benchmark scenarios: a nats-server, mocker workers and frontends on 127.0.0.1.
 
-Every process gets free ports, its own process group and a log file under the fleet's folder; waits are
+Our processes bind port 0 and their ports are read back from their logs (a peer's process is given
+free ports), each gets its own process group and a log file under the fleet's folder; waits are
 bounded and a process that dies while awaited raises with its log tail. ``Fleet`` is a context manager:
 leaving it (normally, on an error or on Ctrl-C) stops every process it started, SIGTERM to the group,
 then SIGKILL after a grace period.
@@ -9,6 +10,7 @@ then SIGKILL after a grace period.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -20,9 +22,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dynamo_worker.runtime.nats_server import NatsServer, free_port
+from dynamo_worker.runtime.nats_server import NatsServer
 from dynamo_worker.tinymodel import ensure_tiny_model
 
+from tests.support.procs import listening_ports
 from tests.support.procs import popen as start_process
 
 MODEL = "tiny"
@@ -37,7 +40,14 @@ class Proc:
     name: str
     popen: subprocess.Popen
     log_path: Path
-    ports: dict[str, int] = field(default_factory=dict)
+    given: dict[str, int] = field(default_factory=dict)  # ports picked for it (a peer's process)
+    listeners: dict[str, str] = field(default_factory=dict)  # port key -> the listener's name in its log
+
+    @functools.cached_property
+    def ports(self) -> dict[str, int]:
+        """The given ports and those its listeners bound (they were given 0), read from its log."""
+        bound = listening_ports(self.popen, self.log_path, *self.listeners.values())
+        return self.given | {key: bound[name] for key, name in self.listeners.items()}
 
     def tail(self, lines: int = 25) -> str:
         try:
@@ -131,10 +141,12 @@ class Fleet:
         args: list[str],
         ports: dict[str, int],
         *,
+        listeners: dict[str, str] | None = None,
         python: str = sys.executable,
         env: dict[str, str] | None = None,
     ) -> Proc:
-        """``python -m *args`` in its own process group, logging to ``<workdir>/<name>.log``."""
+        """``python -m *args`` in its own process group, logging to ``<workdir>/<name>.log``; ``ports`` are
+        those given to it, ``listeners`` name (by port key) the listeners of ours it starts on port 0."""
         log_path = self.workdir / f"{name}.log"
         env = {
             **os.environ,
@@ -149,34 +161,33 @@ class Fleet:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        proc = Proc(name, popen, log_path, ports)
+        proc = Proc(name, popen, log_path, ports, listeners or {})
         self.procs.append(proc)
         return proc
 
     def mocker(self, namespace: str, mode: str = "null", *extra: str, speedup: float = 50.0) -> Proc:
         """A mocker worker (``mode`` null = aggregated, prefill or decode) serving the fleet's model."""
-        ports = {"system": free_port(), "request": free_port()}
+        listeners = {"system": "system", "request": "request-plane"}
         args = [
             "dynamo_worker.mocker", "--model-path", str(self.model_dir), "--served-model-name", self.model,
             "--page-size", "16", "--disaggregation-mode", mode, "--speedup", str(speedup),
             "--namespace", namespace, "--component", "backend" if mode == "null" else mode,
-            "--nats-server", self.nats.url, "--system-port", str(ports["system"]),
-            "--request-port", str(ports["request"]), "--listen-host", "127.0.0.1",
+            "--nats-server", self.nats.url, "--system-port", "0",
+            "--request-port", "0", "--listen-host", "127.0.0.1",
             "--advertise-host", "127.0.0.1", "--graceful-shutdown-s", "1",
         ]  # fmt: skip
         if mode == "prefill":
-            ports["bootstrap"] = free_port()
-            args += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+            listeners["bootstrap"] = "bootstrap"
+            args += ["--disaggregation-bootstrap-port", "0"]
         n = sum(p.name.startswith(f"{namespace}-mocker") for p in self.procs)
-        return self.spawn(f"{namespace}-mocker-{mode}-{n}", [*args, *extra], ports)
+        return self.spawn(f"{namespace}-mocker-{mode}-{n}", [*args, *extra], {}, listeners=listeners)
 
     def frontend(self, namespace: str, router_mode: str = "round-robin", *extra: str) -> Proc:
-        ports = {"http": free_port()}
         args = [
-            "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", str(ports["http"]),
+            "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", "0",
             "--namespace", namespace, "--nats-server", self.nats.url, "--router-mode", router_mode,
         ]  # fmt: skip
-        return self.spawn(f"{namespace}-frontend", [*args, *extra], ports)
+        return self.spawn(f"{namespace}-frontend", [*args, *extra], {}, listeners={"http": "frontend"})
 
     def wait_healthy(self, proc: Proc, url: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

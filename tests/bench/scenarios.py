@@ -3,7 +3,7 @@
 Each comparison runs both sides in this one invocation, on this machine, and prints their ratio. The
 mocker stands in for the GPU engine (timing model divided by ``--speedup``), so absolute figures are the
 machine's; ratios are what carries over. Load comes from ``dynamo_worker.bench`` (the project's one load
-generator); processes from ``tests.bench.fleet`` (free ports on 127.0.0.1, all stopped at the end).
+generator); processes from ``tests.bench.fleet`` (on ports they bind on 127.0.0.1, all stopped at the end).
 
 1. frontend: closed loop at fixed concurrency, through the frontend (OpenAI completions, SSE,
    tokenize/detokenize, routing) vs straight to the same mocker's request plane (the prompt tokenized

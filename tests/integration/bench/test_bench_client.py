@@ -18,6 +18,8 @@ from dynamo_worker.bench.runner import IteratorWorkload, SharedPrefixWorkload, r
 from dynamo_worker.bench.stats import summarize
 from dynamo_worker.bench.workload import LengthDist, random_requests, shared_prefix_turns
 
+from tests.support.ports import refused_port
+
 pytestmark = pytest.mark.integration
 
 
@@ -117,10 +119,8 @@ async def test_failures_are_counted_by_type(stub, fail, error):
 
 
 async def test_unreachable_server_is_a_connect_error():
-    from dynamo_worker.runtime.nats_server import free_port
-
     async with make_session() as session:
-        target = OpenAITarget(session, f"http://127.0.0.1:{free_port()}", "m")
+        target = OpenAITarget(session, f"http://127.0.0.1:{refused_port()}", "m")
         results = await run_load(target, _specs(), concurrency=1, num_requests=2)
     assert [r.error for r in results] == ["connect", "connect"]
 

@@ -1,9 +1,10 @@
 """Fixtures for frontend integration tests: the tiny model, mocker worker processes, and an in-process
-frontend, all on 127.0.0.1 with free ports, each test in its own Dynamo namespace."""
+frontend, all on 127.0.0.1 on ports they bind, each test in its own Dynamo namespace."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import subprocess
 import sys
@@ -16,10 +17,9 @@ from pathlib import Path
 import pytest
 from dynamo_worker.frontend.app import Frontend
 from dynamo_worker.frontend.settings import FrontendSettings
-from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.tinymodel import ensure_tiny_model
 
-from tests.support.procs import popen
+from tests.support.procs import listening_port, popen
 
 MODEL = "tiny"
 
@@ -37,9 +37,13 @@ def namespace() -> str:
 @dataclass
 class Mocker:
     proc: subprocess.Popen
-    system_port: int
     log_path: Path
     args: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def system_port(self) -> int:
+        """The port its system server bound (it was given 0), from its log."""
+        return listening_port(self.proc, self.log_path, "system")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -70,7 +74,6 @@ def mockers(nats_url, namespace, tiny_model, tmp_path) -> Iterator:
     started: list[Mocker] = []
 
     def start(mode: str = "null", *extra: str, speedup: float = 50.0, component: str | None = None) -> Mocker:
-        system_port = free_port()
         log_path = tmp_path / f"mocker-{len(started)}.log"
         args = [
             sys.executable,
@@ -93,7 +96,7 @@ def mockers(nats_url, namespace, tiny_model, tmp_path) -> Iterator:
             "--nats-server",
             nats_url,
             "--system-port",
-            str(system_port),
+            "0",
             "--request-port",
             "0",
             "--listen-host",
@@ -104,11 +107,11 @@ def mockers(nats_url, namespace, tiny_model, tmp_path) -> Iterator:
             "1",
         ]
         if mode == "prefill":
-            args += ["--disaggregation-bootstrap-port", str(free_port())]
+            args += ["--disaggregation-bootstrap-port", "0"]
         args += list(extra)
         with open(log_path, "wb") as out:
             proc = popen(args, stdout=out, stderr=subprocess.STDOUT)
-        m = Mocker(proc, system_port, log_path, args)
+        m = Mocker(proc, log_path, args)
         started.append(m)
         return m
 

@@ -15,8 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dynamo_worker.runtime.nats_server import free_port
-
+from tests.support.procs import listening_port
 from tests.support.procs import popen as start_process
 from tests.support.wait import wait_until
 
@@ -137,10 +136,10 @@ def prompt(model: str, keyword: str) -> str:
 
 @dataclass
 class Stack:
-    url: str
     namespace: str
+    url: str = ""  # once the frontend listens
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
-    system_ports: dict[str, int] = field(default_factory=dict)
+    system_ports: dict[str, int] = field(default_factory=dict)  # once the stack serves
     logs: dict[str, Path] = field(default_factory=dict)
 
     def metrics(self, model: str) -> str:
@@ -160,8 +159,7 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
     ]
     script = tmp / "script.json"
     script.write_text(json.dumps(rules))
-    http_port = free_port()
-    stack = Stack(f"http://127.0.0.1:{http_port}", namespace)
+    stack = Stack(namespace)
     common = ["--namespace", namespace, "--nats-server", nats_url]
     workers = {m: flags for m, (flags, _) in FAMILIES.items()} | EXTRA
     mrl = tmp / "mrl-model"
@@ -171,13 +169,11 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
     config = json.loads((tiny_model / "config.json").read_text())
     (mrl / "config.json").write_text(json.dumps(config | {"matryoshka_dimensions": [16, 32, 64]}))
     for model, flags in workers.items():
-        port = free_port()
-        stack.system_ports[model] = port
         cmd = [
             sys.executable, "-m", "dynamo_worker.mocker",
             "--model-path", str(mrl if model == "embed-mrl" else tiny_model),
             "--served-model-name", model, "--speedup", "1000", "--script", str(script),
-            "--system-port", str(port), "--request-port", "0", "--listen-host", "127.0.0.1",
+            "--system-port", "0", "--request-port", "0", "--listen-host", "127.0.0.1",
             "--graceful-shutdown-s", "1", "--component", model.replace("-", "_"), *common, *flags,
         ]  # fmt: skip
         stack.logs[model] = tmp / f"{model}.log"
@@ -185,7 +181,7 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
             stack.procs[model] = start_process(cmd, stdout=out, stderr=subprocess.STDOUT)
     cmd = [
         sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1",
-        "--http-port", str(http_port), "--embedding-batch-window-ms", str(window_ms), *common,
+        "--http-port", "0", "--embedding-batch-window-ms", str(window_ms), *common,
     ]  # fmt: skip
     stack.logs["frontend"] = tmp / "frontend.log"
     with open(stack.logs["frontend"], "wb") as out:
@@ -204,9 +200,13 @@ def start_stack(nats_url: str, tiny_model: Path, tmp: Path, window_ms: float = 5
         return False
 
     try:
+        port = listening_port(stack.procs["frontend"], stack.logs["frontend"], "frontend")
+        stack.url = f"http://127.0.0.1:{port}"
         wait_until(
             serving, f"the stack to serve {sorted(want)}", timeout_s=120, interval_s=0.3, explain=stack.tail
         )
+        for model in workers:
+            stack.system_ports[model] = listening_port(stack.procs[model], stack.logs[model], "system")
     except AssertionError:
         stop_stack(stack)
         raise

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from dynamo_worker.runtime.nats_server import free_port
 
-from tests.support.procs import popen
+from tests.support.procs import listening_port, popen
 from tests.support.procs import popen as start_process
 from tests.support.wait import wait_until
 
@@ -36,7 +35,6 @@ def health(port: int) -> int:
 
 
 def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_path):
-    port = free_port()
     log = tmp_path / "frontend.log"
     with open(log, "wb") as out:
         proc = popen(
@@ -47,7 +45,7 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
                 "--http-host",
                 "127.0.0.1",
                 "--http-port",
-                str(port),
+                "0",
                 "--namespace",
                 namespace,
                 "--nats-server",
@@ -59,6 +57,7 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
             stderr=subprocess.STDOUT,
         )
     try:
+        port = listening_port(proc, log, "frontend", timeout_s=30)
 
         def up() -> bool:  # up, nothing served yet
             assert proc.poll() is None, log.read_text()
@@ -82,7 +81,6 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
         c.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        assert "Frontend listening" in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -90,8 +88,8 @@ def test_frontend_process_serves_and_stops(mockers, nats_url, namespace, tmp_pat
             proc.wait(10)
 
 
-def _start(nats_url: str, namespace: str, port: int, log, *extra: str) -> subprocess.Popen:
-    args = ["--http-host", "127.0.0.1", "--http-port", str(port), "--namespace", namespace]
+def _start(nats_url: str, namespace: str, log, *extra: str) -> subprocess.Popen:
+    args = ["--http-host", "127.0.0.1", "--http-port", "0", "--namespace", namespace]
     return start_process(
         [sys.executable, "-m", "dynamo_worker.frontend", *args, "--nats-server", nats_url, *extra],
         stdout=log,
@@ -117,7 +115,7 @@ def _serving(proc: subprocess.Popen, port: int, log: Path, within_s: float = 60)
 
     def serving() -> bool:
         assert proc.poll() is None, log.read_text()
-        listening = log.read_text().count("Frontend listening") >= 2
+        listening = log.read_text().count("frontend: listening on") >= 2
         return listening and all(health(port) == 200 for _ in range(20))
 
     wait_until(serving, "both serving processes", timeout_s=within_s, interval_s=0.1, explain=log.read_text)
@@ -126,11 +124,12 @@ def _serving(proc: subprocess.Popen, port: int, log: Path, within_s: float = 60)
 def test_http_workers_serve_one_port_and_stop_together(mockers, nats_url, namespace, tmp_path):
     """``--http-workers 2``: a second serving process on the same port, answering clients; SIGTERM to
     the frontend stops both, exit code 0."""
-    port, log = free_port(), tmp_path / "frontend.log"
+    log = tmp_path / "frontend.log"
     mockers("null")
     with open(log, "wb") as out:
-        proc = _start(nats_url, namespace, port, out, "--http-workers", "2")
+        proc = _start(nats_url, namespace, out, "--http-workers", "2")
     try:
+        port = listening_port(proc, log, "frontend")
         _serving(proc, port, log)
         helpers = _children(proc.pid)
         assert len(helpers) == 1, log.read_text()
@@ -157,11 +156,12 @@ def test_http_workers_serve_one_port_and_stop_together(mockers, nats_url, namesp
 def test_frontend_exits_when_a_serving_process_dies(mockers, nats_url, namespace, tmp_path):
     """A serving process that dies takes the frontend down (exit code 1) so that it is restarted,
     instead of serving on with part of its processes gone."""
-    port, log = free_port(), tmp_path / "frontend.log"
+    log = tmp_path / "frontend.log"
     mockers("null")
     with open(log, "wb") as out:
-        proc = _start(nats_url, namespace, port, out, "--http-workers", "2")
+        proc = _start(nats_url, namespace, out, "--http-workers", "2")
     try:
+        port = listening_port(proc, log, "frontend")
         _serving(proc, port, log)
         (helper,) = _children(proc.pid)
         os.kill(helper, signal.SIGKILL)

@@ -23,10 +23,10 @@ from dynamo_worker.frontend.server import MAX_BODY_BYTES, OpenAIServer
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, InstanceRecord
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceRemoved
-from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.runtime.request_plane import RequestClient, RequestServer
 
 from tests.support.bpe_model import build_tokenizer, write_model_dir
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def record(worker_id: str, role: str = "agg", model: str = "tiny") -> InstanceRe
         component="backend",
         role=role,
         model=model,
-        address=f"127.0.0.1:{free_port()}",
+        address=f"127.0.0.1:{refused_port()}",
         page_size=4,
         total_kv_blocks=100,
     )

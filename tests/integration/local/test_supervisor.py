@@ -17,6 +17,7 @@ from dynamo_worker.local.plan import ProcessSpec
 from dynamo_worker.local.supervisor import Console, ProcessDied, StartupTimeout, Supervisor
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.ports import refused_port
 from tests.support.procs import group_members
 from tests.support.wait import wait_until
 
@@ -61,7 +62,7 @@ def supervisor(tmp_path):
 
 
 def test_ready_children_log_to_files_and_console_and_stop_kills_their_groups(supervisor):
-    port = free_port()
+    port = free_port()  # a pod's port: known before the child starts, as its probe needs (like a kubelet's)
     supervisor.start([spec("decode-0", SERVE_HEALTH, str(port), port=port)])
     assert supervisor.wait_ready(30, threading.Event())
     child = supervisor.children[0]
@@ -81,13 +82,13 @@ def test_a_child_that_dies_during_startup_fails_fast_with_its_last_lines(supervi
 
 
 def test_startup_timeout_names_what_is_pending(supervisor):
-    supervisor.start([spec("decode-0", "import time; time.sleep(60)", port=free_port())])
+    supervisor.start([spec("decode-0", "import time; time.sleep(60)", port=refused_port())])
     with pytest.raises(StartupTimeout, match="decode-0 waits for /health on"):
         supervisor.wait_ready(0.5, threading.Event())
 
 
 def test_a_stop_request_ends_the_wait(supervisor):
-    supervisor.start([spec("decode-0", "import time; time.sleep(60)", port=free_port())])
+    supervisor.start([spec("decode-0", "import time; time.sleep(60)", port=refused_port())])
     stopping = threading.Event()
     stopping.set()
     assert supervisor.wait_ready(30, stopping) is False

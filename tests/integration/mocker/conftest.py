@@ -1,8 +1,9 @@
-"""Fixtures for mocker integration tests: mocker worker processes on 127.0.0.1 with free ports, each
+"""Fixtures for mocker integration tests: mocker worker processes on 127.0.0.1 on ports they bind, each
 test module in its own Dynamo namespace, every process stopped at teardown."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -15,10 +16,9 @@ import nats
 import pytest
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.runtime.discovery import InstanceWatcher
-from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.tinymodel import ensure_tiny_model
 
-from tests.support.procs import popen
+from tests.support.procs import listening_port, popen
 from tests.support.wait import wait_until_async
 
 
@@ -31,9 +31,13 @@ def tiny_model(tmp_path_factory) -> Path:
 class MockerProc:
     proc: subprocess.Popen
     component: str
-    system_port: int
     log_path: Path
     record: InstanceRecord | None = None
+
+    @functools.cached_property
+    def system_port(self) -> int:
+        """The port its system server bound (it was given 0), from its log."""
+        return listening_port(self.proc, self.log_path, "system")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -65,18 +69,17 @@ class Mockers:
         self.watcher = await InstanceWatcher(self.nc, self.namespace).start()
 
     def spawn(self, component: str, *args: str) -> MockerProc:
-        system_port = free_port()
         log_path = self.log_dir / f"{component}-{len(self.procs)}.log"
         cmd = [
             sys.executable, "-m", "dynamo_worker.mocker",
             "--namespace", self.namespace, "--component", component, "--nats-server", self.nats_url,
-            "--system-port", str(system_port), "--request-port", "0", "--listen-host", "127.0.0.1",
+            "--system-port", "0", "--request-port", "0", "--listen-host", "127.0.0.1",
             "--advertise-host", "127.0.0.1", "--model-dir", str(self.model_dir),
             "--served-model-name", "tiny", "--page-size", "4", *args,
         ]  # fmt: skip
         with open(log_path, "wb") as out:
             proc = popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        mp = MockerProc(proc, component, system_port, log_path)
+        mp = MockerProc(proc, component, log_path)
         self.procs.append(mp)
         return mp
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
 from dynamo_worker.protocol import BootstrapInfo
-from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.ports import refused_port
 from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -66,7 +66,7 @@ async def test_a_room_without_decode_times_out_for_prefill(rendezvous):
 async def test_an_unreachable_prefill_worker_times_out_for_decode():
     async with aiohttp.ClientSession() as session:
         with pytest.raises(BootstrapTimeout, match="could not reach"):
-            await fetch_prefill(session, info(free_port(), 5), timeout_s=0.5)
+            await fetch_prefill(session, info(refused_port(), 5), timeout_s=0.5)
 
 
 async def test_a_busy_bootstrap_port_is_a_clear_error(rendezvous):

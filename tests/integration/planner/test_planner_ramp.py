@@ -32,9 +32,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from dynamo_worker.runtime.nats_server import free_port
 
 from tests.integration.operator.conftest import EXAMPLES, Kubectl, wait_until
+from tests.support.procs import listening_port
 from tests.support.procs import popen as start_process
 from tests.support.wait import wait_until_async
 
@@ -225,14 +225,14 @@ async def test_planner_follows_a_load_ramp_within_budget(
     )
     assert (denied.strip(), allowed.strip()) == ("no", "yes")
 
-    fe_port = free_port()
     frontend = _spawn(
         [
             sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1",
-            "--http-port", str(fe_port), "--namespace", namespace, "--nats-server", nats_url,
+            "--http-port", "0", "--namespace", namespace, "--nats-server", nats_url,
         ],
         tmp_path / "frontend.log",
     )  # fmt: skip
+    fe_port = await asyncio.to_thread(listening_port, frontend, tmp_path / "frontend.log", "frontend")
     fe_url = f"http://127.0.0.1:{fe_port}"
     t0 = time.monotonic()
     traj = Trajectory()
@@ -246,7 +246,6 @@ async def test_planner_follows_a_load_ramp_within_budget(
         frontend.terminate()
         raise
 
-    metrics_port = free_port()
     log_path = tmp_path / "planner.log"
     cmd = [
         sys.executable, "-m", "dynamo_worker.planner",
@@ -258,7 +257,7 @@ async def test_planner_follows_a_load_ramp_within_budget(
             "max_gpu_budget": BUDGET, "min_endpoint": 1, "no_correction": True,
         }),
         "--cooldown-s", str(2 * INTERVAL_S), "--down-stable-intervals", "2",
-        "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+        "--metrics-host", "127.0.0.1", "--metrics-port", "0",
     ]  # fmt: skip
     planner = _spawn(cmd, log_path)
     marks: dict[str, float] = {}
@@ -266,6 +265,7 @@ async def test_planner_follows_a_load_ramp_within_budget(
     try:
         wait_until(lambda: kc.events(GRAPH, "PlannerStarted"), "the planner's PlannerStarted Event", 30)
         await _load(fe_url, t0, marks, results)
+        metrics_port = await asyncio.to_thread(listening_port, planner, log_path, "planner-metrics")
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
             planner_metrics = await r.text()
     finally:

@@ -21,7 +21,7 @@ from dynamo_worker.runtime.discovery import (
     instance_key,
     register,
 )
-from dynamo_worker.runtime.nats_server import find_nats_server, free_port, wait_for_port
+from dynamo_worker.runtime.nats_server import bound_client_port, find_nats_server
 from dynamo_worker.runtime.settings import new_instance_id
 
 from tests.support.procs import popen
@@ -154,12 +154,14 @@ async def test_heartbeat_recreates_a_lost_bucket(nc, namespace):
 
 
 @pytest.fixture
-def nats_without_jetstream():
-    port = free_port()
-    cmd = [find_nats_server(), "-a", "127.0.0.1", "-p", str(port)]
-    proc = popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def nats_without_jetstream(tmp_path):
+    log = tmp_path / "nats-server.log"
+    with open(log, "wb") as out:
+        proc = popen(
+            [find_nats_server(), "-a", "127.0.0.1", "-p", "-1"], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
-        wait_for_port("127.0.0.1", port, 20, proc)
+        port = bound_client_port(proc, log, 20)
         yield f"nats://127.0.0.1:{port}"
     finally:
         proc.terminate()

@@ -10,7 +10,6 @@ import contextlib
 
 import pytest
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, StopConditions, Usage
-from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.runtime.request_plane import (
     RequestClient,
     RequestServer,
@@ -20,6 +19,7 @@ from dynamo_worker.runtime.request_plane import (
     WorkerUnreachable,
 )
 
+from tests.support.ports import refused_port
 from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -152,7 +152,7 @@ async def test_cancelling_the_caller_task_cancels_the_request_on_the_worker(serv
 async def test_unreachable_worker_raises_worker_unreachable():
     async with RequestClient(connect_timeout=2) as client:
         with pytest.raises(WorkerUnreachable, match="could not connect") as e:
-            await anext(client.generate(f"127.0.0.1:{free_port()}", request()))
+            await anext(client.generate(f"127.0.0.1:{refused_port()}", request()))
     assert "ConnectionKey" not in str(e.value)  # a readable reason, not aiohttp's internal repr
 
 

@@ -16,12 +16,12 @@ from dynamo_worker.mocker.settings import MockerSettings
 from dynamo_worker.protocol import GenerateRequest, StopConditions
 from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.engine import NullEventSink
-from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.runtime.request_plane import RequestClient, WorkerUnreachable
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.runtime.worker import Worker, WorkerStartError, connect_nats, run_worker
 from dynamo_worker.tinymodel import ensure_tiny_model
 
+from tests.support.ports import refused_port
 from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,7 @@ async def test_health_follows_the_lifecycle(nats_url, tmp_path):
 
 async def test_nats_that_never_answers_fails_start_with_a_clear_error():
     with pytest.raises(WorkerStartError, match="could not connect to NATS"):
-        await connect_nats(f"nats://127.0.0.1:{free_port()}", name="t", within_s=1.0)
+        await connect_nats(f"nats://127.0.0.1:{refused_port()}", name="t", within_s=1.0)
 
 
 async def test_a_stop_during_a_slow_engine_start_exits_cleanly(nats_url, tmp_path):

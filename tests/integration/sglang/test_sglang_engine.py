@@ -188,18 +188,19 @@ async def test_generate_before_start_is_a_programming_error(tmp_path):
         SglangEngine(plan(tmp_path), engine_factory=FakeSglangEngine).generate(None)
 
 
-async def test_a_multinode_follower_serves_live_registers_nothing_and_stops(tmp_path):
+async def test_a_multinode_follower_serves_live_registers_nothing_and_stops(tmp_path, caplog):
+    import logging
     import threading
     import urllib.request
 
-    from dynamo_worker.runtime.nats_server import free_port
+    from dynamo_worker.runtime.listening import bound_ports
     from dynamo_worker.sglang.__main__ import run_follower
 
     released = threading.Event()
     killed: list[bool] = []
     p = plan(tmp_path)
-    port = free_port()
-    p.runtime = RuntimeSettings(listen_host="127.0.0.1", system_port=port, nats_server="nats://127.0.0.1:1")
+    caplog.set_level(logging.INFO, logger="dynamo_worker")
+    p.runtime = RuntimeSettings(listen_host="127.0.0.1", system_port=0, nats_server="nats://127.0.0.1:1")
     p.server_args = dataclasses.replace(p.server_args, node_rank=1)
     stop = asyncio.Event()
 
@@ -212,6 +213,9 @@ async def test_a_multinode_follower_serves_live_registers_nothing_and_stops(tmp_
 
     task = asyncio.create_task(
         run_follower(p, engine_factory=schedulers_run, kill_children=kill_children, stop=stop)
+    )
+    port = await wait_until_async(
+        lambda: bound_ports(caplog.text).get("system"), "the system server to listen", timeout_s=10
     )
 
     def live() -> int:

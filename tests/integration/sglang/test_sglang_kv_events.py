@@ -23,7 +23,6 @@ from dynamo_worker.protocol import (
     hash_token_blocks,
 )
 from dynamo_worker.router.index import KvIndex
-from dynamo_worker.runtime.nats_server import free_port
 from dynamo_worker.sglang import uses
 from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, KvEventRelay, decode_batch
 from dynamo_worker.sglang.source import SourceIndex, load_structs
@@ -135,9 +134,8 @@ class Publisher:
     """An SGLang-style ZMQ PUB socket: (topic, seq, payload) frames."""
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.socket = zmq.Context.instance().socket(zmq.PUB)
-        self.socket.bind(f"tcp://127.0.0.1:{self.port}")
+        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
         self.seq = 0
 
     def send(self, payload: bytes) -> None:

@@ -204,7 +204,7 @@ async def test_a_call_sglang_rejects_upfront_is_an_invalid_request():
     assert engine.tokenizer_manager.aborted == []
 
 
-async def test_a_request_with_image_embeddings_is_refused_not_served_from_its_pad_ids():
+async def test_images_for_a_model_without_image_tokens_are_refused_not_served_from_their_pad_ids():
     from dynamo_worker.protocol import ImageEmbedding, ImageSpan, image_pad_id
 
     digest = "ab" * 32
@@ -222,4 +222,4 @@ async def test_a_request_with_image_embeddings_is_refused_not_served_from_its_pa
     engine = fake()
     chunks = await collect(engine, req)
     assert len(chunks) == 1 and chunks[0].error.type == "invalid_request"
-    assert "does not take image embeddings yet" in chunks[0].error.message
+    assert "takes no images" in chunks[0].error.message and engine.calls == []

@@ -37,6 +37,7 @@ from dynamo_worker.router import Router
 from dynamo_worker.router.feed import KvFeed, feed_router
 from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.runtime.discovery import InstanceWatcher
+from dynamo_worker.runtime.listening import log_listening
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
 from dynamo_worker.runtime.worker import connect_nats, redact_url
@@ -171,9 +172,9 @@ class Frontend:
         server = site._server  # aiohttp exposes the bound sockets only here
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        log_listening("frontend", "http", s.http_host, self.port)
         log.info(
-            "Frontend listening url=%s namespace=%s router_mode=%s migration_limit=%d nats=%s",
-            self.url,
+            "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s",
             s.namespace,
             s.router_mode,
             s.migration_limit,

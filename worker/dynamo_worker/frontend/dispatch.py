@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Dispatcher", "Plan", "plan_roles"]
 
 _RETRYABLE_REJECTIONS = {"overloaded", "shutting_down"}
+# How long a prefill leg may still run after its decode leg finished before it is cancelled (_let_end).
+PREFILL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +294,7 @@ class Dispatcher:
         )
         decode_stream = self._stream(decode, decode_request)
         first = True  # no decode chunk yet: a worker that cannot be reached may be replaced
+        finished = False
         try:
             while True:
                 try:
@@ -313,15 +316,18 @@ class Dispatcher:
                         raise _Retryable(decode.instance_id, error)
                     raise error
                 first = False
+                finished = chunk.finish_reason is not None
                 yield chunk
-                if chunk.finish_reason is not None:
+                if finished:
                     break
         finally:
             await decode_stream.aclose()
-            if not prefill_task.done():
+            if finished and not prefill_task.done():
+                _let_end(prefill_task)
+            else:
                 prefill_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
-                await prefill_task
+                with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
+                    await prefill_task
 
     def _failed(
         self, e: RequestPlaneError, role: str, worker: InstanceRecord, first: bool
@@ -343,6 +349,21 @@ def _on_rank(request: GenerateRequest, choice: Choice) -> GenerateRequest:
     if rank == request.data_parallel_rank:
         return request
     return request.model_copy(update={"data_parallel_rank": rank})
+
+
+def _let_end(prefill: asyncio.Task[None]) -> None:
+    """A prefill leg still open when its decode leg finished has done its work (the decode worker had
+    the KV cache), and its worker's final chunk is on the way: give it ``PREFILL_GRACE_S`` to end by
+    itself, so its worker counts a served request, not a cancelled one, then cancel it. The client's
+    answer does not wait for it."""
+    cancel = asyncio.get_running_loop().call_later(PREFILL_GRACE_S, prefill.cancel)
+
+    def ended(task: asyncio.Task[None]) -> None:
+        cancel.cancel()
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("Prefill leg failed after its decode leg finished: %r", task.exception())
+
+    prefill.add_done_callback(ended)
 
 
 async def _next_or_leg_failure(

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from dynamo_worker.protocol import BootstrapInfo
+from dynamo_worker.runtime.listening import log_listening
 
 __all__ = ["BootstrapServer", "BootstrapTimeout", "PrefillResult", "fetch_prefill"]
 
@@ -78,7 +79,7 @@ class BootstrapServer:
                 "pass another --disaggregation-bootstrap-port, or 0 for any free port"
             ) from None
         self.port = self._runner.addresses[0][1]
-        log.info("Started bootstrap server host=%s port=%s", self._host, self.port)
+        log_listening("bootstrap", "http", self._host, self.port)
         return self.port
 
     async def stop(self) -> None:

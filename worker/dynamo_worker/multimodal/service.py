@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from dynamo_worker.protocol import ErrorType, InstanceRecord, Role
 from dynamo_worker.runtime.discovery import Registration, register
+from dynamo_worker.runtime.listening import log_listening
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.runtime.system_server import SystemServer
 from dynamo_worker.runtime.worker import connect_nats
@@ -121,6 +122,7 @@ class ServiceWorker:
         site = web.TCPSite(self._runner, s.listen_host, s.request_port)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        log_listening("request-plane", "http", s.listen_host, self.port)
         record = InstanceRecord(
             instance_id=s.instance_id,
             namespace=s.namespace,

@@ -14,6 +14,7 @@ from dynamo_worker.planner.run import Planner, serve_metrics
 from dynamo_worker.planner.settings import PlannerSettings, parse_args
 from dynamo_worker.planner.step import GraphError
 from dynamo_worker.profile.model import ProfileError
+from dynamo_worker.runtime.listening import log_listening
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 
 log = logging.getLogger("dynamo_worker.planner")
@@ -26,7 +27,7 @@ async def _run(settings: PlannerSettings, ignored: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner, port = await serve_metrics(planner.metrics.registry, settings.metrics_host, settings.metrics_port)
-    log.info("Serving planner metrics port=%s", port)
+    log_listening("planner-metrics", "http", settings.metrics_host, port)
     nc = None
     try:
         if settings.mode == "load":

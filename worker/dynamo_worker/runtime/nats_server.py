@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+_CLIENT_PORT = re.compile(r"Listening for client connections on \S+:(\d+)")
 
 
 class NatsServerError(RuntimeError):
@@ -59,6 +62,24 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
             time.sleep(0.05)
 
 
+def bound_client_port(proc: subprocess.Popen, log_path: Path, timeout: float, logged: int = 0) -> int:
+    """The port that nats-server ``proc``, started with ``-p -1``, bound: read from the "Listening for
+    client connections on HOST:PORT" line of its log ``log_path`` (after byte ``logged``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exited = proc.poll()
+        with open(log_path, "rb") as f:
+            f.seek(logged)
+            found = _CLIENT_PORT.search(f.read().decode(errors="replace"))
+        if found:
+            return int(found[1])
+        if exited is not None:
+            raise NatsServerError(f"process exited with code {exited} before listening")
+        if time.monotonic() > deadline:
+            raise NatsServerError(f"no listening line in its log after {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 @dataclass
 class NatsServer:
     """A nats-server child process with JetStream, storing into a temporary directory it owns."""
@@ -83,8 +104,8 @@ class NatsServer:
         return self.store_dir / "nats-server.log"
 
     def start(self) -> NatsServer:
-        if self.port == 0:
-            self.port = free_port(self.host)
+        """Start it; with port 0 nats-server binds a free port itself (``-p -1``) and ``port`` is read
+        back from its log."""
         if self.store_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-nats-")
             self.store_dir = Path(self._tmp.name)
@@ -95,15 +116,18 @@ class NatsServer:
             "-a",
             self.host,
             "-p",
-            str(self.port),
+            str(self.port or -1),
             "-js",
             "-sd",
             str(self.store_dir),
             *self.extra_args,
         ]
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0  # the log is appended to
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
+            if self.port == 0:
+                self.port = bound_client_port(self.proc, self.log_path, self.startup_timeout, logged)
             wait_for_port(self.host, self.port, self.startup_timeout, self.proc)
         except NatsServerError as e:
             tail = self.log_tail()

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
 from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, TokenLogprob, WorkerError
+from dynamo_worker.runtime.listening import log_listening
 
 __all__ = [
     "GENERATE_PATH",
@@ -184,7 +185,7 @@ class RequestServer:
         site = web.TCPSite(self._runner, self._host, self._port, backlog=1024)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        log.info("Started request plane host=%s port=%s", self._host, self.port)
+        log_listening("request-plane", "http", self._host, self.port)
         return self.port
 
     async def drain(self, grace_s: float) -> int:

@@ -19,6 +19,8 @@ from aiohttp import web
 from dynamo_operator.api import contract
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from dynamo_worker.runtime.listening import log_listening
+
 __all__ = ["SystemServer"]
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ class SystemServer:
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
         self.port = self._runner.addresses[0][1]
-        log.info("Started system server host=%s port=%s", self._host, self.port)
+        log_listening("system", "http", self._host, self.port)
         return self.port
 
     async def stop(self) -> None:

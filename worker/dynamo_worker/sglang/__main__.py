@@ -1,4 +1,5 @@
-"""``python -m dynamo_worker.sglang``: serve SGLang as an aggregated, prefill or decode worker.
+"""``python -m dynamo_worker.sglang``: serve SGLang as an aggregated, prefill or decode worker, or
+(``--role encode``) compute image embeddings for them (``dynamo_worker.sglang.encode``).
 
 Rank 0 of an engine (every single-node worker) is a full worker: ``run_worker`` connects NATS, starts
 the engine, the request plane and the system server, and registers. A multinode rank > 0
@@ -80,17 +81,23 @@ def _multimodal_role(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None, sglang: SglangCli | None = None) -> int:
     """Run the worker; 2 (with the problem and its fix on stderr, before anything starts) for a
     command line it cannot run. ``sglang``: the installed SGLang's parts (default: import them)."""
-    role = _multimodal_role(argv if argv is not None else sys.argv[1:])
-    if role is not None:
+    args = list(argv if argv is not None else sys.argv[1:])
+    role = _multimodal_role(args)
+    if role == "encode":
+        from dynamo_worker.sglang import encode
+
+        return encode.main(args)
+    if role == "diffusion":
         print(
-            f"error: --role {role} is served by the mocker only so far (python -m dynamo_worker.mocker "
-            f"--role {role}); the SGLang {role} engine is not built yet (issue 19). Run this service with "
-            "dynamo-run --engine mocker, or leave --role unset for a language worker.",
+            "error: --role diffusion is served by the mocker only so far (python -m dynamo_worker.mocker "
+            "--role diffusion): SGLang 0.5.17's diffusion generator (sglang.multimodal_gen) needs "
+            "diffusers and a real pipeline folder (no dummy weights); see tests/gpu/run_multimodal.py. "
+            "Run this service with dynamo-run --engine mocker, or leave --role unset for a language worker.",
             file=sys.stderr,
         )
         return 2
     try:
-        plan = parse_worker_args(argv, sglang=sglang)
+        plan = parse_worker_args(args, sglang=sglang)
     except (WorkerArgsError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

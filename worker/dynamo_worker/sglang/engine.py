@@ -20,12 +20,13 @@ KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` en
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from dynamo_worker.protocol import (
     EmbedOptions,
     GenerateChunk,
     GenerateRequest,
+    ImageEmbedding,
     Role,
     ServingFeatures,
     StopConditions,
@@ -43,6 +45,7 @@ from dynamo_worker.protocol import (
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.sglang import handler
 from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_port
+from dynamo_worker.sglang.images import image_item, image_prompt, image_tokens
 from dynamo_worker.sglang.kv_events import KvEventRelay
 from dynamo_worker.sglang.resolved import resolved_args
 
@@ -269,7 +272,20 @@ class SglangEngine(Engine):
             )
         if request.embed is not None:
             return handler.stream_embedding(self._engine, request, rid, embedding_input)
-        return handler.stream_request(self._engine, request, self.role, rid)
+        return handler.stream_request(self._engine, request, self.role, rid, self._image_input())
+
+    def _image_input(self) -> handler.ImageInput | None:
+        """How this model's requests with images become SGLang input (None: it takes no images)."""
+        config = getattr(getattr(self._engine.tokenizer_manager, "model_config", None), "hf_config", None)
+        tokens = image_tokens(config) if config is not None else None
+        if tokens is None:
+            return None
+
+        def build(req: GenerateRequest) -> tuple[list[int], dict[str, Any]]:
+            ids, embeddings = image_prompt(req, tokens)
+            return ids, image_item(embeddings, torch_tensors)
+
+        return build
 
     async def health_check(self) -> None:
         """Raise unless the last canary request passed (the canary runs in the background every
@@ -369,6 +385,25 @@ def embedding_input(**kwargs: Any) -> Any:
     from sglang.srt.managers.io_struct import EmbeddingReqInput
 
     return EmbeddingReqInput(**kwargs)
+
+
+def torch_tensors(embeddings: Sequence[ImageEmbedding]) -> tuple[Any, Any]:
+    """The embeddings concatenated as one (tokens, hidden) tensor, and their (t, h, w) grids (or None)."""
+    import torch
+
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    features = torch.cat(
+        [
+            torch.frombuffer(bytearray(base64.b64decode(e.data)), dtype=dtype[e.dtype]).view(
+                e.num_tokens, e.hidden_size
+            )
+            for e in embeddings
+        ]
+    )
+    grids = [e.grid_thw for e in embeddings]
+    if any(g is None for g in grids):
+        return features, None
+    return features, torch.tensor(grids, dtype=torch.long)
 
 
 def kill_sglang_children() -> None:

@@ -19,6 +19,9 @@ SGLang's grammar backend compiles them); logprobs are asked with ``return_logpro
 ``output_token_logprobs`` / ``output_top_logprobs`` (``(logprob, token_id, text)`` tuples, sliced to
 the chunk by incremental streaming). An embedding request (``GenerateRequest.embed``) goes to the
 tokenizer manager as one batched ``EmbeddingReqInput`` (``stream_embedding``).
+A request with image spans (``GenerateRequest.images``) passes ``image_data``: one item with every
+image's precomputed embeddings, and ``input_ids`` with the model's image tokens where the pad ids were
+(``dynamo_worker.sglang.images`` says why that shape).
 
 This module only builds plain values and reads plain dicts; ``dynamo_worker.sglang.compat`` reads the
 keywords of the ``async_generate`` call and the sampling keys below from this file's source, so a
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Protocol
 
 from dynamo_worker.protocol import (
@@ -95,18 +98,30 @@ def sampling_params(req: GenerateRequest, role: Role) -> dict[str, Any]:
     }
 
 
-def generate_kwargs(req: GenerateRequest, role: Role, rid: str) -> dict[str, Any]:
-    """Keyword arguments of the ``engine.async_generate`` call that serves ``req``."""
+ImageInput = Callable[[GenerateRequest], tuple[list[int], dict[str, Any]]]
+
+
+def generate_kwargs(
+    req: GenerateRequest, role: Role, rid: str, images: ImageInput | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of the ``engine.async_generate`` call that serves ``req``. ``images`` turns a
+    request with image spans into SGLang's ``input_ids`` and its one ``image_data`` item
+    (``dynamo_worker.sglang.images``); None for a model that takes no images."""
     boot = req.bootstrap_info
     if role in ("prefill", "decode") and boot is None:
         raise ValueError(f"a {role} leg needs bootstrap_info (host, port, room) from the frontend")
+    input_ids, image_data = list(req.token_ids), None
     if req.images:  # never generate from the pad ids alone: that would silently ignore the images
-        raise ValueError(
-            "this SGLang worker does not take image embeddings yet (issue 19); serve images with the "
-            "mocker, or send text only"
-        )
+        if images is None:
+            raise ValueError(
+                "this worker's model takes no images (its config has no image token id); send text "
+                "only, or serve a vision-language model"
+            )
+        input_ids, item = images(req)
+        image_data = [item]
     return _call_kwargs(
-        input_ids=list(req.token_ids),
+        input_ids=input_ids,
+        image_data=image_data,
         sampling_params=sampling_params(req, role),
         stream=True,
         rid=rid,
@@ -278,11 +293,11 @@ async def _validated(
 
 
 async def stream_request(
-    engine: AsyncGenerateEngine, req: GenerateRequest, role: Role, rid: str
+    engine: AsyncGenerateEngine, req: GenerateRequest, role: Role, rid: str, images: ImageInput | None = None
 ) -> AsyncGenerator[GenerateChunk, None]:
     """Serve ``req`` on ``engine`` under SGLang request id ``rid``; aborts it unless it finished."""
     try:
-        kwargs = generate_kwargs(req, role, rid)
+        kwargs = generate_kwargs(req, role, rid, images)
     except ValueError as e:
         yield _invalid(str(e))
         return

@@ -1,0 +1,36 @@
+"""The one log line a component writes once a listener is bound, and its reading back.
+
+Every listener of ours (frontend HTTP, system server, request plane, bootstrap, planner metrics) takes
+port 0 for "any free port" and, once bound, logs ``NAME: listening on SCHEME://HOST:PORT`` with the
+port it got. Whoever started the process with port 0 (a test, a script) reads the port back from that
+line with ``bound_ports``: no port is picked in advance and bound later, which races other processes.
+The line is written at every ``DYN_LOG_LEVEL`` (its logger is kept at INFO), as launchers depend on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+__all__ = ["bound_ports", "log_listening"]
+
+log = logging.getLogger(__name__)
+log.setLevel(logging.INFO)  # not the root's level: a launcher reads this line even from a quiet process
+
+_LINE = re.compile(r"\b(?P<name>[a-z][a-z-]*): listening on [a-z]+://(?:\[[^\]]*\]|[^\s:/\"]+):(?P<port>\d+)")
+
+
+def log_listening(name: str, scheme: str, host: str, port: int) -> str:
+    """Log that listener ``name`` (lower case, dashes) is bound to ``host:port``; returns its URL."""
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    log.info("%s: listening on %s", name, url)
+    return url
+
+
+def bound_ports(text: str) -> dict[str, int]:
+    """The ports that the listening lines in ``text`` (a process's log) name, by listener; a listener
+    logged twice (a restart, several serving processes) keeps its first port."""
+    found: dict[str, int] = {}
+    for m in _LINE.finditer(text):
+        found.setdefault(m["name"], int(m["port"]))
+    return found
