@@ -241,3 +241,41 @@ async def test_drain_refuses_new_requests_and_aborts_leftovers(served):
     assert await drain == 1
     rest = [c async for c in stream]
     assert rest[-1].error is not None and rest[-1].error.type == "shutting_down"
+
+
+async def _raw_worker(body: bytes) -> asyncio.Server:
+    """A raw socket server playing a worker that sends ``body`` (chunk lines of stream 1) in one write."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await reader.readexactly(len(MAGIC)) == MAGIC
+        assert (await reader.readline()).startswith(b"G1 ")
+        writer.write(b"".join(b"D1 " + line + b"\n" for line in body.splitlines()))
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize(
+    "bad_line",
+    [b'{"token_ids":["x"]}', b'{"token_ids":[1]', b'{"token_ids":[1],"extra":1}', b'{"token_ids":"12"}'],
+)
+async def test_an_invalid_line_among_lines_that_arrive_together_breaks_the_stream(bad_line):
+    server = await _raw_worker(b'{"token_ids":[5]}\n' + bad_line + b'\n{"token_ids":[6]}\n')
+    port = server.sockets[0].getsockname()[1]
+    async with RequestClient() as client:
+        with pytest.raises(WorkerStreamBroken, match="invalid chunk"):
+            [c async for c in client.generate(f"127.0.0.1:{port}", request())]
+    server.close()
+    await server.wait_closed()
+
+
+async def test_token_lines_that_arrive_together_are_handed_on_as_one_chunk():
+    final = b'{"token_ids":[8],"finish_reason":"length","usage":{"prompt_tokens":2,"completion_tokens":4}}'
+    server = await _raw_worker(b'{"token_ids":[5]}\n{"token_ids":[6,7]}\n{"token_ids":[]}\n' + final + b"\n")
+    port = server.sockets[0].getsockname()[1]
+    async with RequestClient() as client:
+        chunks = [c async for c in client.generate(f"127.0.0.1:{port}", request())]
+    assert [(c.token_ids, c.finish_reason) for c in chunks] == [([5, 6, 7, 8], "length")]
+    server.close()
+    await server.wait_closed()

@@ -147,3 +147,37 @@ def test_sentencepiece_style_word_starts_keep_their_spaces():
     detok = IncrementalDetokenizer(tok, prompt)
     text = "".join(detok.push([t]) for t in out) + detok.flush()
     assert text == " sat on the mat"
+
+
+def _one_by_one(out: OutputText, ids: list[int]) -> tuple[list[str], int, bool]:
+    texts, count = [], 0
+    for t in ids:
+        delta = out.push([t])
+        texts.append(delta.text)
+        count += delta.token_count
+        if delta.stopped:
+            return texts, count, True
+    return texts, count, False
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+@pytest.mark.parametrize(
+    ("stop_strings", "stop_word"), [((), None), (("d",), None), ((), "text"), ((), "family")]
+)
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_push_each_is_push_of_each_id_in_turn(tokenizer, text, stop_strings, stop_word, size):
+    """Over any split into chunks, with and without stops (strings, ids): the same text per id, the
+    same ids counted, the same stop, and the same text left at the end (held bytes flushed)."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    stop_ids = tokenizer.encode(stop_word, add_special_tokens=False).ids[:1] if stop_word else []
+    prompt = tokenizer.encode("Hello", add_special_tokens=False).ids
+    one, each = (
+        OutputText(tokenizer, prompt_ids=prompt, stop_strings=stop_strings, stop_token_ids=stop_ids)
+        for _ in "ab"
+    )
+    for i in range(0, len(ids), size):
+        expected = _one_by_one(one, ids[i : i + size])
+        assert each.push_each(ids[i : i + size]) == expected
+        if expected[2]:
+            break
+    assert each.finish() == one.finish()

@@ -126,15 +126,14 @@ class PlainRun:
         else:
             self.itl.observe(now - last)
         self.last_token_at = now
-        parts: list[str] = []
-        push = self.out.push
-        for piece in [[t] for t in ids] if len(ids) > 1 and self.one_by_one else [ids]:
-            delta = push(piece)
-            self.completion_tokens += delta.token_count
-            parts.append(delta.text)
-            if delta.stopped:
-                self.finish = "stop"
-                break
+        if self.one_by_one:
+            parts, count, stopped = self.out.push_each(ids)
+        else:
+            delta = self.out.push(ids)
+            parts, count, stopped = [delta.text], delta.token_count, delta.stopped
+        self.completion_tokens += count
+        if stopped:
+            self.finish = "stop"
         return parts
 
     async def _generate(self) -> None:

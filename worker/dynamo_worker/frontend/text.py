@@ -66,6 +66,26 @@ class IncrementalDetokenizer:
         self._last, self._held = [*self._held, *ids][-_CONTEXT_IDS:], []
         return text
 
+    def push_each(self, token_ids: Sequence[int]) -> list[str]:
+        """``push`` of each id in turn: the newly completed text after each (possibly empty)."""
+        step, tok, held = self._stream.step, self._tok, self._held
+        texts: list[str] = []
+        begin, emitted = 0, None  # start of the ids whose text is not complete; the last complete run
+        for i, t in enumerate(token_ids):
+            text = step(tok, t)
+            if text is None:
+                texts.append("")
+            else:
+                texts.append(text)
+                emitted, begin = (begin, i + 1), i + 1
+        if emitted is None:
+            held.extend(token_ids)
+        else:
+            start, end = emitted
+            self._last = [*(held if start == 0 else ()), *token_ids[start:end]][-_CONTEXT_IDS:]
+            self._held = list(token_ids[end:])
+        return texts
+
     def flush(self) -> str:
         """At the end of the stream: whatever is still held (an incomplete character decodes as U+FFFD,
         as a full decode would)."""
@@ -117,6 +137,11 @@ class StopStringMatcher:
         self._stops = [s for s in stop_strings if s]
         self._longest = max((len(s) for s in self._stops), default=0)
         self._held = ""
+
+    @property
+    def active(self) -> bool:
+        """Whether there is any stop string to look for."""
+        return bool(self._stops)
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop string was found). After a stop,
@@ -188,6 +213,28 @@ class OutputText:
             stopped = True
         self.stopped = stopped
         return Delta(text, len(ids), stopped)
+
+    def push_each(self, token_ids: Sequence[int]) -> tuple[list[str], int, bool]:
+        """``push`` of each id in turn, up to a stop: the text of each, the ids consumed, and whether
+        it stopped. Without stop strings and stop ids in ``token_ids``, in one pass of the
+        detokenizer (a call per id through ``push`` cost more than decoding the id)."""
+        detok = self._detok
+        if (
+            not self.stopped
+            and not self._stops.active
+            and self._stop_ids.isdisjoint(token_ids)
+            and isinstance(detok, IncrementalDetokenizer)
+        ):
+            return detok.push_each(token_ids), len(token_ids), False
+        texts: list[str] = []
+        count = 0
+        for t in token_ids:
+            delta = self.push((t,))
+            texts.append(delta.text)
+            count += delta.token_count
+            if delta.stopped:
+                return texts, count, True
+        return texts, count, self.stopped
 
     def finish(self) -> str:
         """The stream ended without a stop: the text still held back."""

@@ -121,6 +121,52 @@ def resolve_model_dir(settings: MockerSettings) -> Path:
     return path
 
 
+class _Outbox:
+    """What the scheduler produced for one request that its reader has not taken yet: the token ids
+    (with their logprobs, when asked) and at most one final chunk. The reader takes all ready tokens
+    as one chunk, so a stream whose reader fell behind catches up with one write instead of one per
+    token (nothing waits to be merged); tokens are kept as ids, not as a chunk per token."""
+
+    __slots__ = ("final", "ids", "logprobs", "waiter")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = None  # aligned with ids, when the request asked
+        self.final: GenerateChunk | None = None  # the last chunk; after the ids
+        self.waiter: asyncio.Future[None] | None = None  # the reader, waiting for something to take
+
+    def put(self, token: int, logprobs: list[TokenLogprob] | None) -> None:
+        self.ids.append(token)
+        if logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs += logprobs
+        self._wake()
+
+    def put_final(self, chunk: GenerateChunk) -> None:
+        self.final = chunk
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def take(self) -> GenerateChunk:
+        """The ready tokens as one chunk, else the final chunk; waits for either."""
+        while not self.ids and self.final is None:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        if self.ids:
+            chunk = GenerateChunk(token_ids=self.ids, logprobs=self.logprobs)
+            self.ids, self.logprobs = [], None
+            return chunk
+        assert self.final is not None
+        return self.final
+
+
 @dataclass(eq=False)
 class _Seq:
     key: str
@@ -128,7 +174,7 @@ class _Seq:
     tokens: list[int]  # tokens that need KV: the prompt (+ generated ones after a preemption)
     max_new: int
     digest: int
-    out: asyncio.Queue[GenerateChunk] = field(default_factory=asyncio.Queue)  # <= max_new + 1 items
+    out: _Outbox = field(default_factory=_Outbox)
     kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
     preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
     cached_tokens: int | None = None
@@ -136,24 +182,6 @@ class _Seq:
     finished: bool = False
     rank: int = 0  # data-parallel rank whose KV cache holds it
     script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
-
-
-def _merge_ready(
-    chunk: GenerateChunk, queue: asyncio.Queue[GenerateChunk]
-) -> tuple[GenerateChunk, GenerateChunk | None]:
-    """``chunk`` and the token-only chunks queued behind it as one, and the final chunk if one was taken
-    from the queue: a stream whose reader fell behind catches up with one write instead of one per
-    token (nothing waits to be merged)."""
-    ids = list(chunk.token_ids)
-    logprobs = None if chunk.logprobs is None else list(chunk.logprobs)  # aligned with the ids
-    while not queue.empty():
-        nxt = queue.get_nowait()
-        if nxt.finish_reason is not None:
-            return GenerateChunk(token_ids=ids, logprobs=logprobs), nxt
-        ids += nxt.token_ids
-        if logprobs is not None:
-            logprobs += nxt.logprobs or []
-    return GenerateChunk(token_ids=ids, logprobs=logprobs), None
 
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -330,11 +358,8 @@ class MockerEngine(Engine):
             self._waiting.append(seq)
             queued = True
             self._wakeup.set()
-            held: GenerateChunk | None = None
             while True:
-                chunk, held = (held, None) if held is not None else (await seq.out.get(), None)
-                if chunk.finish_reason is None and not seq.out.empty():
-                    chunk, held = _merge_ready(chunk, seq.out)
+                chunk = await seq.out.take()
                 if (
                     chunk.finish_reason is not None
                     and chunk.finish_reason != "error"
@@ -573,7 +598,7 @@ class MockerEngine(Engine):
             self._preempt(seq)
         else:
             self._kv_events(events, seq.rank)
-        seq.out.put_nowait(GenerateChunk(token_ids=[token], logprobs=logprobs))
+        seq.out.put(token, logprobs)
 
     def _logprobs(self, seq: _Seq, pos: int, token: int) -> list[TokenLogprob] | None:
         k = seq.request.logprobs
@@ -593,14 +618,14 @@ class MockerEngine(Engine):
             cached_tokens=seq.cached_tokens or 0,
         )
         logprobs = logprobs if tokens else None
-        seq.out.put_nowait(
+        seq.out.put_final(
             GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage, logprobs=logprobs)
         )
 
     def _fail(self, seq: _Seq, error_type: ErrorType, message: str) -> None:
         seq.finished = True
         self._release(seq)
-        seq.out.put_nowait(_error(error_type, message))
+        seq.out.put_final(_error(error_type, message))
 
     def _preempt(self, seq: _Seq) -> None:
         log.info("Preempted request request_id=%s (KV cache full)", seq.request.request_id)

@@ -44,9 +44,9 @@ from typing import cast
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, WorkerError
+from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, TokenLogprob, WorkerError
 from dynamo_worker.runtime.listening import log_listening
 
 __all__ = [
@@ -165,7 +165,17 @@ class _Lines:
 
 
 def _line(chunk: GenerateChunk) -> bytes:
-    return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True)
+    """The chunk as one line of JSON without its default fields. A chunk of token ids only (nearly
+    every line) is written directly, as pydantic would write it, in a third of the time."""
+    if (
+        chunk.token_ids
+        and chunk.finish_reason is None  # and so no error either
+        and chunk.usage is None
+        and chunk.logprobs is None
+        and chunk.embeddings is None
+    ):
+        return b'{"token_ids":' + orjson.dumps(chunk.token_ids) + b"}\n"
+    return chunk.__pydantic_serializer__.to_json(chunk, exclude_defaults=True) + b"\n"
 
 
 def _error_chunk(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -389,7 +399,7 @@ class RequestServer:
         try:
             async with contextlib.aclosing(self._handler(request)) as chunks:
                 async for chunk in chunks:
-                    conn.send(prefix + _line(chunk) + b"\n")
+                    conn.send(prefix + _line(chunk))
                     tokens += len(chunk.token_ids)
                     if chunk.finish_reason is not None:
                         outcome = chunk.error.type if chunk.error else chunk.finish_reason
@@ -399,7 +409,7 @@ class RequestServer:
                 else:
                     outcome = "engine_error"
                     error = _error_chunk("engine_error", "engine ended the stream without a final chunk")
-                    conn.send(prefix + _line(error) + b"\n")
+                    conn.send(prefix + _line(error))
         except asyncio.CancelledError:
             if task not in self._aborted:
                 log.info("Cancelled request request_id=%s (client went away)", request.request_id)
@@ -407,11 +417,11 @@ class RequestServer:
             task.uncancel()
             outcome = "shutting_down"
             error = _error_chunk("shutting_down", "worker shut down before the request finished")
-            conn.send(prefix + _line(error) + b"\n")
+            conn.send(prefix + _line(error))
         except Exception as e:  # an engine bug: map it to an error chunk for this request only
             log.exception("Engine failed request_id=%s", request.request_id)
             outcome = "engine_error"
-            conn.send(prefix + _line(_error_chunk("engine_error", f"engine failed: {e}")) + b"\n")
+            conn.send(prefix + _line(_error_chunk("engine_error", f"engine failed: {e}")))
         finally:
             conn.streams.pop(sid, None)
             self._tasks.discard(task)
@@ -562,35 +572,47 @@ class _ClientConnection(asyncio.Protocol):
             elif line:
                 self._broken(f"invalid message from worker: {line[:80]!r}")
                 return
-        if not bodies:
-            return
-        try:
-            chunks = _CHUNKS.validate_json(b"[" + b",".join(bodies) + b"]")
-        except ValidationError:
-            self._one_by_one(ids, bodies)
-            return
-        touched: dict[bytes, _Stream] = {}
-        for sid, chunk in zip(ids, chunks, strict=True):
-            stream = self.streams.get(sid)
-            if stream is not None:  # else: cancelled here, and the worker had not heard yet
-                stream.chunks.append(chunk)
-                touched[sid] = stream
-        for stream in touched.values():
-            stream.answered = True
-            stream.wake()
+        if bodies:
+            self._deliver(ids, bodies)
 
-    def _one_by_one(self, ids: list[bytes], bodies: list[bytes]) -> None:
-        """Some line did not validate: hand on the valid ones, fail the streams of the others."""
-        for sid, body in zip(ids, bodies, strict=True):
-            stream = self.streams.get(sid)
-            if stream is None or stream.error is not None:
+    def _deliver(self, ids: list[bytes], bodies: list[bytes]) -> None:
+        """Hand the chunk lines that arrived together to their streams. A stream's run of lines of token
+        ids only (what a worker sends mid-stream) becomes one chunk without a model per line:
+        validating a chunk costs about as much as parsing ten lines, and ``_coalesce`` would join
+        them anyway. A line that does not validate breaks its own stream only."""
+        try:
+            parsed: list[object] = orjson.loads(b"[" + b",".join(bodies) + b"]")
+        except orjson.JSONDecodeError:
+            parsed = [None] * len(bodies)  # some line is not JSON: validate each on its own
+        runs: dict[bytes, list[list[int] | bytes]] = {}  # per stream: id runs and other lines, in order
+        for sid, body, line in zip(ids, bodies, parsed, strict=True):
+            if sid not in self.streams:
+                continue  # cancelled here, and the worker had not heard yet
+            items = runs.setdefault(sid, [])
+            if type(line) is dict and len(line) == 1 and type(line.get("token_ids")) is list:
+                last = items[-1] if items else None
+                if isinstance(last, list):
+                    last.extend(line["token_ids"])
+                else:
+                    items.append(list(line["token_ids"]))
+            else:
+                items.append(body)
+        for sid, items in runs.items():
+            stream = self.streams[sid]
+            if stream.error is not None:
                 continue
             try:
-                stream.chunks.append(GenerateChunk.model_validate_json(body))
-                stream.answered = True
-                stream.wake()
+                stream.chunks += [
+                    GenerateChunk(token_ids=item)
+                    if isinstance(item, list)
+                    else GenerateChunk.model_validate_json(item)
+                    for item in items
+                ]
             except ValidationError as e:
                 stream.fail(WorkerStreamBroken(self.address, f"invalid chunk from worker: {e}"))
+                continue
+            stream.answered = True
+            stream.wake()
 
     def _refused(self, sid: bytes, body: bytes) -> None:
         stream = self.streams.get(sid)
@@ -748,9 +770,6 @@ class RequestClient:
             conn.close_stream(sid, cancel=not finished and not stream.refused)
 
 
-_CHUNKS = TypeAdapter(list[GenerateChunk])
-
-
 def _joinable(head: GenerateChunk, chunk: GenerateChunk) -> bool:
     """Whether ``chunk`` can take the tokens of ``head``, a token-only chunk before it: not an error,
     no embeddings, and logprobs on both or on neither (they stay aligned with the token ids)."""
@@ -761,32 +780,55 @@ def _joinable(head: GenerateChunk, chunk: GenerateChunk) -> bool:
     )
 
 
-def _join(head: GenerateChunk, chunk: GenerateChunk) -> GenerateChunk:
-    logprobs = None if head.logprobs is None else [*head.logprobs, *(chunk.logprobs or [])]
-    return chunk.model_copy(update={"token_ids": head.token_ids + chunk.token_ids, "logprobs": logprobs})
-
-
 def _coalesce(chunks: list[GenerateChunk]) -> list[GenerateChunk]:
     """Chunks that arrived together, as few chunks: consecutive token-only chunks become one (their
     logprobs too), and their tokens go into the final chunk unless it is an error; chunks with
     embeddings are never joined. Nothing waits for this: a chunk that arrives alone is passed on alone;
     only a reader that fell behind sees several at once, and handing them on together saves it
-    per-chunk work exactly when it is short of time."""
+    per-chunk work exactly when it is short of time. A run of joined chunks is copied once, at its
+    end (copying per joined chunk cost more than the rest of the frontend's work per token)."""
     if len(chunks) == 1:
         return chunks
     out: list[GenerateChunk] = []
-    head: GenerateChunk | None = None  # token-only chunks joined so far
+    head: GenerateChunk | None = None  # the first token-only chunk of the run being joined
+    ids: list[int] = []  # the run's token ids (and logprobs, when it has them)
+    logprobs: list[TokenLogprob] | None = None
     for chunk in chunks:
         if head is not None and _joinable(head, chunk):
-            chunk = _join(head, chunk)
-        elif head is not None:
-            out.append(head)
-        token_only = chunk.finish_reason is None and chunk.usage is None and chunk.embeddings is None
-        head = chunk if token_only and chunk.error is None else None
-        if head is None:
+            ids += chunk.token_ids
+            if logprobs is not None:
+                logprobs += chunk.logprobs or []
+            if _token_only(chunk):
+                continue
+            out.append(chunk.model_copy(update={"token_ids": ids, "logprobs": logprobs}))
+            head = None
+        else:
+            if head is not None:
+                out.append(_joined(head, ids, logprobs))
+            if _token_only(chunk):
+                head, ids = chunk, list(chunk.token_ids)
+                logprobs = None if chunk.logprobs is None else list(chunk.logprobs)
+                continue
+            head = None
             out.append(chunk)
         if chunk.finish_reason is not None:
             break  # a final chunk ends the stream
     if head is not None:
-        out.append(head)
+        out.append(_joined(head, ids, logprobs))
     return out
+
+
+def _token_only(chunk: GenerateChunk) -> bool:
+    return (
+        chunk.finish_reason is None
+        and chunk.usage is None
+        and chunk.embeddings is None
+        and chunk.error is None
+    )
+
+
+def _joined(head: GenerateChunk, ids: list[int], logprobs: list[TokenLogprob] | None) -> GenerateChunk:
+    """The run that started at ``head``: ``head`` itself when it was alone."""
+    if len(ids) == len(head.token_ids):
+        return head
+    return head.model_copy(update={"token_ids": ids, "logprobs": logprobs})
