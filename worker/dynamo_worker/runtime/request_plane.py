@@ -537,7 +537,7 @@ class _ClientConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-        transport.write(MAGIC)
+        self.transport.write(MAGIC)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True

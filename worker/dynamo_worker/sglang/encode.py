@@ -28,7 +28,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from dynamo_operator.api.settings_sources import Settings
+from pydantic import Field
 
 from dynamo_worker.multimodal.encode import Encoder, EncodeService
 from dynamo_worker.multimodal.images import ImageInfo
@@ -50,9 +51,7 @@ __all__ = ["EncodeSettings", "HfVisionEncoder", "main"]
 DTYPES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32"}
 
 
-class EncodeSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class EncodeSettings(Settings):
     model_path: str = Field(description="The vision-language model folder (or hub id) to encode for.")
     served_model_name: str | None = Field(
         None, description="The model name the language workers serve (default: --model-path)."
