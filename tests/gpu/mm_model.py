@@ -86,7 +86,7 @@ CONFIG = {
         "mlp_ratio": 4,
         "num_heads": 2,
         "in_channels": 3,
-        "in_chans": 3,  # the name SGLang 0.5.17's Qwen2-VL vision tower reads (transformers 5 says in_channels)
+        "in_chans": 3,  # what SGLang 0.5.17's vision tower reads (transformers 5 says in_channels)
         "patch_size": 14,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,

@@ -80,9 +80,10 @@ class Run:
         self.port = free_port()
         OUT.joinpath("logs").mkdir(parents=True, exist_ok=True)
         self.log_path = OUT / "logs" / f"{Path(example).stem}.log"
-        exe = Path(sys.executable).parent / "dynamo-run"
         manifest = example if isinstance(example, Path) else ROOT / "examples" / example
-        argv = [str(exe), str(manifest), "--engine", ENGINE, "--port", str(self.port)]
+        # python -m: the GPU machine installs the package with --target, so no dynamo-run beside python
+        argv = [sys.executable, "-m", "dynamo_worker.local", str(manifest), "--engine", ENGINE]
+        argv += ["--port", str(self.port)]
         argv += ["--startup-timeout", str(STARTUP_S), "--log-dir", str(OUT / "logs" / Path(example).stem)]
         argv += ["--model-dir", str(model_dir)] if model_dir else []
         self._out = self.log_path.open("w")
