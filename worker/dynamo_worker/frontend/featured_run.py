@@ -28,6 +28,7 @@ from dynamo_worker.frontend import shaping
 from dynamo_worker.frontend.chat_output import AnswerStream
 from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
+from dynamo_worker.frontend.job import prompt_tokens
 from dynamo_worker.frontend.shaping import SSE_DONE, finish_reason, sse
 from dynamo_worker.frontend.text import OutputText
 from dynamo_worker.protocol import TokenLogprob
@@ -126,6 +127,7 @@ async def run_featured(
     obj = "chat.completion.chunk" if chat else "text_completion"
     response: web.StreamResponse | None = None
     completion_tokens = cached_tokens = 0
+    prompt_count = len(job.prompt_ids)  # the worker's count for a request with images (job.prompt_tokens)
     finish: str | None = None
     text_parts: list[str] = []
     last_token_at: float | None = None
@@ -184,8 +186,9 @@ async def run_featured(
                         await emit(delta.text)
                 if c.finish_reason is not None:
                     finish = finish_reason(c.finish_reason)
+                    prompt_count = prompt_tokens(job, c.usage)
                     if c.usage is not None:
-                        cached_tokens = min(c.usage.cached_tokens, len(job.prompt_ids))
+                        cached_tokens = min(c.usage.cached_tokens, prompt_count)
                     await emit(out.finish())
                     break
     except ApiError as e:
@@ -201,7 +204,7 @@ async def run_featured(
         return response
     metrics.output_tokens.labels(job.model).inc(completion_tokens)
     metrics.cached_tokens.labels(job.model).inc(cached_tokens)
-    usage = shaping.usage(len(job.prompt_ids), completion_tokens, cached_tokens).model_dump()
+    usage = shaping.usage(prompt_count, completion_tokens, cached_tokens).model_dump()
     reason = finish or "stop"
     if not job.stream:
         text = "".join(text_parts)

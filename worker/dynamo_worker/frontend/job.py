@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions
+from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions, Usage
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.embeddings import EmbeddingPlan
@@ -44,6 +44,14 @@ class Job:
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
     plan: FeaturePlan | EmbeddingPlan | None = None  # tools, reasoning, logprobs, ...; embeddings
+
+
+def prompt_tokens(job: Job, worker_usage: Usage | None) -> int:
+    """The prompt's size to report: the frontend's own count, but the worker's for a request with
+    images, whose engine may add tokens around each image (Qwen2-VL's vision start and end)."""
+    if job.generate.images and worker_usage is not None and worker_usage.prompt_tokens:
+        return worker_usage.prompt_tokens
+    return len(job.prompt_ids)
 
 
 def _max_tokens(

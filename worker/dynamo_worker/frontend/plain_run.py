@@ -20,6 +20,7 @@ from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
+from dynamo_worker.frontend.job import prompt_tokens
 from dynamo_worker.frontend.responses import FinishReason, Usage, dump
 from dynamo_worker.frontend.shaping import SSE_DONE, Head, PlainStream, finish_reason, sse, usage, whole
 from dynamo_worker.frontend.text import OutputText
@@ -52,6 +53,7 @@ class PlainRun:
         "one_by_one",
         "out",
         "pending",
+        "prompt_tokens",
         "response",
         "started",
         "texts",
@@ -83,6 +85,7 @@ class PlainRun:
         self.events = PlainStream(head) if job.stream else None
         self.response: web.StreamResponse | None = None
         self.completion_tokens = self.cached_tokens = 0
+        self.prompt_tokens = len(job.prompt_ids)
         self.finish: FinishReason | None = None
         self.texts: list[str] = []  # not streamed: the answer so far
         self.last_token_at: float | None = None
@@ -150,8 +153,9 @@ class PlainRun:
                         await self.emit(*parts)
                 if chunk.finish_reason is not None:
                     self.finish = finish_reason(chunk.finish_reason)
+                    self.prompt_tokens = prompt_tokens(job, chunk.usage)
                     if chunk.usage is not None:
-                        self.cached_tokens = min(chunk.usage.cached_tokens, len(job.prompt_ids))
+                        self.cached_tokens = min(chunk.usage.cached_tokens, self.prompt_tokens)
                     await self.emit(self.out.finish())
                     return
 
@@ -177,7 +181,7 @@ class PlainRun:
             return self.response
         metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
         metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
-        use = usage(len(job.prompt_ids), self.completion_tokens, self.cached_tokens)
+        use = usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         if self.events is None:
             return json_response(dump(whole(self.head, "".join(self.texts), self.finish or "stop", use)))
         return await self._end(self.events, use)
