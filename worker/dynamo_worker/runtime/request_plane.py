@@ -218,6 +218,9 @@ class _ServerConnection(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return  # refused: what still arrives is dropped
         if not self.greeted:
             data = self._greet(data)
             if not data:
@@ -661,6 +664,8 @@ class _ClientConnection(asyncio.Protocol):
     def _close_if_idle(self) -> None:
         self.idle_timer = None
         if not self.streams and self.transport is not None:
+            self.lost = True  # from now on a new request opens a new connection
+            self.forget(self)
             self.transport.close()
 
 
