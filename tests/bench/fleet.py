@@ -46,6 +46,8 @@ class Proc:
     @functools.cached_property
     def ports(self) -> dict[str, int]:
         """The given ports and those its listeners bound (they were given 0), read from its log."""
+        if not self.listeners:
+            return dict(self.given)
         bound = listening_ports(self.popen, self.log_path, *self.listeners.values())
         return self.given | {key: bound[name] for key, name in self.listeners.items()}
 
