@@ -216,13 +216,8 @@ def parse_all(
 ) -> tuple[RuntimeSettings, MockerSettings, MultimodalSettings, list[str]]:
     """Runtime, mocker and multimodal settings, and the unknown (ignored) arguments."""
     args, unknown = build_parser().parse_known_args(argv)
-    given = vars(args)
-    runtime_fields, mm_fields = set(RuntimeSettings.model_fields), set(MultimodalSettings.model_fields)
-    runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_fields}, env)
-    mocker = settings_from_args(
-        MockerSettings, {k: v for k, v in given.items() if k not in runtime_fields | mm_fields}, {}
-    )
-    multimodal = settings_from_args(
-        MultimodalSettings, {k: v for k, v in given.items() if k in mm_fields}, {}
-    )
+    # settings_from_args takes the flags of its own model's fields from the namespace
+    runtime = RuntimeSettings.from_args(args, env)
+    mocker = settings_from_args(MockerSettings, args, {})
+    multimodal = settings_from_args(MultimodalSettings, args, {})
     return runtime, mocker, multimodal, unknown

@@ -77,11 +77,10 @@ def _parser() -> Any:
 
 def parse(argv: Sequence[str]) -> tuple[RuntimeSettings, MultimodalSettings, EncodeSettings, list[str]]:
     args, unknown = _parser().parse_known_args(list(argv))
-    given = vars(args)
-    rt, mm = set(RuntimeSettings.model_fields), set(MultimodalSettings.model_fields)
-    runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in rt})
-    multimodal = settings_from_args(MultimodalSettings, {k: v for k, v in given.items() if k in mm}, {})
-    encode = settings_from_args(EncodeSettings, {k: v for k, v in given.items() if k not in rt | mm}, {})
+    # settings_from_args takes the flags of its own model's fields from the namespace
+    runtime = RuntimeSettings.from_args(args)
+    multimodal = settings_from_args(MultimodalSettings, args, {})
+    encode = settings_from_args(EncodeSettings, args, {})
     return runtime, multimodal, encode, unknown
 
 
