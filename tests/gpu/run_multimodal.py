@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -65,6 +66,18 @@ QUESTION = "What is in the picture?"
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def stop(proc: subprocess.Popen, terminate: Callable[[], None], grace_s: float) -> None:
+    """``terminate`` a running ``proc`` (a session leader), then SIGKILL its group after ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 def free_port() -> int:
@@ -115,13 +128,7 @@ class Run:
         return total
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop(self.proc, lambda: self.proc.send_signal(signal.SIGTERM), grace_s=60)  # dynamo-run stops its own
         self._out.close()
 
 
@@ -175,13 +182,7 @@ class Native:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop(self.proc, lambda: os.killpg(self.proc.pid, signal.SIGTERM), grace_s=30)
         self._out.close()
 
 
