@@ -79,8 +79,8 @@ image-runtime-cuda: ## build the CUDA runtime image (SGLang 0.5.17, torch 2.11, 
 bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
 	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json
 
-# Our frontend's flags in the comparison (the default serves from one process).
-PEERS_FRONTEND_ARGS ?= --http-workers 2
+# Extra flags for our frontend in the comparison (none: its defaults, one serving process).
+PEERS_FRONTEND_ARGS ?=
 bench-peers: venv ## our frontend + mocker vs NVIDIA Dynamo 1.6.1's (installed once into a cached venv), same workloads
 	$(BIN)/python -m tests.bench.peers --dynamo-venv "$$(bash hack/install-dynamo-peer.sh)" \
 		--frontend-args "$(PEERS_FRONTEND_ARGS)" $(PEERS_ARGS)

@@ -184,11 +184,17 @@ class Fleet:
         n = sum(p.name.startswith(f"{namespace}-mocker") for p in self.procs)
         return self.spawn(f"{namespace}-mocker-{mode}-{n}", [*args, *extra], {}, listeners=listeners)
 
-    def frontend(self, namespace: str, router_mode: str = "round-robin", *extra: str) -> Proc:
+    def frontend(
+        self, namespace: str, router_mode: str = "round-robin", *extra: str, http_port: int = 0
+    ) -> Proc:
+        """Our frontend; on port 0 (read back from its log) unless ``http_port`` is given (a tree from
+        before the frontend said where it listens)."""
         args = [
-            "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", "0",
+            "dynamo_worker.frontend", "--http-host", "127.0.0.1", "--http-port", str(http_port),
             "--namespace", namespace, "--nats-server", self.nats.url, "--router-mode", router_mode,
         ]  # fmt: skip
+        if http_port:
+            return self.spawn(f"{namespace}-frontend", [*args, *extra], {"http": http_port})
         return self.spawn(f"{namespace}-frontend", [*args, *extra], {}, listeners={"http": "frontend"})
 
     def wait_healthy(self, proc: Proc, url: str, timeout: float = 60.0) -> None:

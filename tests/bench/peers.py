@@ -39,6 +39,7 @@ from dynamo_worker.bench.client import OpenAITarget
 from dynamo_worker.bench.runner import IteratorWorkload
 from dynamo_worker.bench.stats import Report
 from dynamo_worker.bench.workload import LengthDist, random_requests
+from dynamo_worker.runtime.nats_server import free_port
 
 from tests.bench.fleet import Fleet, FleetError, Proc
 from tests.bench.scenarios import measure
@@ -147,8 +148,6 @@ def _dynamo(fleet: Fleet, venv: Path, tag: str, modes: tuple[str, ...]) -> Proc:
         if mode != "agg":
             args += ["--disaggregation-mode", mode]
         fleet.spawn(f"dynamo-{tag}-mocker-{mode}", args, {}, python=python, env=env)
-    from dynamo_worker.runtime.nats_server import free_port
-
     ports = {"http": free_port()}
     args = ["dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(ports["http"]), *common]
     return fleet.spawn(
@@ -156,11 +155,13 @@ def _dynamo(fleet: Fleet, venv: Path, tag: str, modes: tuple[str, ...]) -> Proc:
     )
 
 
-def _ours(fleet: Fleet, tag: str, modes: tuple[str, ...], frontend_args: list[str]) -> Proc:
+def _ours(
+    fleet: Fleet, tag: str, modes: tuple[str, ...], frontend_args: list[str], http_port: int = 0
+) -> Proc:
     ns = f"peers-{tag}"
     for mode in modes:
         fleet.mocker(ns, "null" if mode == "agg" else mode, speedup=SPEEDUP)
-    return fleet.frontend(ns, "round-robin", *frontend_args)
+    return fleet.frontend(ns, "round-robin", *frontend_args, http_port=http_port)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _median_rows(results: list[Result], load: str) -> list[tuple[str, float | No
 
 
 def _table(results: dict[str, dict[str, list[Result]]], ours: str, others: list[str]) -> str:
-    cell = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    cell = lambda v: "-" if v is None else f"{v:.1f}" if abs(v) >= 1 else f"{v:.3f}"  # noqa: E731
     names = [*others, ours]
     head = f"{'workload / figure (median of rounds)':<50}" + "".join(f"{n:>16}" for n in names)
     head += "".join(f"{'ours/' + n.removeprefix('ours ').split()[0]:>16}" for n in others)
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.baseline is not None:
         before = {"PYTHONPATH": str(args.baseline.resolve() / "worker")}
-        sides.append(Side("ours before", lambda f, t, m: _ours(f, t, m, []), before))
+        # Given its HTTP port: a tree from before our frontend said where it listens works too.
+        sides.append(Side("ours before", lambda f, t, m: _ours(f, t, m, [], free_port()), before))
     with tempfile.TemporaryDirectory(prefix="dynamo-peers-") as tmp:
         workdir = args.workdir or Path(tmp)
         print(
