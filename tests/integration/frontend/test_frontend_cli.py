@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -171,3 +172,20 @@ def test_frontend_exits_when_a_serving_process_dies(mockers, nats_url, namespace
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_busy_http_port_ends_the_frontend_with_an_error_naming_the_flag(nats_url, namespace):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [
+            sys.executable, "-m", "dynamo_worker.frontend", "--http-host", "127.0.0.1",
+            "--http-port", str(port), "--namespace", namespace, "--nats-server", nats_url,
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert f"the frontend cannot listen on 127.0.0.1:{port}: the port is in use" in said
+    assert "pass another --http-port, or --http-port 0 for any free port" in said
+    assert "Traceback" not in said

@@ -158,14 +158,20 @@ async def test_a_non_leader_rank_registers_nothing_and_stops_on_sigterm(mockers)
     assert mp.proc.wait(15) == 0
 
 
-async def test_a_busy_bootstrap_port_ends_the_process_with_a_clear_error(mockers):
+@pytest.mark.parametrize(
+    ("flag", "listener"),
+    [
+        ("--disaggregation-bootstrap-port", "the bootstrap server"),
+        ("--request-port", "the request plane"),
+        ("--system-port", "the system server"),
+    ],
+)
+async def test_a_busy_port_ends_the_process_with_an_error_naming_its_flag(mockers, flag, listener):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        mp = mockers.spawn(
-            "prefill", "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port)
-        )
+        mp = mockers.spawn("prefill", "--disaggregation-mode", "prefill", flag, str(port))
         await wait_until_async(
             lambda: mp.proc.poll() is not None,
             "the mocker to exit",
@@ -174,5 +180,7 @@ async def test_a_busy_bootstrap_port_ends_the_process_with_a_clear_error(mockers
             explain=mp.log,
         )
     assert mp.proc.returncode == 1
-    assert f"bootstrap port {port} on 127.0.0.1 is not available" in mp.log()
-    assert "Traceback" not in mp.log()
+    said = mp.log()
+    assert f"{listener} cannot listen on 127.0.0.1:{port}: the port is in use" in said
+    assert f"pass another {flag}, or {flag} 0 for any free port" in said
+    assert "Traceback" not in said

@@ -37,7 +37,7 @@ from dynamo_worker.router import Router
 from dynamo_worker.router.feed import KvFeed, feed_router
 from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.runtime.discovery import InstanceWatcher
-from dynamo_worker.runtime.listening import log_listening
+from dynamo_worker.runtime.listening import binding, log_listening
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
 from dynamo_worker.runtime.worker import close_nats, connect_nats, redact_url
@@ -168,7 +168,8 @@ class Frontend:
         site = web.TCPSite(
             self._runner, s.http_host, s.http_port, backlog=2048, reuse_port=reuse_port or None
         )
-        await site.start()
+        with binding("the frontend", "--http-port", s.http_host, s.http_port):
+            await site.start()
         server = site._server  # aiohttp exposes the bound sockets only here
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]

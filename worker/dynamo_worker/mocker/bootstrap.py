@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from dynamo_worker.protocol import BootstrapInfo
-from dynamo_worker.runtime.listening import log_listening
+from dynamo_worker.runtime.listening import PortUnavailable, binding, log_listening
 
 __all__ = ["BootstrapServer", "BootstrapTimeout", "PrefillResult", "fetch_prefill"]
 
@@ -71,13 +71,11 @@ class BootstrapServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         try:
-            await site.start()
-        except OSError as e:
+            with binding("the bootstrap server", "--disaggregation-bootstrap-port", self._host, self._port):
+                await site.start()
+        except PortUnavailable:
             await self._runner.cleanup()
-            raise OSError(
-                f"bootstrap port {self._port} on {self._host} is not available ({e}); "
-                "pass another --disaggregation-bootstrap-port, or 0 for any free port"
-            ) from None
+            raise
         self.port = self._runner.addresses[0][1]
         log_listening("bootstrap", "http", self._host, self.port)
         return self.port

@@ -13,7 +13,7 @@ from dynamo_worker.planner.run import Planner, serve_metrics
 from dynamo_worker.planner.settings import PlannerSettings, parse_args
 from dynamo_worker.planner.step import GraphError
 from dynamo_worker.profile.model import ProfileError
-from dynamo_worker.runtime.listening import log_listening
+from dynamo_worker.runtime.listening import PortUnavailable, log_listening
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.worker import close_nats
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings, ignored = parse_args(argv)
         return asyncio.run(_run(settings, ignored))
-    except (SettingsError, ProfileError, KubeError, GraphError, ValueError) as e:
+    except (SettingsError, ProfileError, KubeError, GraphError, PortUnavailable, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -40,6 +40,7 @@ from dynamo_worker.planner.observe import (
 from dynamo_worker.planner.settings import PlannerSettings
 from dynamo_worker.planner.step import GraphError, ScaledService, decide, scaled_services
 from dynamo_worker.profile.model import Profile, load_profile
+from dynamo_worker.runtime.listening import PortUnavailable, binding
 
 __all__ = ["Planner", "serve_metrics"]
 
@@ -248,7 +249,12 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tu
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        with binding("the planner's metrics server", "--metrics-port", host, port):
+            await site.start()
+    except PortUnavailable:
+        await runner.cleanup()
+        raise
     server = site._server
     assert isinstance(server, asyncio.Server)  # what TCPSite.start() made
     return runner, server.sockets[0].getsockname()[1]

@@ -5,14 +5,18 @@ port 0 for "any free port" and, once bound, logs ``NAME: listening on SCHEME://H
 port it got. Whoever started the process with port 0 (a test, a script) reads the port back from that
 line with ``bound_ports``: no port is picked in advance and bound later, which races other processes.
 The line is written at every ``DYN_LOG_LEVEL`` (its logger is kept at INFO), as launchers depend on it.
+A listener that cannot bind says which flag sets its port and what to do (``binding``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import re
+from collections.abc import Iterator
 
-__all__ = ["bound_ports", "log_listening"]
+__all__ = ["PortUnavailable", "bind_error_message", "binding", "bound_ports", "log_listening"]
 
 log = logging.getLogger(__name__)
 log.setLevel(logging.INFO)  # not the root's level: a launcher reads this line even from a quiet process
@@ -34,3 +38,32 @@ def bound_ports(text: str) -> dict[str, int]:
     for m in _LINE.finditer(text):
         found.setdefault(m["name"], int(m["port"]))
     return found
+
+
+class PortUnavailable(OSError):
+    """A listener could not bind; the message names the flag that sets its port and the fix."""
+
+
+def bind_error_message(what: str, flag: str, host: str, port: int, error: OSError) -> str:
+    where = f"{what} cannot listen on {f'[{host}]' if ':' in host else host}:{port}"
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: the port is in use by another process (several workers or frontends on one "
+            f"host need a port each): pass another {flag}, or {flag} 0 for any free port"
+        )
+    if error.errno == errno.EACCES:
+        return f"{where}: ports below 1024 need privileges: pass {flag} 1024 or above, or {flag} 0"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {host} is not an address of this machine: listen on one of its addresses or 0.0.0.0"
+    return f"{where}: {error.strerror or error}: check the listen address and {flag}"
+
+
+@contextlib.contextmanager
+def binding(what: str, flag: str, host: str, port: int) -> Iterator[None]:
+    """Around the bind of a listener: an ``OSError`` becomes a ``PortUnavailable`` that names ``flag``."""
+    try:
+        yield
+    except PortUnavailable:
+        raise
+    except OSError as e:
+        raise PortUnavailable(bind_error_message(what, flag, host, port, e)) from None

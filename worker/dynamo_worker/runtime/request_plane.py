@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, TokenLogprob, WorkerError
-from dynamo_worker.runtime.listening import log_listening
+from dynamo_worker.runtime.listening import binding, log_listening
 
 __all__ = [
     "MAGIC",
@@ -309,9 +309,10 @@ class RequestServer:
     async def start(self) -> int:
         """Listen; returns the bound port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _ServerConnection(self), self._host, self._port, backlog=1024
-        )
+        with binding("the request plane", "--request-port", self._host, self._port):
+            self._server = await loop.create_server(
+                lambda: _ServerConnection(self), self._host, self._port, backlog=1024
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         log_listening("request-plane", "tcp", self._host, self.port)
         return self.port

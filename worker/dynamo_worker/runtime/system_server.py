@@ -19,7 +19,7 @@ from aiohttp import web
 from dynamo_operator.api import contract
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from dynamo_worker.runtime.listening import log_listening
+from dynamo_worker.runtime.listening import PortUnavailable, binding, log_listening
 
 __all__ = ["SystemServer"]
 
@@ -59,7 +59,12 @@ class SystemServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
+        try:
+            with binding("the system server", "--system-port", self._host, self._port):
+                await site.start()
+        except PortUnavailable:
+            await self.stop()
+            raise
         self.port = self._runner.addresses[0][1]
         log_listening("system", "http", self._host, self.port)
         return self.port

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dynamo_worker.runtime.listening import PortUnavailable
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.system_server import SystemServer
 from dynamo_worker.runtime.worker import run_worker
@@ -37,7 +38,11 @@ async def run_follower(
     rt = plan.runtime
     system = SystemServer(host=rt.listen_host, port=rt.system_port)
     if rt.system_enabled:
-        await system.start()
+        try:
+            await system.start()
+        except PortUnavailable as e:
+            log.error("%s", e)
+            return 1
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
