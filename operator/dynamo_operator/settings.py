@@ -213,7 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         "and Services, keeps them converged, and reports status and Events. Every flag can also be set "
         f"by the environment variable named in its help ({ENV_PREFIX}<FLAG>); flags win.",
     )
-    add_model_arguments(parser, OperatorSettings, None, help_text=_help, switches="dual")
+    sections: dict[type, str] = {
+        OperatorSettings: "the operator process",
+        OperatorConfig: "what the pods it renders get (unless a graph says otherwise)",
+    }
+    add_model_arguments(parser, OperatorSettings, None, help_text=_help, switches="dual", sections=sections)
     return parser
 
 

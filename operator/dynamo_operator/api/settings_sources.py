@@ -23,6 +23,7 @@ raises :class:`SettingsError` naming the flag and the variable of every invalid 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import types
 import typing
@@ -141,12 +142,16 @@ def add_model_arguments(
     title: str | None = "",
     help_text: HelpText = worker_help,
     switches: Literal["dual", "store_true"] = "store_true",
+    sections: Mapping[type, str] | None = None,
 ) -> None:
     """Add the flags of ``model``'s fields to ``parser`` with pydantic-settings' CLI source, in a group
     titled ``title`` (None: none). Absent flags stay unset (env and defaults apply later). Help is
     ``help_text(name, info, env_names)``; a field typed Literal gets its values as choices; a bool field
-    is ``--x/--no-x``, or with ``switches="store_true"`` a plain ``--x`` switch when its default is False."""
+    is ``--x/--no-x``, or with ``switches="store_true"`` a plain ``--x`` switch when its default is False.
+    ``sections`` (a class of ``model``'s bases -> title) puts the fields each class declares in a group of
+    their own, in that order, instead of inherited fields first."""
     group = parser if title is None else parser.add_argument_group(title or model.__name__)
+    groups = {cls: parser.add_argument_group(t) for cls, t in (sections or {}).items()}
 
     def add_argument(_parser: Any, *names: str, **kwargs: Any) -> Any:
         name = kwargs["dest"]
@@ -163,9 +168,14 @@ def add_model_arguments(
             kwargs["choices"] = choices  # argparse shows them as the metavar
         else:
             kwargs["metavar"] = _extra(info).get("metavar") or name.upper()
-        return group.add_argument(*names, **kwargs)
+        return groups.get(_declared_in(model, name), group).add_argument(*names, **kwargs)
 
     CliSettingsSource(model, root_parser=parser, add_argument_method=add_argument)
+
+
+def _declared_in(model: type, name: str) -> type:
+    """The class of ``model``'s bases (itself included) that declares field ``name``."""
+    return next((c for c in model.__mro__ if name in inspect.get_annotations(c)), model)
 
 
 def _where(model: type[BaseSettings], name: str) -> str:

@@ -75,3 +75,15 @@ def test_webhook_address_service_or_url():
         )
     with pytest.raises(SettingsError, match="NAMESPACE/NAME"):
         parse_settings(["--all-namespaces", "--webhook-service", "no-namespace"], environ={})
+
+
+def test_help_lists_the_operator_process_flags_before_the_pod_defaults():
+    from dynamo_operator.settings import build_parser
+
+    text = build_parser().format_help()
+    process, pods = text.index("\nthe operator process:\n"), text.index("\nwhat the pods it renders get")
+    assert process < pods
+    for flag in ("--kubeconfig", "--namespace", "--workers", "--webhook-port", "--log-level"):
+        assert process < text.index(f"\n  {flag} ") < pods, flag
+    for flag in ("--nats-url", "--worker-image", "--ucx-tls", "--pod-log-format"):
+        assert text.index(f"\n  {flag} ") > pods, flag
