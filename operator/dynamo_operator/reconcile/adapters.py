@@ -5,7 +5,9 @@ pure ones of :mod:`dynamo_operator.reconcile.scaling`.
   scale``, HPA, KEDA) is written into the graph, with a ``Scaled`` Event;
 - :func:`sync`: missing adapters are created with the service's replicas, their labels and ``dgdRef``
   restored, their status written (the service's replicas that exist, its pods' selector), and adapters no
-  longer desired deleted. An adapter's ``spec.replicas`` is never written here.
+  longer desired deleted. An adapter's ``spec.replicas`` is never written here. What keeps an adapter
+  from existing (no CRD on the API server, its name taken) comes back as warnings for the graph's
+  ``SpecWarnings`` condition, so it is said once per change, not once per visit.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from dynamo_operator.reconcile import plan, scaling, status
 from dynamo_operator.reconcile.kube import DGD, SCALING_ADAPTER, Conflict, Kube, NotFound, label_selector
 from dynamo_operator.render import labels
 from dynamo_operator.render.scaling import pod_selector
-from dynamo_operator.render.types import Rendered
+from dynamo_operator.render.types import Notice, Rendered
 
-__all__ = ["copy_replicas", "list_adapters", "sync"]
+__all__ = ["CRD_MISSING", "NAME_TAKEN", "copy_replicas", "list_adapters", "sync"]
 
 logger = logging.getLogger(__name__)
 KIND = "DynamoGraphDeploymentScalingAdapter"
+CRD_MISSING = "ScalingAdapterCRDMissing"
+NAME_TAKEN = "ScalingAdapterNameTaken"
 
 
 def _now() -> str:
@@ -69,11 +73,14 @@ async def sync(
     observed: list[dict],
     counts: Mapping[str, status.ServiceCounts],
     scaled: Mapping[str, str],
-) -> None:
-    """Converge the graph's adapters (all but their ``spec.replicas``) and write their status."""
+) -> tuple[Notice, ...]:
+    """Converge the graph's adapters (all but their ``spec.replicas``) and write their status. Returns
+    warnings for the adapters that could not be created (the rest of the graph goes on)."""
     meta = raw["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     by_name = {o["metadata"]["name"]: o for o in observed}
+    no_crd: list[str] = []  # services whose adapter the API server has no resource type for
+    taken: list[Notice] = []
     for desired in rendered.adapters:
         adapter = desired["metadata"]["name"]
         service = desired["spec"]["dgdRef"]["serviceName"]
@@ -81,25 +88,16 @@ async def sync(
         if current is None:
             try:
                 current = await kube.create(desired)
-            except NotFound:  # the API server has no adapter CRD: the rest of the graph goes on
-                logger.warning(
-                    "Could not create %s name=%s graph=%s/%s: its CRD is not installed; apply "
-                    "charts/dynamo-operator/crds/ (kubectl apply --server-side -f)",
-                    KIND,
-                    adapter,
-                    namespace,
-                    name,
-                )
+            except NotFound:  # the API server has no adapter CRD
+                no_crd.append(service)
                 continue
-            except Conflict:
-                logger.warning(
-                    "Could not create %s name=%s graph=%s/%s: one of that name exists and is not this "
-                    "graph's; delete it",
-                    KIND,
-                    adapter,
-                    namespace,
-                    name,
+            except Conflict:  # not among the graph's (by label), yet its name exists
+                message = (
+                    f"service {service} sets scalingAdapter, but a {KIND} named {adapter} exists and is not "
+                    f"this graph's: delete it (kubectl delete dgdsa {adapter} -n {namespace}) and the "
+                    "operator creates the graph's own"
                 )
+                taken.append(Notice(NAME_TAKEN, message, service=service, warning=True))
                 continue
             message = f"Created {KIND} {adapter} for service {service}"
             logger.info("%s graph=%s/%s", message, namespace, name)
@@ -124,3 +122,11 @@ async def sync(
             )
             logger.info("%s graph=%s/%s", message, namespace, name)
             await kube.post_event(raw, type_="Normal", reason="Deleted", message=message)
+    if no_crd:
+        message = (
+            f"scalingAdapter of service {', '.join(no_crd)} has no effect: the API server has no {KIND} "
+            "CRD; apply charts/dynamo-operator/crds/ (kubectl apply --server-side -f). Until then the "
+            "service keeps the replicas of the graph's spec."
+        )
+        taken.insert(0, Notice(CRD_MISSING, message, warning=True))
+    return tuple(taken)

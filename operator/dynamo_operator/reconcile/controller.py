@@ -17,7 +17,7 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -295,7 +295,8 @@ class Controller:
         counts = status.all_counts(
             rendered.services, applied, component_label=labels.COMPONENT, group_label=labels.GROUP
         )
-        await adapters.sync(self.kube, raw, rendered, observed_adapters, counts, scaled)
+        adapter_warnings = await adapters.sync(self.kube, raw, rendered, observed_adapters, counts, scaled)
+        rendered = replace(rendered, notices=rendered.notices + adapter_warnings)
         cond = ready_condition(counts, name)
         if cond.status != "True":  # say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
@@ -428,6 +429,8 @@ class Controller:
                 wanted.append(transport)
             if new_generation or any(conditions.changed(current_conds, c) for c in wanted[1:]):
                 for n in rendered.notices:
+                    if n.warning:
+                        logger.warning("%s graph=%s/%s", n.message, namespace, name)
                     await self.kube.post_event(
                         raw, type_="Warning" if n.warning else "Normal", reason=n.reason, message=n.message
                     )

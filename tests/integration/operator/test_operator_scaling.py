@@ -3,19 +3,29 @@ included) + kwok: a service with scalingAdapter gets a DynamoGraphDeploymentScal
 graph; `kubectl scale` on it (a PATCH of its /scale subresource) and an autoscaling/v2 HPA aimed at it
 change the service's Deployment; the /scale subresource reports the service's pods and selector;
 turning scalingAdapter off deletes the adapter and leaves the replicas; a planner scaling the same
-service wins, and the graph says so in a ScalingConflict condition and an Event."""
+service wins, and the graph says so in a ScalingConflict condition and an Event; an adapter name held
+by another object, or no adapter CRD on the API server, is a warning on the graph, said once."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from tests.integration.operator.conftest import Kubectl, OperatorProcess, example, wait_until
+from tests.integration.operator.conftest import (
+    ADAPTER_CRD,
+    REPO,
+    Kubectl,
+    OperatorProcess,
+    example,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
 ADAPTER = "dgdsa"
+ADAPTER_KIND = "DynamoGraphDeploymentScalingAdapter"
 GRAPH_LABEL = "nvidia.com/dynamo-graph-deployment-name"
 
 
@@ -154,4 +164,76 @@ def test_planner_and_adapter_on_one_service_is_refused_with_a_condition(
     wait_until(
         lambda: kc.condition("sglang-disagg-planner", "ScalingConflict") is None,
         "the condition to go once nothing opts in",
+    )
+
+
+def test_an_adapter_name_taken_by_another_object_is_a_warning_once_and_the_graph_runs(
+    kc: Kubectl, operator_factory
+):
+    """The name the graph's adapter needs is held by an adapter that is not the graph's: the graph still
+    becomes Ready, its SpecWarnings condition and one Warning Event name the adapter and the fix, and once
+    that object is deleted the operator creates the graph's own and the warning clears."""
+    kc.apply(
+        {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": ADAPTER_KIND,
+            "metadata": {"name": "sglang-agg-decode"},
+            "spec": {"replicas": 1, "dgdRef": {"name": "another-graph", "serviceName": "decode"}},
+        }
+    )
+    operator_factory("--resync-interval-s", "2")
+    kc.apply(_opt_in("agg.yaml", "decode"))
+    kc.wait_ready("sglang-agg")
+    cond = wait_until(
+        lambda: (c := kc.condition("sglang-agg", "SpecWarnings")) and c["status"] == "True" and c,
+        "the SpecWarnings condition",
+    )
+    assert cond["reason"] == "ScalingAdapterNameTaken"
+    assert f"a {ADAPTER_KIND} named sglang-agg-decode exists and is not this graph's" in cond["message"]
+    assert "kubectl delete dgdsa sglang-agg-decode" in cond["message"]
+    time.sleep(5)  # two more visits (resync every 2 s) say nothing new
+    (event,) = kc.events("sglang-agg", "ScalingAdapterNameTaken")
+    assert event["type"] == "Warning"
+
+    kc.delete(ADAPTER, "sglang-agg-decode")
+    adapter = wait_until(
+        lambda: (
+            (a := kc.get(ADAPTER, "sglang-agg-decode")) and a["spec"]["dgdRef"]["name"] == "sglang-agg" and a
+        ),
+        "the graph's own adapter",
+    )
+    assert adapter["metadata"]["ownerReferences"][0]["name"] == "sglang-agg"
+    wait_until(
+        lambda: (kc.condition("sglang-agg", "SpecWarnings") or {}).get("status") == "False",
+        "the warning to clear",
+    )
+
+
+def test_without_the_adapter_crd_the_graph_runs_says_so_once_and_recovers_when_it_is_applied(
+    kc: Kubectl, kube_cluster, operator_factory
+):
+    """No adapter CRD on the API server: the graph is Ready with its spec's replicas and a SpecWarnings
+    condition naming the CRD and how to apply it; applying the CRD creates the adapter and clears it."""
+    crd_file = next((REPO / "crds").glob("*scalingadapter*"))
+    kube_cluster.kubectl("delete", "crd", ADAPTER_CRD, "--timeout=60s")
+    try:
+        operator_factory("--resync-interval-s", "2")
+        kc.apply(_opt_in("agg.yaml", "decode"))
+        kc.wait_ready("sglang-agg")
+        cond = wait_until(
+            lambda: (c := kc.condition("sglang-agg", "SpecWarnings")) and c["status"] == "True" and c,
+            "the SpecWarnings condition",
+        )
+        assert cond["reason"] == "ScalingAdapterCRDMissing"
+        assert (
+            f"the API server has no {ADAPTER_KIND} CRD; apply charts/dynamo-operator/crds/" in cond["message"]
+        )
+        assert [e["type"] for e in kc.events("sglang-agg", "ScalingAdapterCRDMissing")] == ["Warning"]
+    finally:
+        kube_cluster.kubectl("apply", "--server-side", "-f", str(crd_file))
+        kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{ADAPTER_CRD}", "--timeout=60s")
+    wait_until(lambda: kc.get(ADAPTER, "sglang-agg-decode"), "the adapter, once its CRD is there")
+    wait_until(
+        lambda: (kc.condition("sglang-agg", "SpecWarnings") or {}).get("status") == "False",
+        "the warning to clear",
     )
