@@ -167,6 +167,20 @@ def test_planner_and_adapter_on_one_service_is_refused_with_a_condition(
     )
 
 
+def _spec_warnings(kc: Kubectl) -> str | None:
+    return (kc.condition("sglang-agg", "SpecWarnings") or {}).get("status")
+
+
+def _serve_with_adapter_warning(kc: Kubectl, operator_factory) -> dict:
+    """agg.yaml with an adapter on decode, served by an operator that visits every 2 s: the graph gets
+    Ready; returns its SpecWarnings condition once it is True."""
+    operator_factory("--resync-interval-s", "2")
+    kc.apply(_opt_in("agg.yaml", "decode"))
+    kc.wait_ready("sglang-agg")
+    wait_until(lambda: _spec_warnings(kc) == "True", "the SpecWarnings condition")
+    return kc.condition("sglang-agg", "SpecWarnings")
+
+
 def test_an_adapter_name_taken_by_another_object_is_a_warning_once_and_the_graph_runs(
     kc: Kubectl, operator_factory
 ):
@@ -181,13 +195,7 @@ def test_an_adapter_name_taken_by_another_object_is_a_warning_once_and_the_graph
             "spec": {"replicas": 1, "dgdRef": {"name": "another-graph", "serviceName": "decode"}},
         }
     )
-    operator_factory("--resync-interval-s", "2")
-    kc.apply(_opt_in("agg.yaml", "decode"))
-    kc.wait_ready("sglang-agg")
-    cond = wait_until(
-        lambda: (c := kc.condition("sglang-agg", "SpecWarnings")) and c["status"] == "True" and c,
-        "the SpecWarnings condition",
-    )
+    cond = _serve_with_adapter_warning(kc, operator_factory)
     assert cond["reason"] == "ScalingAdapterNameTaken"
     assert f"a {ADAPTER_KIND} named sglang-agg-decode exists and is not this graph's" in cond["message"]
     assert "kubectl delete dgdsa sglang-agg-decode" in cond["message"]
@@ -203,10 +211,7 @@ def test_an_adapter_name_taken_by_another_object_is_a_warning_once_and_the_graph
         "the graph's own adapter",
     )
     assert adapter["metadata"]["ownerReferences"][0]["name"] == "sglang-agg"
-    wait_until(
-        lambda: (kc.condition("sglang-agg", "SpecWarnings") or {}).get("status") == "False",
-        "the warning to clear",
-    )
+    wait_until(lambda: _spec_warnings(kc) == "False", "the warning to clear")
 
 
 def test_without_the_adapter_crd_the_graph_runs_says_so_once_and_recovers_when_it_is_applied(
@@ -217,13 +222,7 @@ def test_without_the_adapter_crd_the_graph_runs_says_so_once_and_recovers_when_i
     crd_file = next((REPO / "crds").glob("*scalingadapter*"))
     kube_cluster.kubectl("delete", "crd", ADAPTER_CRD, "--timeout=60s")
     try:
-        operator_factory("--resync-interval-s", "2")
-        kc.apply(_opt_in("agg.yaml", "decode"))
-        kc.wait_ready("sglang-agg")
-        cond = wait_until(
-            lambda: (c := kc.condition("sglang-agg", "SpecWarnings")) and c["status"] == "True" and c,
-            "the SpecWarnings condition",
-        )
+        cond = _serve_with_adapter_warning(kc, operator_factory)
         assert cond["reason"] == "ScalingAdapterCRDMissing"
         assert (
             f"the API server has no {ADAPTER_KIND} CRD; apply charts/dynamo-operator/crds/" in cond["message"]
@@ -233,7 +232,4 @@ def test_without_the_adapter_crd_the_graph_runs_says_so_once_and_recovers_when_i
         kube_cluster.kubectl("apply", "--server-side", "-f", str(crd_file))
         kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{ADAPTER_CRD}", "--timeout=60s")
     wait_until(lambda: kc.get(ADAPTER, "sglang-agg-decode"), "the adapter, once its CRD is there")
-    wait_until(
-        lambda: (kc.condition("sglang-agg", "SpecWarnings") or {}).get("status") == "False",
-        "the warning to clear",
-    )
+    wait_until(lambda: _spec_warnings(kc) == "False", "the warning to clear")
