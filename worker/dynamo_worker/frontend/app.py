@@ -37,7 +37,7 @@ from dynamo_worker.router import Router
 from dynamo_worker.router.feed import KvFeed, feed_router
 from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.runtime.discovery import InstanceWatcher
-from dynamo_worker.runtime.listening import binding, log_listening
+from dynamo_worker.runtime.listening import serve
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
 from dynamo_worker.runtime.request_plane import RequestClient
 from dynamo_worker.runtime.worker import close_nats, connect_nats, redact_url
@@ -162,18 +162,18 @@ class Frontend:
             multimodal=self.multimodal,
             images=self.images,
         )
-        self._runner = web.AppRunner(self.server.app(), handler_cancellation=True, access_log=None)
-        await self._runner.setup()
         reuse_port = s.http_reuse_port or s.http_workers > 1
-        site = web.TCPSite(
-            self._runner, s.http_host, s.http_port, backlog=2048, reuse_port=reuse_port or None
+        self._runner, self.port = await serve(
+            self.server.app(),
+            "frontend",
+            s.http_host,
+            s.http_port,
+            what="the frontend",
+            flag="--http-port",
+            handler_cancellation=True,
+            backlog=2048,
+            reuse_port=reuse_port or None,
         )
-        with binding("the frontend", "--http-port", s.http_host, s.http_port):
-            await site.start()
-        server = site._server  # aiohttp exposes the bound sockets only here
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        log_listening("frontend", "http", s.http_host, self.port)
         log.info(
             "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s",
             s.namespace,

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from dynamo_worker.protocol import BootstrapInfo
-from dynamo_worker.runtime.listening import PortUnavailable, binding, log_listening
+from dynamo_worker.runtime.listening import serve
 
 __all__ = ["BootstrapServer", "BootstrapTimeout", "PrefillResult", "fetch_prefill"]
 
@@ -67,17 +67,15 @@ class BootstrapServer:
     async def start(self) -> int:
         app = web.Application()
         app.router.add_get(ROOMS_PATH, self._fetch)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        try:
-            with binding("the bootstrap server", "--disaggregation-bootstrap-port", self._host, self._port):
-                await site.start()
-        except PortUnavailable:
-            await self._runner.cleanup()
-            raise
-        self.port = self._runner.addresses[0][1]
-        log_listening("bootstrap", "http", self._host, self.port)
+        self._runner, self.port = await serve(
+            app,
+            "bootstrap",
+            self._host,
+            self._port,
+            what="the bootstrap server",
+            flag="--disaggregation-bootstrap-port",
+            handler_cancellation=True,
+        )
         return self.port
 
     async def stop(self) -> None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from dynamo_worker.protocol import ErrorType, InstanceRecord, Role
 from dynamo_worker.runtime.discovery import Registration, register
-from dynamo_worker.runtime.listening import binding, log_listening
+from dynamo_worker.runtime.listening import serve
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.runtime.system_server import SystemServer
 from dynamo_worker.runtime.worker import connect_nats
@@ -117,13 +117,15 @@ class ServiceWorker:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(self.service.path, self._handle)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, s.listen_host, s.request_port)
-        with binding("the request plane", "--request-port", s.listen_host, s.request_port):
-            await site.start()
-        self.port = self._runner.addresses[0][1]
-        log_listening("request-plane", "http", s.listen_host, self.port)
+        self._runner, self.port = await serve(
+            app,
+            "request-plane",
+            s.listen_host,
+            s.request_port,
+            what="the request plane",
+            flag="--request-port",
+            handler_cancellation=True,
+        )
         record = InstanceRecord(
             instance_id=s.instance_id,
             namespace=s.namespace,

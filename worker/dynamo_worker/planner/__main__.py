@@ -13,7 +13,7 @@ from dynamo_worker.planner.run import Planner, serve_metrics
 from dynamo_worker.planner.settings import PlannerSettings, parse_args
 from dynamo_worker.planner.step import GraphError
 from dynamo_worker.profile.model import ProfileError
-from dynamo_worker.runtime.listening import PortUnavailable, log_listening
+from dynamo_worker.runtime.listening import PortUnavailable
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.worker import close_nats
 
@@ -26,8 +26,7 @@ async def _run(settings: PlannerSettings, ignored: list[str]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner, port = await serve_metrics(planner.metrics.registry, settings.metrics_host, settings.metrics_port)
-    log_listening("planner-metrics", "http", settings.metrics_host, port)
+    runner, _ = await serve_metrics(planner.metrics.registry, settings.metrics_host, settings.metrics_port)
     nc = None
     try:
         if settings.mode == "load":

@@ -40,7 +40,7 @@ from dynamo_worker.planner.observe import (
 from dynamo_worker.planner.settings import PlannerSettings
 from dynamo_worker.planner.step import GraphError, ScaledService, decide, scaled_services
 from dynamo_worker.profile.model import Profile, load_profile
-from dynamo_worker.runtime.listening import PortUnavailable, binding
+from dynamo_worker.runtime.listening import serve
 
 __all__ = ["Planner", "serve_metrics"]
 
@@ -235,7 +235,7 @@ def _observed_text(obs: Observation | None) -> str:
 
 
 async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """``/metrics`` (planner_*) and ``/live``; returns the runner and the bound port."""
+    """``/metrics`` (planner_*) and ``/live``; returns the runner and the bound port (logged)."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -246,15 +246,6 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tu
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/live", live)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        with binding("the planner's metrics server", "--metrics-port", host, port):
-            await site.start()
-    except PortUnavailable:
-        await runner.cleanup()
-        raise
-    server = site._server
-    assert isinstance(server, asyncio.Server)  # what TCPSite.start() made
-    return runner, server.sockets[0].getsockname()[1]
+    return await serve(
+        app, "planner-metrics", host, port, what="the planner's metrics server", flag="--metrics-port"
+    )

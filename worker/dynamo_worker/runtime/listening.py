@@ -5,7 +5,8 @@ port 0 for "any free port" and, once bound, logs ``NAME: listening on SCHEME://H
 port it got. Whoever started the process with port 0 (a test, a script) reads the port back from that
 line with ``bound_ports``: no port is picked in advance and bound later, which races other processes.
 The line is written at every ``DYN_LOG_LEVEL`` (its logger is kept at INFO), as launchers depend on it.
-A listener that cannot bind says which flag sets its port and what to do (``binding``).
+A listener that cannot bind says which flag sets its port and what to do (``binding``); ``serve`` does
+all of it for an aiohttp app.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import errno
 import logging
 import re
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["PortUnavailable", "bind_error_message", "binding", "bound_ports", "log_listening"]
+from aiohttp import web
+
+__all__ = ["PortUnavailable", "binding", "bound_ports", "log_listening", "serve"]
 
 log = logging.getLogger(__name__)
 log.setLevel(logging.INFO)  # not the root's level: a launcher reads this line even from a quiet process
@@ -44,7 +48,7 @@ class PortUnavailable(OSError):
     """A listener could not bind; the message names the flag that sets its port and the fix."""
 
 
-def bind_error_message(what: str, flag: str, host: str, port: int, error: OSError) -> str:
+def _bind_error(what: str, flag: str, host: str, port: int, error: OSError) -> str:
     where = f"{what} cannot listen on {f'[{host}]' if ':' in host else host}:{port}"
     if error.errno == errno.EADDRINUSE:
         return (
@@ -63,7 +67,33 @@ def binding(what: str, flag: str, host: str, port: int) -> Iterator[None]:
     """Around the bind of a listener: an ``OSError`` becomes a ``PortUnavailable`` that names ``flag``."""
     try:
         yield
-    except PortUnavailable:
-        raise
     except OSError as e:
-        raise PortUnavailable(bind_error_message(what, flag, host, port, e)) from None
+        raise PortUnavailable(_bind_error(what, flag, host, port, e)) from None
+
+
+async def serve(
+    app: web.Application,
+    name: str,
+    host: str,
+    port: int,
+    *,
+    what: str,
+    flag: str,
+    handler_cancellation: bool = False,
+    **site_options: Any,
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port`` (0: any free port) and log listener ``name``'s line; returns the
+    runner and the bound port. A port it cannot bind is a ``PortUnavailable`` naming ``flag``, with the
+    runner cleaned up."""
+    runner = web.AppRunner(app, handler_cancellation=handler_cancellation, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, **site_options)
+    try:
+        with binding(what, flag, host, port):
+            await site.start()
+    except PortUnavailable:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1]
+    log_listening(name, "http", host, bound)
+    return runner, bound

@@ -19,7 +19,7 @@ from aiohttp import web
 from dynamo_operator.api import contract
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from dynamo_worker.runtime.listening import PortUnavailable, binding, log_listening
+from dynamo_worker.runtime.listening import serve
 
 __all__ = ["SystemServer"]
 
@@ -56,17 +56,9 @@ class SystemServer:
         app.router.add_get(contract.LIVE_PATH, self._live)
         app.router.add_get(contract.HEALTH_PATH, self._health)
         app.router.add_get(contract.METRICS_PATH, self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        try:
-            with binding("the system server", "--system-port", self._host, self._port):
-                await site.start()
-        except PortUnavailable:
-            await self.stop()
-            raise
-        self.port = self._runner.addresses[0][1]
-        log_listening("system", "http", self._host, self.port)
+        self._runner, self.port = await serve(
+            app, "system", self._host, self._port, what="the system server", flag="--system-port"
+        )
         return self.port
 
     async def stop(self) -> None:
