@@ -10,7 +10,9 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
     |                       overloaded, model_loading)
     +-- UpstreamError (502, type upstream_error: a worker failed, died or timed out while serving)
         +-- WorkerLost (the worker itself is lost to this request: unreachable, stream broken or
-                        stalled; ``instance_id`` and ``role`` name it, and the request may migrate)
+        |               stalled; ``instance_id`` and ``role`` name it, and the request may migrate)
+        +-- UpstreamTimeout (504: a bounded phase of the request did not complete in time, e.g. the
+                             KV handoff of a disaggregated request, code kv_transfer_timeout)
 
 Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
 event once a stream has started).
@@ -31,6 +33,7 @@ __all__ = [
     "RequestTimeout",
     "ServiceUnavailable",
     "UpstreamError",
+    "UpstreamTimeout",
     "WorkerLost",
     "from_validation_error",
 ]
@@ -90,6 +93,10 @@ class ServiceUnavailable(ApiError):
 class UpstreamError(ApiError):
     status = 502
     type = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
 
 
 class WorkerLost(UpstreamError):
