@@ -5,6 +5,10 @@ usage:
   python3 tests/gpu/run_examples.py examples [NAME ...]   every example below (or the named ones)
   python3 tests/gpu/run_examples.py fresh N [NAME]        N fresh starts of NAME (default disagg):
                                                           does its very first request answer?
+  python3 tests/gpu/run_examples.py stuck                 disagg, its prefill engine stopped (SIGSTOP)
+                                                          mid-request: the client's answer comes within
+                                                          the frontend's --kv-transfer-timeout-s
+GRAPH_GPUS (e.g. 2,3) limits the GPUs a run takes, so two runs can share a machine.
 
 What changes against the committed manifest is only what a user of this GPU machine changes:
 ``--model-dir`` (the 8B-shaped dummy model of ``tests/gpu/model``, with a tokenizer whose token *i* is
@@ -112,9 +116,14 @@ def _containers(graph: dict) -> list[dict]:
     return found
 
 
-def user_manifest(example: str, folder: Path) -> Path:
-    """``example`` with ``USER_FLAGS`` appended to every SGLang worker's args, written into ``folder``."""
+def user_manifest(example: str, folder: Path, frontend_args: list[str] | None = None) -> Path:
+    """``example`` with ``USER_FLAGS`` appended to every SGLang worker's args (and ``frontend_args`` to
+    the frontend's), written into ``folder``."""
     graph = yaml.safe_load((ROOT / example).read_text())
+    for svc in (graph["spec"].get("services") or {}).values():  # v1alpha1, as the examples are
+        if frontend_args and svc.get("componentType") == "frontend":
+            main = svc.setdefault("extraPodSpec", {}).setdefault("mainContainer", {})
+            main["args"] = [*main.get("args", []), *frontend_args]
     for container in _containers(graph):
         words = (
             " ".join(map(str, container.get("command") or []))
@@ -195,7 +204,8 @@ class Graph:
         self.log_path = self.logs / "dynamo-run.log"
         # python -m: the GPU machine runs the checkout, so there is no dynamo-run script beside python
         argv = [sys.executable, "-m", "dynamo_worker.local", str(manifest), "--engine", ENGINE,
-                "--port", str(self.port), "--startup-timeout", str(STARTUP_S), "--log-dir", str(self.logs)]  # fmt: skip
+                "--port", str(self.port), "--startup-timeout", str(STARTUP_S),
+                "--log-dir", str(self.logs)]  # fmt: skip
         if ENGINE == "sglang":
             argv += ["--model-dir", str(MODEL_DIR)]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
@@ -492,7 +502,69 @@ def fresh_starts(n: int, name: str, gpus: str) -> list[dict]:
     return starts
 
 
+STUCK_BOUND_S = float(os.environ.get("STUCK_BOUND_S", 10))
+
+
+def worker_pid(graph: Graph, role: str) -> int:
+    """The worker process of ``role`` (its SGLang scheduler is a child of it)."""
+    for pid in descendants(graph.proc.pid):
+        line = cmdline(pid)
+        if f"--disaggregation-mode {role}" in line and " -m dynamo_worker." in line:
+            return pid
+    raise RuntimeError(f"no {role} worker process under dynamo-run")
+
+
+def stuck_engine(name: str, gpus: str) -> dict:
+    """The prefill engine stops (SIGSTOP of its SGLang scheduler; the mocker's worker process) while a
+    request is in its prefill leg: the client must get 504 within the frontend's bound, the pair must
+    serve again once the engine continues."""
+    import openai
+
+    example = EXAMPLES[name][0]
+    args = ["--kv-transfer-timeout-s", str(STUCK_BOUND_S)]
+    graph = Graph(f"{name}-stuck", user_manifest(example, OUT / "manifests", frontend_args=args), gpus)
+    row: dict = {"example": name, "bound_s": STUCK_BOUND_S}
+    try:
+        row["first"] = first_request(graph, "chat", f"{name}-stuck")[1]
+        prefill = worker_pid(graph, "prefill")
+        schedulers = [p for p in descendants(prefill) if "scheduler" in cmdline(p)]
+        target = schedulers or [prefill]
+        client = openai.OpenAI(base_url=graph.base, api_key="none", max_retries=0, timeout=STUCK_BOUND_S * 4)
+        prompt = " ".join(f"w{i}" for i in range(100, 1600))  # ~1500 tokens here, ~6600 on the mocker
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            started = time.monotonic()
+            future = pool.submit(client.completions.create, model=graph.model, prompt=prompt, max_tokens=16)
+            for pid in target:
+                os.kill(pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                future.result()
+                row.update(outcome="answered", status=200)
+            except openai.APIStatusError as e:
+                row.update(outcome=e.message[:300], status=e.status_code)
+            except Exception as e:  # the client's own timeout: the bound did not hold
+                row.update(outcome=f"{type(e).__name__}: {e}", status=None)
+            row["answered_after_stop_s"] = round(time.monotonic() - stopped, 2)
+            row["answered_after_send_s"] = round(time.monotonic() - started, 2)
+        for pid in target:
+            os.kill(pid, signal.SIGCONT)
+        again, row["after"] = first_request(graph, "completion", f"{name}-after-stuck")
+        row["served_again_s"] = again and round(again, 2)
+        row["ok"] = (
+            row["status"] in (200, 504)
+            and row["answered_after_send_s"] <= STUCK_BOUND_S + 5
+            and again is not None
+        )
+    finally:
+        row["exit_code"], left = graph.stop()
+        row["left"] = len(left)
+    log(f"stuck engine: {row}")
+    return row
+
+
 def gpu_list() -> list[str]:
+    if os.environ.get("GRAPH_GPUS"):
+        return os.environ["GRAPH_GPUS"].split(",")
     if ENGINE != "sglang":
         return [str(i) for i in range(8)]
     out = subprocess.run(
@@ -514,7 +586,7 @@ def main(argv: list[str]) -> int:
         n = int(argv[1]) if len(argv) > 1 else 20
         name = argv[2] if len(argv) > 2 else "disagg"
         need = EXAMPLES[name][1]
-        rows = fresh_starts(n, name, os.environ.get("GRAPH_GPUS") or ",".join(gpus[:need]))
+        rows = fresh_starts(n, name, ",".join(gpus[:need]))
         (OUT / f"fresh-{name}.json").write_text(json.dumps(rows, indent=1))
         answered = sum(r.get("first_s") is not None for r in rows)
         clean = sum(r.get("exit_code") == 0 and r.get("left") == 0 for r in rows)
@@ -529,6 +601,11 @@ def main(argv: list[str]) -> int:
         (OUT / f"fresh-{name}.txt").write_text(text + "\n")
         print(text)
         return 0 if answered == n and clean == n else 1
+    if mode == "stuck":
+        row = stuck_engine("disagg", ",".join(gpus[:2]))
+        (OUT / "stuck.json").write_text(json.dumps(row, indent=1))
+        print(json.dumps(row, indent=1))
+        return 0 if row.get("ok") and row.get("exit_code") == 0 and not row.get("left") else 1
     names = argv[1:] or list(EXAMPLES)
     results = []
     for name in names:
@@ -538,14 +615,17 @@ def main(argv: list[str]) -> int:
             continue
         results.append(serve_example(name, ",".join(gpus[:need])))
     (OUT / "examples.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-    head = f"{'example':18} {'gpus':8} {'ready s':>7} {'first s':>7} {'checks':>7} {'tok/s':>7} {'TTFT ms':>8} {'ITL ms':>7} exit"
-    lines = [head]
+    lines = [
+        f"{'example':18} {'gpus':8} {'ready s':>7} {'first s':>7} {'checks':>7} {'tok/s':>7} "
+        f"{'TTFT ms':>8} {'ITL ms':>7} exit"
+    ]
     for r in results:
         ok = sum(r.checks.values())
+        clean = r.exit_code == 0 and not r.left_processes
         lines.append(
-            f"{r.name:18} {r.gpus:8} {r.ready_s:7.1f} {r.first_s or float('nan'):7.2f} {ok:>3}/{len(r.checks):<3} "
-            f"{r.out_tok_s:7.0f} {r.ttft_p50_ms:8.0f} {r.itl_p50_ms:7.1f} "
-            f"{'clean' if r.exit_code == 0 and not r.left_processes else f'rc={r.exit_code} left={r.left_processes}'}"
+            f"{r.name:18} {r.gpus:8} {r.ready_s:7.1f} {r.first_s or float('nan'):7.2f} "
+            f"{ok:>3}/{len(r.checks):<3} {r.out_tok_s:7.0f} {r.ttft_p50_ms:8.0f} {r.itl_p50_ms:7.1f} "
+            f"{'clean' if clean else f'rc={r.exit_code} left={r.left_processes}'}"
             f"{'' if r.passed else '  FAIL ' + '; '.join(r.notes)[:200]}"
         )
     text = "\n".join(lines)

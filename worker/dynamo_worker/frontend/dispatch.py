@@ -362,7 +362,7 @@ class Dispatcher:
         )
         error = UpstreamTimeout(
             f"The KV cache of this request did not reach decode worker {decode.instance_id} from prefill "
-            f"worker {prefill.instance_id} within {self.kv_transfer_timeout_s:.0f}s ({where}); both legs "
+            f"worker {prefill.instance_id} within {self.kv_transfer_timeout_s:.0f}s: {where}. Both legs "
             "were cancelled and aborted on their workers. The request was retried on another prefill/decode "
             "pair when one was free. If this recurs on idle workers, check the workers' logs and their KV "
             "transfer backend; if prefills queue this long under load, raise --kv-transfer-timeout-s.",
