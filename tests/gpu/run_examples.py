@@ -223,18 +223,24 @@ class Graph:
             argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         deadline = started + STARTUP_S + 30
-        while "Serving namespace=" not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(
-                    f"dynamo-run {name} did not become Ready; see {self.log_path}:\n{self.tail()}"
-                )
-            time.sleep(0.2)
+        try:
+            self._wait_ready(name, deadline)
+        except BaseException:  # never leave a half-started graph holding GPUs (also on SIGTERM)
+            self.stop()
+            raise
         self.ready_s = time.monotonic() - started
         self.base = f"http://127.0.0.1:{self.port}/v1"
         self.model = re.search(r"models:\s+(\S+)", self.text())[1].rstrip(",")
         self.tree = descendants(self.proc.pid)
         log(f"{name}: Ready after {self.ready_s:.1f}s ({len(self.tree)} processes), model {self.model}")
+
+    def _wait_ready(self, name: str, deadline: float) -> None:
+        while "Serving namespace=" not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"dynamo-run {name} did not become Ready; see {self.log_path}:\n{self.tail()}"
+                )
+            time.sleep(0.2)
 
     def text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -541,7 +547,7 @@ def stuck_engine(name: str, gpus: str) -> dict:
                 future.result()
                 row.update(outcome="answered", status=200)
             except openai.APIStatusError as e:
-                row.update(outcome=e.message[:300], status=e.status_code)
+                row.update(outcome=e.message[:1000], status=e.status_code)
             except Exception as e:  # the client's own timeout: the bound did not hold
                 row.update(outcome=f"{type(e).__name__}: {e}", status=None)
             row["answered_after_stop_s"] = round(time.monotonic() - stopped, 2)
@@ -575,6 +581,8 @@ def gpu_list() -> list[str]:
 
 def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
+    # `timeout` (or a Ctrl-C) stops the script through its finally blocks, which stop every graph
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if ENGINE == "sglang":
         sys.path.insert(0, str(HERE))
         from run_gpu import make_model

@@ -1,0 +1,34 @@
+"""The user-path proof (tests/gpu/run_examples.py) on the mocker: fresh starts of examples/disagg.yaml
+through dynamo-run whose very first request (a chat, then a completion) must answer, with a clean
+Ctrl-C each time; and the prefill engine stopped (SIGSTOP) mid-request, whose client must get 504 at
+the frontend's --kv-transfer-timeout-s and whose pair must serve again once the engine continues.
+The GPU is replaced by the mocker (no GPU here): this keeps the script working between the runs on
+the lent GPU machines, and runs the fresh-start and stuck-engine checks in the normal suite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.support.gpu_scripts import run_on_mocker
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_fresh_start_answers_its_first_request(tmp_path):
+    proc = run_on_mocker("run_examples.py", tmp_path, "fresh", "2", "disagg", FIRST_S="30", STALL_S="20")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "out" / "fresh-disagg.json").read_text())
+    assert [r["first"] for r in rows] == ["chat", "completion"]
+    assert all(r["why"] == "ok" and r["exit_code"] == 0 and r["left"] == 0 for r in rows), rows
+    assert proc.stdout.rstrip().endswith("first request answered: 2/2; clean exits: 2/2")
+
+
+def test_a_stopped_prefill_engine_is_answered_at_the_kv_transfer_bound(tmp_path):
+    proc = run_on_mocker("run_examples.py", tmp_path, "stuck", STUCK_BOUND_S="2")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    row = json.loads((tmp_path / "out" / "stuck.json").read_text())
+    assert row["status"] == 504 and "kv-transfer-timeout-s" in row["outcome"], row
+    assert 2.0 <= row["answered_after_stop_s"] <= 7.0, row
+    assert row["after"] == "ok" and row["exit_code"] == 0 and row["left"] == 0, row
