@@ -162,6 +162,22 @@ def test_sglang_with_too_few_gpus_says_how_many_are_needed_and_what_to_do():
     assert "--engine mocker" in msg
 
 
+def test_engines_sharing_a_gpu_must_leave_each_other_room():
+    """A GPU listed twice in CUDA_VISIBLE_DEVICES is shared by two engines. SGLang sizes each as a share
+    of the whole GPU, so without --mem-fraction-static adding up to at most 0.9 the second cannot load."""
+    with pytest.raises(PlanError) as e:
+        plan(engine="sglang", gpus=("0", "0", "1"))  # decode-0 and prefill-0 on GPU 0
+    msg = str(e.value)
+    assert "decode-0, prefill-0 share GPU 0" in msg and "decode-0 unset, prefill-0 unset" in msg
+    assert "--mem-fraction-static" in msg and "at most 0.9" in msg and "its own GPU" in msg
+    roomy = DISAGG.replace("--host, 0.0.0.0]", "--host, 0.0.0.0, --mem-fraction-static, '0.45']")
+    shared = plan(engine="sglang", gpus=("1", "0", "0"), text=roomy).processes[1:]  # the prefills share 0
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in shared] == ["1", "0", "0"]
+    greedy = roomy.replace("'0.45'", "'0.5'")
+    with pytest.raises(PlanError, match=r"prefill-0 0\.5, prefill-1 0\.5"):
+        plan(engine="sglang", gpus=("1", "0", "0"), text=greedy)
+
+
 def test_sglang_model_dir_replaces_the_model_path():
     decode, prefill0 = plan(engine="sglang", gpus=("0", "1", "2"), sglang_model_path="/models/q").processes[
         1:3

@@ -26,6 +26,7 @@ Problems are ``Problem``s (the operator's type) naming the field, the reason and
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -179,7 +180,7 @@ def plan_graph(
         raise PlanError(rendered.problems)
     model_dirs = {c.MOCKER_MODULE: mocker_model_dir, c.SGLANG_MODULE: sglang_model_path}
     runs, problems, notes = _select(rendered, engine, model_dirs)
-    problems += _gpu_problems(runs, gpus)
+    problems += _gpu_problems(runs, gpus) or _shared_gpu_problems(runs, gpus)
     if problems:
         raise PlanError(problems)
     ports = {
@@ -288,6 +289,59 @@ def _gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
             "or run with --engine mocker",
         )
     ]
+
+
+# SGLang engines that share a GPU must leave each other room: their --mem-fraction-static (a share of
+# the whole GPU each) may add up to this much.
+SHARED_GPU_MEM_FRACTION = 0.9
+
+
+def _shared_gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
+    """Engines that would share a GPU (one listed twice in CUDA_VISIBLE_DEVICES, e.g. ``0,0`` to run a
+    prefill and a decode worker on one GPU) must each set ``--mem-fraction-static``, adding up to at
+    most ``SHARED_GPU_MEM_FRACTION``: SGLang's default (about 0.85) is a share of the whole GPU, so the
+    second engine could not load."""
+    owners: dict[str, list[_Run]] = {}
+    free = list(gpus)
+    for r in runs:
+        for gpu in free[: r.gpus]:
+            owners.setdefault(gpu, []).append(r)
+        del free[: r.gpus]
+    problems = []
+    for gpu, sharing in owners.items():
+        if len(sharing) < 2:
+            continue
+        fractions = [_mem_fraction(r.container) for r in sharing]
+        if None not in fractions and sum(f for f in fractions if f) <= SHARED_GPU_MEM_FRACTION:
+            continue
+        given = ", ".join(
+            f"{r.label} {'unset' if f is None else f}" for r, f in zip(sharing, fractions, strict=True)
+        )
+        problems.append(
+            Problem(
+                "spec.services.*.extraPodSpec.mainContainer.args",
+                "GpuShared",
+                f"{', '.join(r.label for r in sharing)} share GPU {gpu} (CUDA_VISIBLE_DEVICES lists it for "
+                f"each), and SGLang sizes each engine as a share of the whole GPU (--mem-fraction-static: "
+                f"{given}; about 0.85 when unset), so they cannot all load: give each engine "
+                f"--mem-fraction-static so that they add up to at most {SHARED_GPU_MEM_FRACTION} (0.4 each "
+                "for two) and a --max-total-tokens that fits its share, or give each engine its own GPU",
+            )
+        )
+    return problems
+
+
+def _mem_fraction(container: Mapping[str, Any]) -> float | None:
+    """The engine's ``--mem-fraction-static``; 0 for an encode worker (a vision tower, not an SGLang
+    engine: it takes only what its weights need)."""
+    tokens = [t for word in container_argv(dict(container)) for t in shlex.split(word)]
+    if flag_value(tokens, "--role") == "encode":
+        return 0.0
+    value = flag_value(tokens, "--mem-fraction-static")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
 
 
 def _process(
