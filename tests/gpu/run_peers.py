@@ -1,0 +1,446 @@
+"""Disaggregation that pays: our stack against SGLang's own gateway (``smg``) on the same GPUs.
+
+usage: python3 tests/gpu/run_peers.py [STACK ...]
+  stacks: ours-agg, ours-disagg, smg-agg, smg-pd (default: all four)
+
+On one machine, one stack after the other, with the same SGLang flags (``run_examples.USER_FLAGS``, the
+8B-shaped dummy model), workloads and client:
+
+1. ``ours-agg``: ``dynamo-run`` of examples/agg-router.yaml with N workers (kv routing, KV events);
+2. ``ours-disagg``: ``dynamo-run`` of examples/disagg-router.yaml with P prefill + D decode workers (NIXL);
+3. ``smg-agg``: N ``sglang.launch_server`` processes behind ``smg launch --policy cache_aware``;
+4. ``smg-pd``: P prefill + D decode ``sglang.launch_server`` processes behind ``smg launch
+   --pd-disaggregation`` (the same transfer backend, NIXL).
+
+N = P + D = the GPUs given (``GRAPH_GPUS``, default every visible GPU); ``SPLIT`` sets P (default N/2: 1P1D
+on 2 GPUs, 2P2D on 4; ``SPLIT=1`` gives 1P3D). Every engine sees only its own GPU.
+
+Workloads (``WORKLOADS``): ``rag`` (8192 prompt ids / 256 out), ``chat`` (2048 / 512), ``multiturn``
+(conversations whose prompt grows by one turn each time over a shared system prompt: the prefix cache
+and cache-aware routing matter). Each is swept over concurrency (``SWEEP``) until TTFT p90 or ITL p90
+passes its SLO (``TTFT_SLO_MS`` 2000, ``ITL_SLO_MS`` 50; the first point past it is kept). Recorded per
+point: output tokens/s per GPU, TTFT p50/p90, ITL p50/p90 (per request: (last - first token) / (n - 1)),
+the cached share of prompt tokens, errors. Ours is driven through ``/v1/completions`` with token-id
+prompts, the gateway through SGLang's ``/generate`` with ``input_ids``; both stream and both count the
+server's own usage.
+
+A stack pair per device call keeps each call inside its 10 minutes (``ours-disagg smg-pd``, then
+``ours-agg smg-agg``): each call's points wait in ``$GPU_STATE`` and the report covers every call so far.
+Prints the table, then per workload the goodput per GPU at the SLOs (the best tokens/s per GPU of a
+point within both) of every stack and the ratios ours / smg, and writes ``$OUT/peers.json`` and
+``$OUT/peers.png`` (tokens/s per GPU against ITL p90, one panel per workload). ``ENGINE=mocker`` runs
+our two stacks on the simulated engine (the gateway's need SGLang and are skipped), which checks the
+script without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run_examples as ex  # noqa: E402  (the same Graph, flags and model as the user-path proof)
+
+OUT = ex.OUT
+STATE = Path(
+    os.environ.get("GPU_STATE") or "/tmp/dynamo-gpu-state"
+)  # results of earlier calls on this machine
+SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,8,16,32,64").split(",") if c]
+WORKLOADS = os.environ.get("WORKLOADS", "rag,chat,multiturn").split(",")
+TTFT_SLO_MS = float(os.environ.get("TTFT_SLO_MS", 2000))
+ITL_SLO_MS = float(os.environ.get("ITL_SLO_MS", 50))
+REQ_PER_CONC = int(os.environ.get("REQ_PER_CONC", 3))  # requests per point: conc x this (at least 8)
+CONTEXT = 16384  # rag's 8192 + 256 needs more than the 8192 of the model's config
+STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    isl: int
+    osl: int
+    turns: int = 1  # multiturn: each conversation sends this many requests, the prompt growing each time
+
+
+SHAPES = {
+    "rag": Workload("rag", 8192, 256),
+    "chat": Workload("chat", 2048, 512),
+    "multiturn": Workload("multiturn", 1024, 128, turns=4),  # 1024 shared + 512 per turn
+}
+if os.environ.get("SMALL"):  # the mocker check: the same shapes, scaled down
+    SHAPES = {
+        k: Workload(w.name, max(64, w.isl // 64), max(8, w.osl // 32), w.turns) for k, w in SHAPES.items()
+    }
+
+
+@dataclass
+class Point:
+    stack: str
+    workload: str
+    conc: int
+    gpus: int
+    requests: int = 0
+    seconds: float = 0.0
+    out_tok_s_per_gpu: float = 0.0
+    ttft_p50: float = float("nan")
+    ttft_p90: float = float("nan")
+    itl_p50: float = float("nan")
+    itl_p90: float = float("nan")
+    cached_share: float = 0.0
+    errors: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def within_slo(self) -> bool:
+        return self.errors == 0 and self.ttft_p90 <= TTFT_SLO_MS and self.itl_p90 <= ITL_SLO_MS
+
+
+def pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(len(xs) * q))] * 1000 if xs else float("nan")
+
+
+# --- requests ------------------------------------------------------------------------------------------
+
+
+def conversations(w: Workload, count: int, seed: int) -> list[list[list[int]]]:
+    """``count`` request sequences: one prompt each for rag/chat; for multiturn a shared system prompt
+    plus per-turn user text and a stand-in for the previous answer, growing turn by turn."""
+    rng = random.Random(seed)
+    top = 800 if ex.ENGINE != "sglang" else 30000  # the mocker's tiny tokenizer has 825 ids
+    ids = lambda n: [rng.randrange(100, top) for _ in range(n)]  # noqa: E731
+    if w.turns == 1:
+        return [[ids(w.isl)] for _ in range(count)]
+    system = ids(w.isl)
+    out = []
+    for _ in range(count):
+        history, turns = list(system), []
+        for _ in range(w.turns):
+            history += ids(w.isl // 2)
+            turns.append(list(history))
+            history += ids(w.osl)  # the previous answer, resent by the client
+        out.append(turns)
+    return out
+
+
+def ours_request(session, base: str, osl: int, model: str):
+    async def one(prompt: list[int]) -> tuple[float, list[float], int, int]:
+        body = {"model": model, "prompt": prompt, "max_tokens": osl, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        t0, stamps, n, cached = time.perf_counter(), [], 0, 0
+        async with session.post(f"{base}/completions", json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"{r.status}: {(await r.text())[:200]}")
+            async for line in r.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(str(event["error"])[:200])
+                if any(c.get("text") for c in event.get("choices") or ()):
+                    stamps.append(time.perf_counter())
+                if usage := event.get("usage"):
+                    n = usage["completion_tokens"]
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return t0, stamps, n, cached
+
+    return one
+
+
+def smg_request(session, base: str, osl: int, model: str):
+    async def one(prompt: list[int]) -> tuple[float, list[float], int, int]:
+        body = {"input_ids": prompt, "stream": True,
+                "sampling_params": {"max_new_tokens": osl, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+        t0, stamps, n, cached = time.perf_counter(), [], 0, 0
+        async with session.post(f"{base}/generate", json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"{r.status}: {(await r.text())[:200]}")
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    meta = json.loads(line[6:]).get("meta_info") or {}
+                    stamps.append(time.perf_counter())
+                    n, cached = meta.get("completion_tokens", n), meta.get("cached_tokens", cached)
+        return t0, stamps, n, cached
+
+    return one
+
+
+async def measure(stack: str, gpus: int, w: Workload, conc: int, one) -> Point:
+    """``conc`` clients at once, each running its conversations' turns in order (closed loop)."""
+    seed = zlib.crc32(f"{w.name}/{conc}".encode())  # the same prompts for every stack
+    convs = conversations(w, max(1, max(8, conc * REQ_PER_CONC) // w.turns), seed)
+    queue: asyncio.Queue[list[list[int]]] = asyncio.Queue()
+    for c in convs:
+        queue.put_nowait(c)
+    ttft, itl, tokens, prompt_tokens, cached, errors = [], [], [0], [0], [0], [0]
+
+    async def client() -> None:
+        while not queue.empty():
+            for prompt in queue.get_nowait():
+                try:
+                    t0, stamps, n, hit = await one(prompt)
+                except Exception as e:  # counted and named; the point goes on
+                    errors[0] += 1
+                    if errors[0] <= 3:
+                        ex.log(f"{stack} {w.name} c={conc}: request failed: {e}")
+                    continue
+                if stamps:
+                    ttft.append(stamps[0] - t0)
+                    if n > 1 and len(stamps) > 1:
+                        itl.append((stamps[-1] - stamps[0]) / (n - 1))
+                tokens[0] += n
+                prompt_tokens[0] += len(prompt)
+                cached[0] += hit
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(conc)))
+    seconds = time.perf_counter() - start
+    point = Point(stack, w.name, conc, gpus, sum(len(c) for c in convs), seconds, tokens[0] / seconds / gpus,
+                  pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9),
+                  cached[0] / prompt_tokens[0] if prompt_tokens[0] else 0.0, errors[0])  # fmt: skip
+    ex.log(f"{fmt(point)}")
+    return point
+
+
+async def sweep(stack: str, gpus: int, base: str, kind: str, model: str) -> list[Point]:
+    import aiohttp
+
+    points = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
+        for name in WORKLOADS:
+            w = SHAPES[name]
+            one = (ours_request if kind == "ours" else smg_request)(session, base, w.osl, model)
+            await measure(stack, gpus, Workload(w.name, 64, 4), 2, one)  # warm the path, not measured
+            for conc in SWEEP:
+                point = await measure(stack, gpus, w, conc, one)
+                points.append(point)
+                if not point.within_slo:
+                    break
+    return points
+
+
+# --- stacks ------------------------------------------------------------------------------------------
+
+MODEL = "Qwen/Qwen3-0.6B"  # the examples' served name; the gateway's servers serve the same folder as it
+
+
+def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
+    """examples/agg-router.yaml or disagg-router.yaml with the replicas of this machine."""
+    example = "examples/agg-router.yaml" if kind == "agg" else "examples/disagg-router.yaml"
+    graph = yaml.safe_load((ex.ROOT / example).read_text())
+    for svc in graph["spec"]["services"].values():
+        role = svc.get("subComponentType")
+        if svc.get("componentType") == "worker":
+            svc["replicas"] = prefill + decode if kind == "agg" else prefill if role == "prefill" else decode
+    path = folder / f"ours-{kind}.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(graph, sort_keys=False))
+    return ex.user_manifest(str(path), folder)  # an absolute path: read from there, written back there
+
+
+class Processes:
+    """SGLang servers and the gateway as processes of their own sessions, all stopped by ``close``."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.logs = OUT / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, argv: list[str], gpu: str | None = None) -> subprocess.Popen:
+        env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+        out = (self.logs / f"{name}.log").open("w")
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.procs.clear()
+
+
+def wait_ok(url: str, proc: subprocess.Popen, name: str, limit_s: float = ex.STARTUP_S) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited rc={proc.returncode}; see {OUT / 'logs' / (name + '.log')}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=3) as r:
+            if r.status == 200:
+                return
+        time.sleep(1)
+    raise RuntimeError(f"{name} not ready at {url} within {limit_s:.0f}s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
+    """SGLang's servers (one per GPU) and the gateway in front of them; the gateway's base URL."""
+    flags = [*ex.USER_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT), "--host", "127.0.0.1",
+             "--model-path", str(ex.MODEL_DIR), "--served-model-name", MODEL]  # fmt: skip
+    servers = []
+    for i, gpu in enumerate(gpus):
+        role = ("prefill" if i < prefill else "decode") if pd else "agg"
+        port, argv = free_port(), [sys.executable, "-m", "sglang.launch_server", *flags]
+        argv += ["--port", str(port)]
+        boot = None
+        if pd:
+            boot = free_port()
+            argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
+            argv += ["--disaggregation-bootstrap-port", str(boot)] if role == "prefill" else []
+        name = f"sglang-{role}-{i}"
+        servers.append((role, port, boot, procs.start(name, argv, gpu), name))
+    for _, port, _, proc, name in servers:
+        wait_ok(f"http://127.0.0.1:{port}/health", proc, name)
+    router = free_port()
+    argv = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(router)]
+    if pd:
+        argv += ["--pd-disaggregation", "--policy", "cache_aware"]
+        for role, port, boot, _, _ in servers:
+            argv += (["--prefill", f"http://127.0.0.1:{port}", str(boot)] if role == "prefill"
+                     else ["--decode", f"http://127.0.0.1:{port}"])  # fmt: skip
+    else:
+        argv += [
+            "--policy",
+            "cache_aware",
+            "--worker-urls",
+            *(f"http://127.0.0.1:{p}" for _, p, _, _, _ in servers),
+        ]
+    gateway = procs.start("smg", argv)
+    wait_ok(f"http://127.0.0.1:{router}/health", gateway, "smg", 120)
+    return f"http://127.0.0.1:{router}"
+
+
+def run_stack(stack: str, gpus: list[str], prefill: int) -> list[Point]:
+    ex.log(f"=== {stack} on GPUs {','.join(gpus)}")
+    if stack.startswith("ours"):
+        kind = stack.split("-")[1]
+        decode = len(gpus) - prefill
+        manifest = ours_manifest(kind, prefill, decode, OUT / "manifests")
+        graph = ex.Graph(stack, manifest, ",".join(gpus))
+        try:
+            return asyncio.run(sweep(stack, len(gpus), graph.base, "ours", graph.model))
+        finally:
+            graph.stop()
+    procs = Processes()
+    try:
+        base = smg_stack(procs, stack == "smg-pd", gpus, prefill)
+        return asyncio.run(sweep(stack, len(gpus), base, "smg", MODEL))
+    finally:
+        procs.close()
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+def fmt(p: Point) -> str:
+    return (f"{p.stack:12} {p.workload:10} {p.conc:4d} {p.requests:4d} {p.out_tok_s_per_gpu:8.0f} "
+            f"{p.ttft_p50:8.0f} {p.ttft_p90:8.0f} {p.itl_p50:6.1f} {p.itl_p90:6.1f} {p.cached_share:6.2f} "
+            f"{p.errors:3d}{'' if p.within_slo else '  past SLO'}")  # fmt: skip
+
+
+def goodput(points: list[Point], stack: str, workload: str) -> float:
+    ok = [p.out_tok_s_per_gpu for p in points if p.stack == stack and p.workload == workload and p.within_slo]
+    return max(ok, default=0.0)
+
+
+def report(points: list[Point]) -> str:
+    lines = [f"{'stack':12} {'workload':10} {'conc':>4} {'req':>4} {'tok/s/GPU':>8} {'TTFT50':>8} "
+             f"{'TTFT90':>8} {'ITL50':>6} {'ITL90':>6} {'cached':>6} {'err':>3}   (ms)"]  # fmt: skip
+    lines += [fmt(p) for p in points]
+    lines.append(f"\ngoodput per GPU at TTFT p90 <= {TTFT_SLO_MS:.0f} ms and ITL p90 <= {ITL_SLO_MS:.0f} ms:")
+    stacks = list(dict.fromkeys(p.stack for p in points))
+    for w in WORKLOADS:
+        cells = {s: goodput(points, s, w) for s in stacks}
+        line = f"  {w:10} " + "  ".join(f"{s} {v:7.0f}" for s, v in cells.items())
+        for ours, theirs in (("ours-disagg", "smg-pd"), ("ours-agg", "smg-agg"), ("ours-disagg", "ours-agg")):
+            if cells.get(theirs):
+                line += f"  {ours}/{theirs} {cells.get(ours, 0.0) / cells[theirs]:.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot(points: list[Point], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        ex.log("matplotlib is not installed: no plot")
+        return
+    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(5 * len(WORKLOADS), 4), squeeze=False)
+    for ax, w in zip(axes[0], WORKLOADS, strict=True):
+        for stack in dict.fromkeys(p.stack for p in points):
+            mine = [p for p in points if p.stack == stack and p.workload == w]
+            ax.plot([p.itl_p90 for p in mine], [p.out_tok_s_per_gpu for p in mine], marker="o", label=stack)
+        ax.axvline(ITL_SLO_MS, linestyle="--", color="grey")
+        ax.set(title=w, xlabel="ITL p90 (ms)", ylabel="output tokens/s per GPU")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str]) -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stacks = argv or list(STACKS)
+    if ex.ENGINE != "sglang":
+        stacks = [s for s in stacks if s.startswith("ours")]  # the gateway's stacks need SGLang
+    else:
+        from run_gpu import make_model
+
+        ex.MODEL_DIR.mkdir(parents=True, exist_ok=True)
+        make_model(ex.MODEL_DIR)
+        config = json.loads((ex.MODEL_DIR / "config.json").read_text())
+        config["max_position_embeddings"] = CONTEXT
+        (ex.MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))
+        ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
+    gpus = ex.gpu_list()
+    prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
+    points: list[Point] = []
+    for stack in stacks:
+        try:
+            points += run_stack(stack, gpus, prefill)
+        except Exception as e:  # one stack failing to start is reported; the others still run
+            ex.log(f"{stack}: FAILED {type(e).__name__}: {e}")
+            points.append(Point(stack, "-", 0, len(gpus), notes=[f"{type(e).__name__}: {e}"[:500]]))
+    STATE.mkdir(parents=True, exist_ok=True)  # one call per pair of stacks: the report takes them all
+    (STATE / f"peers-{'-'.join(stacks)}.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
+    measured = [Point(**row) for f in sorted(STATE.glob("peers-*.json")) for row in json.loads(f.read_text())]
+    measured = [p for p in measured if p.workload != "-"]
+    (OUT / "peers.json").write_text(json.dumps([asdict(p) for p in measured], indent=1))
+    plot(measured, OUT / "peers.png")
+    text = report(measured)
+    (OUT / "peers.txt").write_text(text + "\n")
+    print(text)
+    failed = [p for p in points if p.workload == "-"]
+    return 1 if failed or not points else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
