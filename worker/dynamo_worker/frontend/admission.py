@@ -361,9 +361,10 @@ class Admission:
         self.metrics.queue_expired.labels(w.model, reason).inc()
         if code == "model_scaling_up":
             error: ApiError = ServiceUnavailable(
-                f"Model '{w.model}' is scaling up: no worker that can serve it registered while this "
-                f"request waited ({waited:.1f}s). Retry in a few seconds; if it persists, check that its "
-                "workers can start (replicas above 0, the planner or scaling adapter, the pods' Events).",
+                f"Model '{w.model}' is scaling up: {self.registry.why_unserved(w.model)}, and none that "
+                f"can serve it registered while this request waited ({waited:.1f}s). Retry in a few "
+                "seconds; if it persists, check that its workers can start (replicas above 0, the planner "
+                "or scaling adapter, the pods' Events).",
                 code="model_scaling_up",
                 headers={
                     "Retry-After": str(SCALING_RETRY_AFTER_S),

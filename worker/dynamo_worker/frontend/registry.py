@@ -288,6 +288,20 @@ class ModelRegistry:
         self.lookup(model)  # unknown (404), or nobody serves it (503)
         return True  # workers that cannot serve it alone: dispatch says which role is missing
 
+    def why_unserved(self, model: str) -> str:
+        """Why nobody can serve ``model`` now, in words (for an answer that gave up waiting)."""
+        entry = self._models.get(model)
+        if entry is None or not entry.workers:
+            return "no worker of it is registered"
+        prefill, decode = entry.by_role("prefill"), entry.by_role("decode")
+        if decode and not prefill and not entry.by_role("agg"):
+            return f"it has {len(decode)} decode worker(s) but no prefill worker"
+        if prefill and not decode and not entry.by_role("agg"):
+            return f"it has {len(prefill)} prefill worker(s) but no decode worker"
+        if not entry.can_serve():
+            return "its prefill and decode workers are of different revisions (KV layouts)"
+        return "its tokenizer is still loading"
+
     async def wait_changed(self) -> None:
         self._changed.clear()
         await self._changed.wait()
@@ -297,7 +311,7 @@ class ModelRegistry:
         entry = self._models.get(model)
         if entry is None:
             served = self.listed()
-            if not any(e.workers for e in self._models.values()):
+            if not served and not any(e.workers for e in self._models.values()):
                 raise ServiceUnavailable(
                     f"No worker is registered in namespace '{self.namespace}', so model '{model}' cannot be "
                     "served. Start a worker for it (or check the frontend's --namespace / --nats-server).",

@@ -139,6 +139,8 @@ class BootstrapServer:
             ) from None
         finally:
             self._drop(room, state)
+        if state.refused is not None:
+            raise BootstrapRefused(state.refused)
 
     async def _fetch(self, request: web.Request) -> web.Response:
         try:

@@ -78,4 +78,4 @@ def test_pods_being_deleted_and_group_members_do_not_count():
 def test_the_patch_sets_only_the_gate_condition():
     patch = paired_condition("2026-01-01T00:00:00Z")
     (cond,) = patch["status"]["conditions"]
-    assert cond["type"] == PAIRED_CONDITION and cond["status"] == "True" and cond["reason"] == "RevisionPaired"
+    assert (cond["type"], cond["status"], cond["reason"]) == (PAIRED_CONDITION, "True", "RevisionPaired")
