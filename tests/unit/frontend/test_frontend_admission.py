@@ -309,3 +309,18 @@ async def test_a_client_that_leaves_while_waiting_frees_its_place(registry):
     running.release.set()
     await running.task
     assert adm.inflight("m") == 0
+
+
+async def test_a_full_queue_of_a_model_without_workers_is_503_not_429(registry):
+    agg = worker("agg")
+    await serve(registry, agg)
+    adm, _ = admission(registry, max_queued=1)
+    registry.apply(InstanceRemoved(agg.instance_id, agg))
+    held = Client(adm)
+    await settle()
+    err = await Client(adm).error()
+    assert err.status == 503 and err.code == "model_scaling_up"
+    assert err.headers[DROPPED_REASON_HEADER] == "rejected-no-endpoints"
+    held.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await held.task

@@ -14,7 +14,8 @@ model's queue:
 - in order of priority (``nvext.agent_hints.priority`` in the body, or the ``x-dynamo-request-priority``
   header, which wins: NVIDIA Dynamo's names; higher first; default 0), then of arrival;
 - at most ``max_queued`` per model: a request that finds the queue full is answered 429 ``queue_full``
-  at once, unless it outranks the lowest-priority waiter, which then gets that 429 in its place;
+  at once (503 ``model_scaling_up`` while the model has no worker: unavailable, not busy), unless it
+  outranks the lowest-priority waiter, which then gets that answer in its place;
 - for at most its budget: while the model is served, ``queue_ttl_s`` from its arrival (or from when
   the model was served again, so that a model back from zero does not shed what waited for it); while
   it is not, ``scale_up_timeout_s``; and never past the request's own time to live (the
@@ -258,10 +259,10 @@ class Admission:
             victim = shed_victim(q.waiting, hints.priority)
             if victim is None:
                 self.metrics.queue_rejected.labels(model, "queue_full").inc()
-                raise self._full(model, q, shed=False)
+                raise self._full(model, q, shed=False, ready=ready)
             self._drop(q, victim)
             self.metrics.queue_rejected.labels(model, "shed").inc()
-            victim.future.set_exception(self._full(model, q, shed=True))
+            victim.future.set_exception(self._full(model, q, shed=True, ready=ready))
         loop = asyncio.get_running_loop()
         ttl_deadline = arrived + hints.ttl_s if hints.ttl_s is not None else None
         w = _Waiter(model, hints.priority, next(self._seq), arrived, ttl_deadline, loop.create_future())
@@ -384,13 +385,24 @@ class Admission:
             )
         w.future.set_exception(error)
 
-    def _full(self, model: str, q: _Queue, *, shed: bool) -> TooManyRequests:
+    def _full(self, model: str, q: _Queue, *, shed: bool, ready: bool) -> ApiError:
+        """The refusal at a full queue: 429 while the model is served (its workers are busy, retry), 503
+        while it has no worker (it is unavailable, not busy: llm-d's distinction)."""
         why = (
             "a request of higher priority took its place in the model's full queue"
             if shed
             else f"{len(q.waiting)} requests of the model are waiting already, the most this frontend "
             "queues (--max-queued-requests)"
         )
+        if not ready:
+            return ServiceUnavailable(
+                f"Model '{model}' is scaling up and {why}. Retry in a few seconds.",
+                code="model_scaling_up",
+                headers={
+                    "Retry-After": str(SCALING_RETRY_AFTER_S),
+                    DROPPED_REASON_HEADER: "rejected-no-endpoints",
+                },
+            )
         return TooManyRequests(
             f"Model '{model}' is saturated: {why}. Retry later, or send it with a higher priority "
             f"({PRIORITY_HEADER}).",

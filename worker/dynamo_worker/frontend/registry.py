@@ -66,8 +66,8 @@ class ModelEntry:
         return [w for w in self.workers.values() if w.role == role]
 
     def can_serve(self) -> bool:
-        """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker
-        (``dispatch.plan_roles`` answers 503 for any other mix)."""
+        """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker of
+        one revision (``frontend.pairing``; ``dispatch`` answers 503 for any other mix)."""
         roles = {w.role for w in self.workers.values()}
         if "agg" in roles or "diffusion" in roles:
             return True

@@ -219,10 +219,13 @@ class FrontendSettings(Settings):
                 "OpenAI-compatible frontend. Serves POST /v1/chat/completions (with images when the model "
                 "has encode workers), POST /v1/completions, POST /v1/embeddings, "
                 "POST /v1/images/generations, "
-                "GET /v1/models, /health (200 once a model is served), /live and /metrics. Workers are "
-                "found in discovery (NATS JetStream KV) under --namespace; models appear and disappear "
-                "with them. When a model has prefill and decode workers, requests are served "
-                "disaggregated (both legs sent concurrently with one bootstrap room)."
+                "GET /v1/models, /health (200 once a model is listed), /live and /metrics. Workers are "
+                "found in discovery (NATS JetStream KV) under --namespace; models appear with them and "
+                "stay listed, their requests held, while they scale from zero (--graph-models, "
+                "--model-retention-s). A model's requests beyond its workers' slots wait in a bounded "
+                "queue by priority and deadline (--max-queued-requests, --queue-ttl-s). When a model has "
+                "prefill and decode workers, requests are served disaggregated (both legs sent "
+                "concurrently with one bootstrap room, to a pair of one revision)."
             ),
         )
         add_model_arguments(parser, cls, "frontend")
