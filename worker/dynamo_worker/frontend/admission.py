@@ -38,18 +38,18 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import itertools
 import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from prometheus_client import Histogram
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, TooManyRequests
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.pairing import newest_pair
 from dynamo_worker.frontend.registry import ModelEntry, ModelRegistry
 from dynamo_worker.protocol import InstanceRecord
 
@@ -146,7 +146,7 @@ def capacity(entry: ModelEntry) -> int | None:
     """Requests of ``entry`` that its workers run at once (None: no bound): the decode workers of the
     revision disaggregated requests go to, else the aggregated workers. None too for workers that cannot
     serve a request (dispatch answers why)."""
-    pair = newest_pair(entry.by_role("prefill"), entry.by_role("decode"))
+    pair = entry.pair()
     if pair is not None:
         return _slots(pair.decode)
     agg = entry.by_role("agg")
@@ -198,9 +198,25 @@ def shed_victim(waiting: Sequence[_Waiter], priority: int) -> _Waiter | None:
 
 @dataclass
 class _Queue:
+    wait_metric: Histogram  # the model's queue-wait histogram (labels looked up once)
     waiting: list[_Waiter] = field(default_factory=list)
     inflight: int = 0
     served_since: float | None = None
+
+
+class _Slot:
+    """The context manager of ``Admission.slot`` (a class: it is entered once per request)."""
+
+    __slots__ = ("admission", "hints", "model")
+
+    def __init__(self, admission: Admission, model: str, hints: Hints) -> None:
+        self.admission, self.model, self.hints = admission, model, hints
+
+    async def __aenter__(self) -> None:
+        await self.admission._enter(self.model, self.hints)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.admission._leave(self.model)
 
 
 class Admission:
@@ -234,26 +250,24 @@ class Admission:
         q = self._queues.get(model)
         return q.inflight if q is not None else 0
 
-    @contextlib.asynccontextmanager
-    async def slot(self, model: str, hints: Hints) -> AsyncIterator[None]:
-        """Hold a slot of ``model`` for the body of the ``async with``; waits for one as the module
-        docstring says, or raises the ``ApiError`` that answers the request."""
-        await self._enter(model, hints)
-        try:
-            yield
-        finally:
-            self._leave(model)
+    def slot(self, model: str, hints: Hints) -> _Slot:
+        """``async with admission.slot(model, hints):`` holds a slot of ``model`` for its body; entering
+        waits for one as the module docstring says, or raises the ``ApiError`` that answers the
+        request."""
+        return _Slot(self, model, hints)
 
     # --- entering and leaving -----------------------------------------------------------------------
 
     async def _enter(self, model: str, hints: Hints) -> None:
         arrived = self._clock()
         ready = self.registry.admissible(model)  # raises for a model nobody serves nor keeps
-        q = self._queues.setdefault(model, _Queue())
+        q = self._queues.get(model)
+        if q is None:
+            q = self._queues[model] = _Queue(self.metrics.queue_wait.labels(model))
         self._note_regime(model, q, ready)
         if ready and not q.waiting and self._free(model, q):
             q.inflight += 1
-            self.metrics.queue_wait.labels(model).observe(0.0)
+            q.wait_metric.observe(0.0)
             return
         if len(q.waiting) >= self.max_queued:
             victim = shed_victim(q.waiting, hints.priority)
@@ -280,14 +294,15 @@ class Admission:
             elif w.future.done() and not w.future.cancelled() and w.future.exception() is None:
                 self._leave(model)  # admitted in the same turn as the cancellation: give the slot back
             raise
-        self.metrics.queue_wait.labels(model).observe(self._clock() - arrived)
+        q.wait_metric.observe(self._clock() - arrived)
 
     def _leave(self, model: str) -> None:
         q = self._queues.get(model)
         if q is None:
             return
         q.inflight = max(q.inflight - 1, 0)
-        self._pump(model)
+        if q.waiting:  # otherwise nothing to admit (regime changes come with registry changes)
+            self._pump(model)
 
     def _free(self, model: str, q: _Queue) -> bool:
         entry = self.registry.get(model)

@@ -155,7 +155,7 @@ class Dispatcher:
         out = exclude | self.quarantine.ids
         if mode == "disagg":
             prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
-            pair = newest_pair(prefill, decode)
+            pair = entry.pair() if not out else newest_pair(prefill, decode)
             if pair is None:
                 raise ServiceUnavailable(
                     no_pair_message(entry.name, prefill, decode),

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
-from dynamo_worker.frontend.pairing import newest_pair, unpaired
+from dynamo_worker.frontend.pairing import Pair, newest_pair, unpaired
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, Role
 from dynamo_worker.router import Router
@@ -61,17 +61,32 @@ class ModelEntry:
     created: int = field(default_factory=lambda: int(time.time()))  # first seen (/v1/models "created")
     served_once: bool = False  # it could serve a request at some point (workers and a loaded card)
     left_at: float | None = None  # when its last worker left (monotonic), for the retention
+    # Derived from ``workers``, computed once per change of them (``workers_changed``), not per request.
+    _pair: Pair | None = field(default=None, repr=False)
+    _pair_known: bool = field(default=False, repr=False)
+    _can_serve: bool | None = field(default=None, repr=False)
 
     def by_role(self, role: Role) -> list[InstanceRecord]:
         return [w for w in self.workers.values() if w.role == role]
 
+    def pair(self) -> Pair | None:
+        """The prefill and decode workers disaggregated requests go to (``frontend.pairing``)."""
+        if not self._pair_known:
+            self._pair = newest_pair(self.by_role("prefill"), self.by_role("decode"))
+            self._pair_known = True
+        return self._pair
+
+    def workers_changed(self) -> None:
+        self._pair_known = False
+        self._can_serve = None
+
     def can_serve(self) -> bool:
         """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker of
         one revision (``frontend.pairing``; ``dispatch`` answers 503 for any other mix)."""
-        roles = {w.role for w in self.workers.values()}
-        if "agg" in roles or "diffusion" in roles:
-            return True
-        return newest_pair(self.by_role("prefill"), self.by_role("decode")) is not None
+        if self._can_serve is None:
+            roles = {w.role for w in self.workers.values()}
+            self._can_serve = "agg" in roles or "diffusion" in roles or self.pair() is not None
+        return self._can_serve
 
     def ready(self) -> bool:
         """It can serve a request now: its workers can, and its tokenizer is loaded (images need none)."""
@@ -166,8 +181,10 @@ class ModelRegistry:
         for entry in self._models.values():  # a changed record may have changed model
             if record.instance_id in entry.workers and entry.name != record.model:
                 del entry.workers[record.instance_id]
+                entry.workers_changed()
         entry = self._models.setdefault(record.model, ModelEntry(record.model))
         entry.workers[record.instance_id] = record
+        entry.workers_changed()
         entry.left_at = None
         if record.role not in LANGUAGE_ROLES:
             return  # encode and diffusion workers hold no KV cache and publish no model card
@@ -182,7 +199,10 @@ class ModelRegistry:
 
     def _remove(self, instance_id: str) -> None:
         for entry in self._models.values():
-            if entry.workers.pop(instance_id, None) is not None and not entry.workers:
+            if entry.workers.pop(instance_id, None) is None:
+                continue
+            entry.workers_changed()
+            if not entry.workers:
                 entry.left_at = self._clock()
                 kept = self.keeps(entry.name)
                 log.info(
@@ -277,6 +297,8 @@ class ModelRegistry:
         is served again (``frontend.admission``): a kept model that nobody serves now, or one whose
         tokenizer is still loading. Raises the error that answers the request at once otherwise."""
         entry = self._models.get(model)
+        if entry is not None and entry.preprocessor is not None and entry.can_serve():
+            return True  # the common case, first
         if entry is not None and entry.generates_images():
             self.lookup(model)  # the wrong endpoint
         if entry is not None and entry.can_serve():
