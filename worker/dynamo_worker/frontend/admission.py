@@ -283,8 +283,8 @@ class Admission:
         bisect.insort(q.waiting, w, key=lambda x: x.key)
         self.metrics.queued.labels(model).inc()
         self._arm(q, w)
-        if not ready:
-            log.info("Holding a request until its model is served model=%s waiting=%d", model, len(q.waiting))
+        if not ready and len(q.waiting) == 1:  # once per wait, not per request
+            log.info("Holding requests until a worker can serve them model=%s", model)
         self._pump(model)
         try:
             await w.future
