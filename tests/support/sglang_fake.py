@@ -27,6 +27,23 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils.FAKE_BOOTSTRA
 
 
 @dataclass
+class FakeQueues:
+    """``LoadSnapshot.queues`` (0.5.17's ``QueueMetrics``): ``waiting`` is the compute waiting queue."""
+
+    waiting: int = 0
+
+
+@dataclass
+class FakeDisaggregation:
+    """``LoadSnapshot.disaggregation`` (0.5.17's ``DisaggregationMetrics``): the KV handoff queues."""
+
+    prefill_bootstrap_queue_reqs: int = 0
+    prefill_inflight_queue_reqs: int = 0
+    decode_prealloc_queue_reqs: int = 0
+    decode_transfer_queue_reqs: int = 0
+
+
+@dataclass
 class FakeLoad:
     """The fields of ``sglang.srt.managers.load_snapshot.LoadSnapshot`` the worker reads."""
 
@@ -39,6 +56,8 @@ class FakeLoad:
     token_usage: float = 0.0
     gen_throughput: float = 0.0
     cache_hit_rate: float = 0.0
+    queues: FakeQueues = field(default_factory=FakeQueues)
+    disaggregation: FakeDisaggregation = field(default_factory=FakeDisaggregation)
 
 
 @dataclass
@@ -61,6 +80,8 @@ class FakeTokenizerManager:
         self.context_len = 8192
         self.loads = [FakeLoad()]
         self.handle_loop_started = False
+        # While set and not yet open, load queries get no answer: a blocked scheduler, not a busy one.
+        self.blocked: asyncio.Event | None = None
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         if abort_all:
@@ -79,6 +100,8 @@ class FakeTokenizerManager:
         self.handle_loop_started = True
 
     async def get_loads(self, include: list[str] | None = None, dp_rank: int | None = None) -> list[Any]:
+        if self.blocked is not None:
+            await self.blocked.wait()
         running = len(self._engine.abort_events)
         self.loads[0].num_running_reqs = running
         self.loads[0].num_used_tokens = 16 * running

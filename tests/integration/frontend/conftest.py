@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,13 @@ class Mocker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def instance_id(self) -> str:
+        """Its discovery instance id, from its "Worker ready" log line (it is ready by then)."""
+        found = re.search(r"Worker ready instance_id=(\w+)", self.log())
+        assert found, f"worker not ready yet:\n{self.log()[-2000:]}"
+        return found[1]
 
     def metrics(self) -> str:
         import urllib.request

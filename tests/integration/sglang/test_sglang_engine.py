@@ -18,10 +18,11 @@ import threading
 from typing import Any
 
 import pytest
+from dynamo_worker.protocol import GenerateRequest, StopConditions
 from dynamo_worker.runtime.engine import LoadSnapshot
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.sglang.args import SglangSettings, WorkerPlan
-from dynamo_worker.sglang.engine import EngineStartError, SglangEngine, canary
+from dynamo_worker.sglang.engine import EngineStartError, SglangEngine, canary, diagnose
 from prometheus_client import CollectorRegistry
 
 from tests.support.sglang_fake import (
@@ -36,7 +37,11 @@ from tests.support.wait import wait_until_async
 pytestmark = pytest.mark.integration
 
 FAST = SglangSettings(
-    canary_interval_s=0.05, canary_timeout_s=1.0, load_interval_s=0.05, capacity_timeout_s=2
+    canary_interval_s=0.05,
+    canary_timeout_s=1.0,
+    load_interval_s=0.05,
+    capacity_timeout_s=2,
+    warmup_timeout_s=2,
 )
 
 
@@ -156,31 +161,119 @@ async def test_canary_answers_for_every_role(mode):
     assert fake.tokenizer_manager.aborted == []
 
 
-async def test_a_stuck_scheduler_fails_the_canary_and_health(tmp_path):
+async def unhealthy(engine: SglangEngine) -> str | None:
+    """The health check's complaint, or None while it passes."""
+    try:
+        await engine.health_check()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+async def test_a_blocked_scheduler_fails_the_canary_and_health(tmp_path):
     gate = asyncio.Event()
     fake = FakeSglangEngine(FakeServerArgs(), first_token_gate=gate)
     problem = await canary(fake, "agg", FAKE_BOOTSTRAP_HOST, 0.2)
     assert "did not answer a canary request" in problem
     assert len(fake.tokenizer_manager.aborted) == 1
 
-    engine = SglangEngine(plan(tmp_path), engine_factory=lambda a: FakeSglangEngine(a, first_token_gate=gate))
+    made: list[FakeSglangEngine] = []
+    engine = SglangEngine(
+        plan(tmp_path), engine_factory=lambda a: made.append(FakeSglangEngine(a)) or made[-1]
+    )
     try:
-        await engine.start()
-
-        async def unhealthy() -> bool:
-            try:
-                await engine.health_check()
-            except RuntimeError as e:
-                assert "canary" in str(e)
-                return True
-            return False
-
-        await wait_until_async(
-            unhealthy, "the canary to fail the health check", timeout_s=10, interval_s=0.05
+        await engine.start()  # warmed up and registered while SGLang answers
+        made[0].first_token_gate = gate  # then its scheduler stops answering anything
+        made[0].tokenizer_manager.blocked = gate
+        why = await wait_until_async(
+            lambda: unhealthy(engine), "the canary to fail the health check", timeout_s=15, interval_s=0.05
         )
+        assert "canary" in why and "blocked" in why, why
     finally:
         gate.set()
         await engine.stop()
+
+
+async def test_a_busy_engine_keeps_its_health_when_a_canary_waits(tmp_path, caplog):
+    """A canary that waits behind running requests is slowness, not a failure: /health stays 200 (a
+    worker deregistered for being busy would only move its load elsewhere)."""
+    import logging
+
+    gate = asyncio.Event()
+    made: list[FakeSglangEngine] = []
+    engine = SglangEngine(
+        plan(tmp_path), engine_factory=lambda a: made.append(FakeSglangEngine(a)) or made[-1]
+    )
+    caplog.set_level(logging.WARNING, logger="dynamo_worker.sglang.engine")
+    try:
+        await engine.start()
+        made[0].first_token_gate = gate  # a long request runs and holds the canary behind it
+        request = GenerateRequest(
+            request_id="long", model="m", token_ids=[1, 2, 3], stop=StopConditions(max_tokens=4)
+        )
+        user = asyncio.create_task(anext(engine.generate(request)))
+        await wait_until_async(
+            lambda: "the engine is healthy" in caplog.text, "a slow canary to be diagnosed", timeout_s=15
+        )
+        assert "busy (1 running" in caplog.text
+        assert await unhealthy(engine) is None
+        gate.set()
+        assert (await user).token_ids, "the long request goes on once the engine has capacity again"
+    finally:
+        gate.set()
+        await engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("role", "disagg", "healthy", "said"),
+    [
+        ("prefill", {"prefill_bootstrap_queue_reqs": 2}, False, "KV transfer is stuck"),
+        ("decode", {"decode_transfer_queue_reqs": 1}, False, "KV transfer is stuck"),
+        ("decode", {}, False, "runs nothing"),
+        ("agg", {}, False, "runs nothing"),
+    ],
+)
+async def test_diagnose_tells_a_stuck_kv_transfer_from_an_idle_engine(role, disagg, healthy, said):
+    from tests.support.sglang_fake import FakeDisaggregation, FakeLoad
+
+    fake = FakeSglangEngine(FakeServerArgs())
+    fake.tokenizer_manager.loads = [FakeLoad(disaggregation=FakeDisaggregation(**disagg))]
+    ok, why = await diagnose(fake, role)
+    assert ok is healthy and said in why, why
+
+
+async def test_diagnose_calls_a_queue_busy(tmp_path):
+    from tests.support.sglang_fake import FakeDisaggregation, FakeLoad, FakeQueues
+
+    fake = FakeSglangEngine(FakeServerArgs())
+    fake.tokenizer_manager.loads = [
+        FakeLoad(
+            queues=FakeQueues(waiting=5), disaggregation=FakeDisaggregation(prefill_bootstrap_queue_reqs=3)
+        )
+    ]
+    ok, why = await diagnose(fake, "prefill")
+    assert ok and "5 queued for compute" in why, why
+
+
+async def test_warmup_runs_before_registration_and_a_failed_one_stops_startup(tmp_path):
+    made: list[FakeSglangEngine] = []
+    engine = SglangEngine(
+        plan(tmp_path, "prefill"), engine_factory=lambda a: made.append(FakeSglangEngine(a)) or made[-1]
+    )
+    try:
+        await engine.start()
+        warmup = made[0].calls[0]
+        assert warmup["bootstrap_host"] == FAKE_BOOTSTRAP_HOST and warmup["rid"].startswith("canary-")
+    finally:
+        await engine.stop()
+
+    gate = asyncio.Event()
+    p = plan(tmp_path)
+    p.settings = FAST.model_copy(update={"warmup_timeout_s": 0.3})
+    engine = SglangEngine(p, engine_factory=lambda a: FakeSglangEngine(a, first_token_gate=gate))
+    with pytest.raises(EngineStartError, match="--warmup-timeout-s"):
+        await engine.start()
+    await engine.stop()
 
 
 async def test_generate_before_start_is_a_programming_error(tmp_path):

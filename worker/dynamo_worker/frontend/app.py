@@ -146,6 +146,7 @@ class Frontend:
             connect_timeout_s=s.connect_timeout_s,
             first_token_timeout_s=s.first_token_timeout_s,
             inter_token_timeout_s=s.inter_token_timeout_s,
+            kv_transfer_timeout_s=s.kv_transfer_timeout_s,
             quarantine=self.quarantine,
         )
         migrating = MigratingDispatcher(

@@ -8,7 +8,11 @@ Serving mode per model, decided from the workers discovery knows now (``plan_rol
   ``bootstrap_info`` (the prefill worker's bootstrap host/port): waiting for the prefill before starting
   the decode can deadlock SGLang's KV handshake. The decode leg is streamed back; the prefill leg
   (``max_tokens=1``) only has to finish cleanly. If either leg fails, the other is cancelled and the
-  client gets the error; every wait is bounded by the request-plane timeouts.
+  client gets the error; every wait is bounded by the request-plane timeouts, and the KV handoff (both
+  legs sent -> the decode leg's first token) by ``kv_transfer_timeout_s``: past it both legs are
+  cancelled (the workers abort them in the engine, freeing their KV cache) and the request goes once to
+  another pair, else the client gets 504 ``kv_transfer_timeout``. A transfer that never completes while
+  both workers stay alive ends there, never in a hang.
 - otherwise aggregated workers -> aggregated.
 - decode workers but no prefill workers (and no aggregated ones) -> 503: a decode-only worker cannot
   compute a prompt's KV cache, so requests are never sent to it alone.
@@ -39,6 +43,7 @@ from dynamo_worker.frontend.errors import (
     InvalidRequest,
     ServiceUnavailable,
     UpstreamError,
+    UpstreamTimeout,
     WorkerLost,
 )
 from dynamo_worker.frontend.pairing import newest_pair, no_pair_message
@@ -137,10 +142,12 @@ class Dispatcher:
         connect_timeout_s: float,
         first_token_timeout_s: float,
         inter_token_timeout_s: float,
+        kv_transfer_timeout_s: float = 60.0,
         quarantine: Quarantine | None = None,
     ) -> None:
         self.router = router
         self.client = client
+        self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.quarantine = quarantine if quarantine is not None else Quarantine()
         self._timeouts = {
             "connect_timeout": connect_timeout_s,
@@ -195,8 +202,8 @@ class Dispatcher:
             try:
                 plan = self.plan(entry, request.token_ids, frozenset(excluded))
             except ServiceUnavailable as unavailable:
-                if failure is not None and failure.status == 503:
-                    raise failure from None  # no other worker to retry on: the first refusal says why
+                if failure is not None and (failure.status == 503 or isinstance(failure, UpstreamTimeout)):
+                    raise failure from None  # no other worker to retry on: the first failure says why
                 raise unavailable from None  # 503 naming the role with no live worker
             started = False
             chosen = [plan.first] + ([plan.decode] if plan.decode else [])
@@ -224,10 +231,12 @@ class Dispatcher:
             except _Retryable as e:
                 if started or attempt == 2:
                     raise e.error from None
-                excluded.add(e.instance_id)
+                excluded.update(e.instance_ids)
                 failure = e.error
                 log.warning(
-                    "Retrying on another worker failed_worker=%s reason=%s", e.instance_id, e.error.message
+                    "Retrying on another worker failed_worker=%s reason=%s",
+                    ",".join(e.instance_ids),
+                    e.error.message,
                 )
             finally:
                 for flight in flights:
@@ -249,7 +258,7 @@ class Dispatcher:
                     if chunk.error is not None:
                         error = _from_worker_error(chunk.error, worker.address)
                         if first and chunk.error.type in _RETRYABLE_REJECTIONS:
-                            raise _Retryable(worker.instance_id, error)
+                            raise _Retryable((worker.instance_id,), error)
                         raise error
                     first = False
                     yield chunk
@@ -306,25 +315,29 @@ class Dispatcher:
         decode_stream = self._stream(decode, decode_request)
         first = True  # no decode chunk yet: a worker that cannot be reached may be replaced
         finished = False
+        handoff_deadline = asyncio.get_running_loop().time() + self.kv_transfer_timeout_s
         try:
             while True:
                 try:
-                    if prefill_task.done():
-                        if prefill_task.exception() is not None:
-                            raise prefill_task.exception()  # type: ignore[misc]
-                        # The prefill leg is over (it ends at the decode's first token or before):
-                        # read the decode stream directly, without a task per chunk.
-                        chunk = await anext(decode_stream)
-                    else:
-                        chunk = await _next_or_leg_failure(decode_stream, prefill_task)
+                    async with asyncio.timeout_at(handoff_deadline if first else None):
+                        if prefill_task.done():
+                            if prefill_task.exception() is not None:
+                                raise prefill_task.exception()  # type: ignore[misc]
+                            # The prefill leg is over (it ends at the decode's first token or before):
+                            # read the decode stream directly, without a task per chunk.
+                            chunk = await anext(decode_stream)
+                        else:
+                            chunk = await _next_or_leg_failure(decode_stream, prefill_task)
                 except StopAsyncIteration:
                     break
+                except TimeoutError:
+                    raise self._handoff_timeout(prefill, decode, info, prefill_task.done()) from None
                 except RequestPlaneError as e:
                     raise self._failed(e, "decode", decode, first) from None
                 if chunk.error is not None:
                     error = _from_worker_error(chunk.error, decode.address)
                     if first and chunk.error.type in _RETRYABLE_REJECTIONS:
-                        raise _Retryable(decode.instance_id, error)
+                        raise _Retryable((decode.instance_id,), error)
                     raise error
                 first = False
                 finished = chunk.finish_reason is not None
@@ -339,6 +352,34 @@ class Dispatcher:
                 prefill_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
                     await prefill_task
+
+    def _handoff_timeout(
+        self, prefill: InstanceRecord, decode: InstanceRecord, info: BootstrapInfo, prefill_done: bool
+    ) -> _Retryable:
+        """Neither pair worker is known to be lost, but this request's KV did not reach the decode leg in
+        time: both legs are cancelled by the caller's cleanup; another pair may take the request."""
+        where = (
+            "the prefill leg finished, so the KV transfer or the decode worker's first step is stuck"
+            if prefill_done
+            else "the prefill leg did not finish (queued, prefilling, or waiting for the bootstrap handshake)"
+        )
+        log.warning(
+            "KV handoff timed out prefill=%s decode=%s room=%d prefill_done=%s timeout_s=%.0f",
+            prefill.instance_id,
+            decode.instance_id,
+            info.bootstrap_room,
+            prefill_done,
+            self.kv_transfer_timeout_s,
+        )
+        error = UpstreamTimeout(
+            f"The KV cache of this request did not reach decode worker {decode.instance_id} from prefill "
+            f"worker {prefill.instance_id} within {self.kv_transfer_timeout_s:.0f}s: {where}. Both legs "
+            "were cancelled and aborted on their workers. The request was retried on another prefill/decode "
+            "pair when one was free. If this recurs on idle workers, check the workers' logs and their KV "
+            "transfer backend; if prefills queue this long under load, raise --kv-transfer-timeout-s.",
+            code="kv_transfer_timeout",
+        )
+        return _Retryable((prefill.instance_id, decode.instance_id), error)
 
     def _failed(
         self, e: RequestPlaneError, role: str, worker: InstanceRecord, first: bool
@@ -404,14 +445,14 @@ def _retryable_or_error(
         isinstance(e, WorkerUnreachable)
         or (isinstance(e, WorkerRejected) and e.error_type in _RETRYABLE_REJECTIONS)
     ):
-        return _Retryable(worker.instance_id, error)
+        return _Retryable((worker.instance_id,), error)
     return error
 
 
 class _Retryable(Exception):
-    """A worker failed before doing any work for this request: another worker may take it."""
+    """Workers failed this request before any of its tokens went out: others may take it."""
 
-    def __init__(self, instance_id: str, error: ApiError) -> None:
+    def __init__(self, instance_ids: tuple[str, ...], error: ApiError) -> None:
         super().__init__(error.message)
-        self.instance_id = instance_id
+        self.instance_ids = instance_ids
         self.error = error

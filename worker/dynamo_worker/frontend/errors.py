@@ -11,7 +11,9 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
     |                       overloaded, model_loading, queue_timeout, model_scaling_up)
     +-- UpstreamError (502, type upstream_error: a worker failed, died or timed out while serving)
         +-- WorkerLost (the worker itself is lost to this request: unreachable, stream broken or
-                        stalled; ``instance_id`` and ``role`` name it, and the request may migrate)
+        |               stalled; ``instance_id`` and ``role`` name it, and the request may migrate)
+        +-- UpstreamTimeout (504: a bounded phase of the request did not complete in time, e.g. the
+                             KV handoff of a disaggregated request, code kv_transfer_timeout)
 
 Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
 event once a stream has started).
@@ -33,6 +35,7 @@ __all__ = [
     "ServiceUnavailable",
     "TooManyRequests",
     "UpstreamError",
+    "UpstreamTimeout",
     "WorkerLost",
     "from_validation_error",
 ]
@@ -97,6 +100,10 @@ class ServiceUnavailable(ApiError):
 class UpstreamError(ApiError):
     status = 502
     type = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
 
 
 class WorkerLost(UpstreamError):

@@ -170,6 +170,16 @@ class FrontendSettings(Settings):
     inter_token_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="Bound on the gap between two tokens of a stream."
     )
+    kv_transfer_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Bound on a disaggregated request's KV handoff: from sending its prefill and decode "
+        "legs to the decode leg's first token (prefill queueing, the prefill, SGLang's bootstrap handshake "
+        "and the KV transfer). Past it both legs are cancelled (the workers abort them in SGLang, which "
+        "frees their KV cache) and the request goes once to another prefill/decode pair, else the client "
+        "gets 504 kv_transfer_timeout. Raise it if prefills legitimately queue this long under load.",
+    )
     migration_limit: int = Field(
         1,
         ge=0,

@@ -295,6 +295,14 @@ class MockerEngine(Engine):
             matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
         )
 
+    async def _stuck_transfer(self, request: GenerateRequest) -> None:
+        """While ``--kv-transfer-fault-file`` exists, a decode leg's KV transfer never completes: the leg
+        waits until it is cancelled, as an engine whose transfer is lost while both workers stay alive."""
+        fault = self.settings.kv_transfer_fault_file
+        if fault is not None and fault.exists():
+            log.warning("Simulated fault: the KV transfer of request_id=%s never ends", request.request_id)
+            await asyncio.Event().wait()
+
     async def health_check(self) -> None:
         if self._task is None:
             raise RuntimeError("mocker not started")
@@ -367,6 +375,7 @@ class MockerEngine(Engine):
                     yield _error("bootstrap_failed", str(e))
                     return
                 await asyncio.sleep(self.timing.kv_transfer_s(len(prompt)))
+                await self._stuck_transfer(request)
                 seq.kv_ready, seq.preset_first, seq.cached_tokens = (
                     True,
                     result.first_token,

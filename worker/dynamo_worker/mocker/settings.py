@@ -132,6 +132,11 @@ class MockerSettings(Settings):
         description="Simulated engine fault: while this file exists the health check fails, as SGLang's "
         "canary does when its scheduler hangs (to exercise what a worker does about it).",
     )
+    kv_transfer_fault_file: Path | None = Field(
+        None,
+        description="Simulated engine fault: while this file exists, a decode leg's KV transfer never "
+        "completes and the leg waits until it is cancelled (a transfer lost while both workers stay up).",
+    )
     vocab_size: int = Field(32000, ge=4, description="Token ids to emit from when there is no tokenizer.")
     # --- SGLang serving flags the mocker honours (published in the model card) --------------------
     is_embedding: bool = Field(

@@ -32,7 +32,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamo_worker.protocol import InstanceRecord, KvEvent
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
@@ -158,10 +158,16 @@ class _EventRelay:
         self._total = Gauge("dynamo_worker_kv_total_blocks", "KV blocks in all.", registry=registry)
         self._waiting = Gauge("dynamo_worker_waiting_requests", "Requests queued.", registry=registry)
         self._running = Gauge("dynamo_worker_running_requests", "Requests running.", registry=registry)
+        self._kv_events = Counter(
+            "dynamo_worker_kv_events",
+            "KV cache events (stored, removed, cleared) handed to the event plane for the KV router.",
+            registry=registry,
+        )
 
     def kv_events(self, events: Sequence[KvEvent], dp_rank: int = 0) -> None:
         if self.kv is not None:
             self.kv.submit(events, dp_rank)
+            self._kv_events.inc(len(events))
 
     def load(self, snapshot: LoadSnapshot) -> None:
         self._active.set(snapshot.active_blocks)

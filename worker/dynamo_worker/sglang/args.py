@@ -82,7 +82,17 @@ class SglangSettings(Settings):
         10.0, gt=0, description="Seconds between two canary requests that prove the scheduler answers."
     )
     canary_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds a canary request may take before /health turns unhealthy."
+        30.0,
+        gt=0,
+        description="Seconds a canary request may take; then SGLang's queues say why: busy (requests "
+        "running or waiting: /health stays 200), or blocked or a stuck KV transfer (/health turns 503).",
+    )
+    warmup_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        description="Bound on the request the worker sends SGLang itself before it registers: the first "
+        "forward pass compiles kernels (seconds on a new pod), which the first user request would "
+        "otherwise wait for. 0: no warmup.",
     )
     load_interval_s: float = Field(
         1.0, gt=0, description="Seconds between two reads of SGLang's load (event plane and /metrics)."

@@ -15,6 +15,14 @@ What the worker registers comes from the running engine: the resolved ``ServerAr
 (the scheduler's ``max_total_num_tokens`` / page size), max running requests and the bootstrap address.
 Load (SGLang's ``get_loads``) is polled for the event plane and re-exported as Prometheus gauges;
 KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` enables it.
+
+Before the worker registers, one request warms SGLang up (``--warmup-timeout-s``): the first forward
+pass compiles kernels, seconds on a new pod, which the first user request would otherwise pay for. Then a
+canary request every ``--canary-interval-s`` proves the scheduler answers. A canary that gets no answer
+in ``--canary-timeout-s`` is explained from SGLang's own queues (``diagnose``): busy (requests running
+or queued for compute: /health stays 200), a stuck KV transfer (nothing runs, yet requests wait in the
+bootstrap or transfer queues) or a blocked scheduler (not even a load query answers); the last two turn
+/health to 503.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -48,8 +59,9 @@ from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_
 from dynamo_worker.sglang.images import image_item, image_prompt, image_tokens
 from dynamo_worker.sglang.kv_events import KvEventRelay
 from dynamo_worker.sglang.resolved import resolved_args
+from dynamo_worker.sglang.transport import TransportWatch, observation_env
 
-__all__ = ["EngineStartError", "SglangEngine", "canary", "kill_sglang_children", "sglang_engine"]
+__all__ = ["EngineStartError", "SglangEngine", "canary", "diagnose", "kill_sglang_children", "sglang_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +117,8 @@ class SglangEngine(Engine):
         self._gauges: dict[str, Gauge] = {}
         self._page_size = 1
         self._canary_error: str | None = None
+        self._registry: CollectorRegistry | None = None
+        self._transport: TransportWatch | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -114,8 +128,10 @@ class SglangEngine(Engine):
     def register_metrics(self, registry: CollectorRegistry) -> None:
         """Add SGLang's own load figures (per dp rank) to the worker's ``/metrics`` registry."""
         self._gauges = _load_gauges(registry)
+        self._registry = registry
 
     async def start(self) -> EngineInfo:
+        self._observe_transport()
         for attempt in range(1, BOOTSTRAP_PORT_ATTEMPTS + 1):
             await self._start_engine()
             if self.role != "prefill" or not self.plan.bootstrap_port_chosen or self._bootstrap_bound():
@@ -142,6 +158,7 @@ class SglangEngine(Engine):
         cfg = resolved_args(self.server_args)
         self._page_size = cfg.page_size
         totals = await self._capacity(cfg.dp_ranks)
+        await self._warm_up()
         info = EngineInfo(
             model_name=cfg.served_model_name,
             page_size=self._page_size,
@@ -156,6 +173,8 @@ class SglangEngine(Engine):
         )
         self._tasks.append(asyncio.create_task(self._poll_load(), name="sglang-load"))
         self._tasks.append(asyncio.create_task(self._canary_loop(), name="sglang-canary"))
+        if self._transport is not None:
+            self._transport.start()
         endpoints = kv_event_endpoints(cfg.kv_events_config, cfg.dp_ranks)
         if endpoints:
             self._relay = KvEventRelay(endpoints, self._sink.kv_events)
@@ -172,6 +191,28 @@ class SglangEngine(Engine):
             info.bootstrap_port,
         )
         return info
+
+    def _observe_transport(self) -> None:
+        """A disaggregated worker on NIXL has UCX describe the protocols it selects into files this
+        worker reads (``sglang.transport``): the KV transport in use is then logged and exported. The
+        environment must be set before SGLang starts its scheduler processes, which inherit it."""
+        backend = str(getattr(self.server_args, "disaggregation_transfer_backend", "") or "")
+        if self.role == "agg" or backend != "nixl" or self._transport is not None:
+            return
+        folder = Path(tempfile.mkdtemp(prefix="dynamo-ucx-"))
+        env = observation_env(os.environ, folder)
+        if not env:
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info(
+                "KV transport not observed: UCX_LOG_FILE or UCX_PROTO_INFO is set here, and stays as set"
+            )
+            return
+        os.environ.update(env)
+        self._transport = TransportWatch(folder, self._registry)
+        log.info(
+            "KV transfers over NIXL/UCX: the transport in use (cuda_ipc, rc, tcp) is logged at the "
+            "first transfer"
+        )
 
     def _features(self) -> ServingFeatures:
         """What the model card announces: embeddings or generation, parsers, grammar backend."""
@@ -248,6 +289,10 @@ class SglangEngine(Engine):
             await self._relay.stop()
             self._relay = None
         await self._shutdown_engine()
+        if self._transport is not None:
+            await self._transport.stop()
+            shutil.rmtree(self._transport.folder, ignore_errors=True)
+            self._transport = None
 
     async def _shutdown_engine(self) -> None:
         if self._engine is not None:
@@ -295,17 +340,41 @@ class SglangEngine(Engine):
         if self._canary_error is not None:
             raise RuntimeError(self._canary_error)
 
+    async def _probe(self, timeout_s: float) -> str | None:
+        """One canary request (an embedding for an embedding model); None when SGLang answered."""
+        if self.plan.server_args.is_embedding:
+            return await embedding_canary(self._engine, timeout_s)
+        return await canary(self._engine, self.role, self.plan.fake_bootstrap_host, timeout_s)
+
+    async def _warm_up(self) -> None:
+        timeout_s = self.plan.settings.warmup_timeout_s
+        if timeout_s == 0:
+            return
+        started = time.monotonic()
+        problem = await self._probe(timeout_s)
+        if problem is not None:
+            raise EngineStartError(
+                f"SGLang did not serve its warmup request: {problem}; check the GPU and the engine's log "
+                "above, or raise --warmup-timeout-s if the first forward pass is this slow here"
+            )
+        log.info(
+            "Warmed up SGLang seconds=%.1f (the first forward pass compiles kernels)",
+            time.monotonic() - started,
+        )
+
     async def _canary_loop(self) -> None:
         while True:
             await asyncio.sleep(self.plan.settings.canary_interval_s)
-            timeout_s = self.plan.settings.canary_timeout_s
-            if self.plan.server_args.is_embedding:
-                self._canary_error = await embedding_canary(self._engine, timeout_s)
+            problem = await self._probe(self.plan.settings.canary_timeout_s)
+            if problem is None:
+                self._canary_error = None
+                continue
+            healthy, why = await diagnose(self._engine, self.role)
+            if healthy:
+                log.warning("SGLang canary was slow, and the engine is healthy: %s; %s", problem, why)
+                self._canary_error = None
             else:
-                self._canary_error = await canary(
-                    self._engine, self.role, self.plan.fake_bootstrap_host, timeout_s
-                )
-            if self._canary_error is not None:
+                self._canary_error = f"{problem}: {why}"
                 log.warning("SGLang canary failed: %s", self._canary_error)
 
     # --- load and metrics ------------------------------------------------------------------------
@@ -344,6 +413,49 @@ async def canary(engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: f
     finally:
         if not done:
             engine.tokenizer_manager.abort_request(rid)
+
+
+def _sum(loads: Sequence[Any], path: str) -> int:
+    """The sum over dp ranks of a ``LoadSnapshot`` field (``disaggregation.x`` for nested ones; 0 where
+    this SGLang release has no such field)."""
+    total = 0
+    for load in loads:
+        value: Any = load
+        for part in path.split("."):
+            value = getattr(value, part, None)
+        total += int(value or 0)
+    return total
+
+
+_TRANSFER_QUEUES: dict[Role, tuple[str, ...]] = {
+    "prefill": ("disaggregation.prefill_bootstrap_queue_reqs", "disaggregation.prefill_inflight_queue_reqs"),
+    "decode": ("disaggregation.decode_prealloc_queue_reqs", "disaggregation.decode_transfer_queue_reqs"),
+    "agg": (),
+}
+
+
+async def diagnose(engine: Any, role: Role, timeout_s: float = 5.0) -> tuple[bool, str]:
+    """Why a canary got no answer, from SGLang's queues: (healthy, why). Busy is healthy; a scheduler
+    that does not answer at all, or that runs nothing while requests wait on KV transfers, is not."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            loads = await engine.tokenizer_manager.get_loads()
+    except TimeoutError:
+        return False, (
+            f"the scheduler did not answer a load query within {timeout_s:.0f}s either, so it is blocked "
+            "(a hung kernel, transfer call or collective), not busy"
+        )
+    running = _sum(loads, "num_running_reqs")
+    transfers = sum(_sum(loads, path) for path in _TRANSFER_QUEUES[role])
+    queued = _sum(loads, "queues.waiting")
+    if running == 0 and queued == 0 and transfers > 0:
+        return False, (
+            f"nothing runs, yet {transfers} request(s) wait in its KV bootstrap/transfer queues: the KV "
+            "transfer is stuck (the frontend's --kv-transfer-timeout-s ends such requests)"
+        )
+    if running or queued or transfers:
+        return True, f"it is busy ({running} running, {queued} queued for compute, {transfers} in KV handoff)"
+    return False, "it answers load queries and runs nothing, yet the canary got no answer"
 
 
 async def embedding_canary(engine: Any, timeout_s: float) -> str | None:
