@@ -9,8 +9,10 @@ unmanaged by kwok), kept alive with a Lease as a kubelet keeps it, whose pods it
   (``dynamo_worker.local.kubelet.localize``: every declared port a free local port, the downward API,
   ``$(VAR)``), with ``python3`` as this interpreter;
 - its status is written as a kubelet writes it: ``Running`` with the pod IP 127.0.0.1, ``ContainersReady``
-  from the container's readinessProbe (an HTTP GET on its local port), ``Ready`` when the containers
-  are ready and every readiness gate's condition is True (the rule of the real kubelet);
+  from the container's readinessProbe (an HTTP GET on its local port: every 0.2 s until it first
+  passes, then every ``periodSeconds``, unready after ``failureThreshold`` failures in a row, as the
+  kubelet probes), ``Ready`` when the containers are ready and every readiness gate's condition is True
+  (the kubelet's rule);
 - a pod being deleted gets SIGTERM, its grace period to exit (SIGKILL after), and is then removed from
   the API server (grace 0), as the kubelet finishes a deletion.
 
@@ -60,8 +62,12 @@ class _Running:
     proc: subprocess.Popen
     ports: dict[int, int]  # containerPort -> local port
     probe_url: str | None
+    failure_threshold: int  # consecutive probe failures that make a ready container unready
+    period_s: float  # how often a ready container is probed (periodSeconds)
     log_path: Path
     containers_ready: bool = False
+    failures: int = 0
+    probed_at: float = 0.0
     terminating_since: float | None = None
     reported: tuple[bool, bool] | None = None  # (containers ready, ready) last written
 
@@ -231,7 +237,8 @@ class LocalKubelet:
         log_path = self.log_dir / f"{meta['name']}.log"
         with open(log_path, "ab") as out:
             proc = popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **local.env})
-        probe = main.get("readinessProbe", {}).get("httpGet")
+        readiness = main.get("readinessProbe") or {}
+        probe = readiness.get("httpGet")
         url = None
         if probe:
             named = {p.get("name"): int(p["containerPort"]) for p in main.get("ports", [])}
@@ -252,11 +259,25 @@ class LocalKubelet:
             },
         )
         log.info("Started pod=%s pid=%s", meta["name"], proc.pid)
-        return _Running(pod, proc, ports, url, log_path)
+        threshold = int(readiness.get("failureThreshold", 3))
+        return _Running(pod, proc, ports, url, threshold, float(readiness.get("periodSeconds", 10)), log_path)
 
     def _probe_and_report(self, running: _Running) -> None:
         alive = running.proc.poll() is None
-        ready = alive and (running.probe_url is None or _http_ok(running.probe_url))
+        now_s = time.monotonic()
+        if not alive:
+            running.containers_ready = False
+        elif not running.containers_ready or now_s - running.probed_at >= running.period_s:
+            # not ready yet: probed every loop (a start is seen at once); ready: every periodSeconds,
+            # and unready after failureThreshold failures in a row, as the kubelet does
+            running.probed_at = now_s
+            if running.probe_url is None or _http_ok(running.probe_url):
+                running.containers_ready, running.failures = True, 0
+            else:
+                running.failures += 1
+                if running.failures >= running.failure_threshold:
+                    running.containers_ready = False
+        ready = running.containers_ready
         gates = [g["conditionType"] for g in running.pod["spec"].get("readinessGates") or []]
         conditions = {
             c["type"]: c.get("status") for c in running.pod.get("status", {}).get("conditions") or []

@@ -113,11 +113,12 @@ async def test_a_held_request_scales_the_graph_from_zero_and_is_answered(
             f"to answer {latency:.2f}s\n"
         )
         assert latency < INTERVAL_S  # it did not wait for an adjustment interval
+    except BaseException:
+        logs = {**kubelet.logs(), "planner": planner_log.read_text() if planner_log.exists() else ""}
+        sys.stderr.write("".join(f"--- {name} ---\n{text[-2000:]}\n" for name, text in sorted(logs.items())))
+        raise
     finally:
         if planner is not None:
             planner.terminate()
             planner.wait(15)
-            sys.stderr.write(f"--- planner log ---\n{planner_log.read_text()[-3000:]}\n")
         kubelet.stop()
-        logs = kubelet.logs()
-        sys.stderr.write("".join(f"--- {name} ---\n{text[-1500:]}\n" for name, text in sorted(logs.items())))
