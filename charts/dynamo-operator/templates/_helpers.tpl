@@ -127,6 +127,11 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]
+# A disaggregated graph's prefill and decode pods are Ready once their revision has both roles: the
+# operator states that in their readiness gate condition (render.revision).
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # A planner component's ServiceAccount, Role and RoleBinding (render.planner).
 - apiGroups: [""]
   resources: ["serviceaccounts"]

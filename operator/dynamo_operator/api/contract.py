@@ -27,6 +27,11 @@ ENV_HTTP_HOST: Final = "DYN_HTTP_HOST"  # the frontend's listen address (0.0.0.0
 ENV_KV_OVERLAP_WEIGHT: Final = "DYN_KV_OVERLAP_WEIGHT"  # kv router: weight of uncached prompt blocks
 ENV_HTTP_MAX_INFLIGHT: Final = "DYN_HTTP_MAX_INFLIGHT"  # frontend: requests at once before 503
 ENV_LOG_FORMAT: Final = "DYN_LOG_FORMAT"  # text | json
+# Prefill and decode pods of a graph: the revision of the pair (what fixes the KV layout and the
+# model), which the worker publishes in discovery and the frontend pairs on.
+ENV_REVISION: Final = "DYN_REVISION"
+# The frontend of a graph: the models its workers serve, listed and held for even at 0 replicas.
+ENV_GRAPH_MODELS: Final = "DYN_GRAPH_MODELS"
 ENV_LOG_LEVEL: Final = "DYN_LOG_LEVEL"
 # Set by the runtime image, not the operator: what `python -m dynamo.sglang` runs (sglang | mocker).
 ENV_SGLANG_ENGINE: Final = "DYN_SGLANG_ENGINE"

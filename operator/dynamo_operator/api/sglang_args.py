@@ -33,6 +33,7 @@ __all__ = [
     "flag_value",
     "is_shell_form",
     "parse_args",
+    "served_model_name",
     "shell_script_index",
 ]
 
@@ -94,6 +95,11 @@ def flag_value(tokens: Sequence[str], *names: str) -> str | None:
             elif token.startswith(name + "="):
                 found = token[len(name) + 1 :]
     return found
+
+
+def served_model_name(tokens: Sequence[str]) -> str | None:
+    """The model name clients ask for: ``--served-model-name``, else the model path (as SGLang does)."""
+    return flag_value(tokens, "--served-model-name") or flag_value(tokens, "--model-path", "--model")
 
 
 def _int(value: str | None, default: int) -> int | None:

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.reconcile import adapters, conditions, plan, scaling, status
+from dynamo_operator.reconcile import adapters, conditions, pairing, plan, scaling, status
 from dynamo_operator.reconcile.conditions import READY, Cond
 from dynamo_operator.reconcile.kube import (
     DEPLOYMENT,
@@ -41,6 +41,7 @@ from dynamo_operator.reconcile.kube import (
     STATEFULSET,
     Kube,
     KubeError,
+    NotFound,
     label_selector,
     resource_type,
 )
@@ -48,6 +49,7 @@ from dynamo_operator.reconcile.restarts import GroupRestarter
 from dynamo_operator.reconcile.workqueue import WorkQueue
 from dynamo_operator.render import labels, render
 from dynamo_operator.render.names import label_value
+from dynamo_operator.render.revision import REVISION_LABEL
 from dynamo_operator.render.types import Notice, Problem, Rendered
 
 logger = logging.getLogger(__name__)
@@ -210,13 +212,15 @@ class Controller:
     async def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A pod of ours changed: restart its multinode group if it failed or was deleted, and visit
         its graph when the pod is stuck (unschedulable, image pull, crash loop), so the Ready message
-        says why promptly.
+        says why promptly, or waits for its readiness gate (``reconcile.pairing``).
 
         Other pod changes need no visit: the pods' workloads (Deployments, StatefulSets, LWS) update
         their own status, and those changes are watched."""
         pod = dict(body)
         await self.restarter.pod_event(event_type, pod)
-        if event_type != "DELETED" and status.pod_problem(pod) is not None:
+        if event_type == "DELETED":
+            return
+        if status.pod_problem(pod) is not None or pairing.waits_for_gate(pod):
             self.child_event(pod)
 
     def _forget(self, key: Key) -> None:
@@ -298,8 +302,9 @@ class Controller:
         adapter_warnings = await adapters.sync(self.kube, raw, rendered, observed_adapters, counts, scaled)
         rendered = replace(rendered, notices=rendered.notices + adapter_warnings)
         cond = ready_condition(counts, name)
-        if cond.status != "True":  # say why, when the pods' status states it
+        if cond.status != "True":  # open readiness gates; say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
+            await self._open_gates(raw, rendered, pods)
             problems = status.pod_problems(pods, component_label=labels.COMPONENT)
             cond = ready_condition(counts, name, problems)
         current = raw.get("status") or {}
@@ -312,6 +317,35 @@ class Controller:
         state = status.STATE_SUCCESSFUL if cond.status == "True" else status.STATE_PENDING
         await self._write_status(raw, rendered, cond, counts=counts, state=state)
         return cond.status == "True"
+
+    async def _open_gates(self, raw: dict, rendered: Rendered, pods: list[dict]) -> None:
+        """Set the readiness gate of the prefill and decode pods whose revision has both roles serving
+        (``reconcile.pairing``)."""
+        roles = {service: p.role for service, p in rendered.services.items()}
+        names = pairing.gates_to_open(pods, roles)
+        if not names:
+            return
+        namespace = raw["metadata"]["namespace"]
+        revisions = sorted(
+            {
+                (p["metadata"].get("labels") or {}).get(REVISION_LABEL, "")
+                for p in pods
+                if p["metadata"]["name"] in names
+            }
+        )
+        for pod in names:
+            try:
+                await self.kube.patch_strategic(
+                    POD, namespace, pod, pairing.paired_condition(_now()), subresource="status"
+                )
+            except NotFound:
+                continue  # deleted meanwhile
+        message = (
+            f"Revision {', '.join(revisions)} has prefill and decode pods serving: opened the readiness "
+            f"gate of {len(names)} pod(s) ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+        )
+        logger.info("%s graph=%s/%s", message, namespace, raw["metadata"]["name"])
+        await self.kube.post_event(raw, type_="Normal", reason="RevisionPaired", message=message)
 
     def _render(self, dgd: DynamoGraphDeployment) -> Rendered:
         """Render; a crash of the renderer (a bug) is reported on the graph instead of retried hot."""

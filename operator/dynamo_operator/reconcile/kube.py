@@ -325,6 +325,25 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    async def patch_strategic(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch: dict,
+        *,
+        subresource: str | None = None,
+    ) -> dict:
+        """A strategic merge patch (built-in kinds): lists with a merge key, such as a pod's
+        ``status.conditions`` (by ``type``), are merged item by item instead of replaced."""
+        return await self._request(
+            "PATCH",
+            rt.path(namespace, name, subresource),
+            params={"fieldManager": self._field_manager},
+            body=patch,
+            content_type="application/strategic-merge-patch+json",
+        )
+
     async def delete(
         self, rt: ResourceType, namespace: str | None, name: str, *, uid: str | None = None
     ) -> bool:

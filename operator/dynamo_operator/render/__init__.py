@@ -23,6 +23,10 @@ What a graph becomes (names: ``<graph>-<service lowercased>``, hashed when too l
 - ``spec.pvcs`` entries with ``create: true``: a PersistentVolumeClaim;
 - services with ``scalingAdapter: {enabled: true}``: a DynamoGraphDeploymentScalingAdapter, unless a
   planner scales them (``render.scaling``; returned apart, in ``Rendered.adapters``).
+
+The prefill and decode pods of a disaggregated graph carry the pair's revision (env, label, readiness
+gate: ``render.revision``), and the frontend the graph's model names, so that a rollout never pairs
+versions and a graph at 0 replicas keeps its models listed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dynamo_operator.render import planner as _planner
 from dynamo_operator.render import scaling as _scaling
 from dynamo_operator.render.names import child_name
 from dynamo_operator.render.pods import main_container, rdma_settings
+from dynamo_operator.render.revision import pair_revision
 from dynamo_operator.render.services import render_service
 from dynamo_operator.render.types import GroupPlan, Notice, Problem, Rendered, ServicePlan, Workload
 from dynamo_operator.render.workloads import persistent_volume_claim
@@ -53,9 +58,10 @@ def render(dgd: DynamoGraphDeployment, config: OperatorConfig) -> Rendered:
     notices: list[Notice] = []
     plans: dict[str, ServicePlan] = {}
     rdma = {c.name: rdma_settings(dgd, c, config) for c in comps}
+    revision = pair_revision(dgd, config)
     for c in comps:
-        container, container_notices = main_container(dgd, c, config)
-        output = render_service(dgd, c, config, container, rdma[c.name])
+        container, container_notices = main_container(dgd, c, config, revision)
+        output = render_service(dgd, c, config, container, rdma[c.name], revision)
         if _planner.is_planner(c):
             name = child_name(dgd.name, c.name)
             objects += _planner.planner_rbac(dgd, c)

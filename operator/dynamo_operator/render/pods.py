@@ -14,6 +14,7 @@ from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels
 from dynamo_operator.render.merge import merge
+from dynamo_operator.render.revision import graph_models
 from dynamo_operator.render.types import Notice
 
 __all__ = [
@@ -38,8 +39,11 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def contract_env(dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig) -> list[dict[str, Any]]:
-    """The env every pod of the graph gets (names from ``contract.py``)."""
+def contract_env(
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, revision: str | None = None
+) -> list[dict[str, Any]]:
+    """The env every pod of the graph gets (names from ``contract.py``); a frontend also gets the graph's
+    models, and the prefill and decode pods of a disaggregated graph their ``revision``."""
     env = [
         _field_env(contract.ENV_POD_NAME, "metadata.name"),
         _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
@@ -54,6 +58,9 @@ def contract_env(dgd: DynamoGraphDeployment, c: Component, config: OperatorConfi
     ]
     if c.kind == "frontend":
         env.append({"name": contract.ENV_HTTP_PORT, "value": str(contract.FRONTEND_PORT)})
+        models = graph_models(components(dgd))
+        if models:
+            env.append({"name": contract.ENV_GRAPH_MODELS, "value": ",".join(models)})
     else:
         env += [
             {"name": contract.ENV_SYSTEM_ENABLED, "value": "true"},
@@ -65,6 +72,8 @@ def contract_env(dgd: DynamoGraphDeployment, c: Component, config: OperatorConfi
             {"name": contract.ENV_REQUEST_PORT, "value": str(contract.REQUEST_PORT)},
             {"name": contract.ENV_ADVERTISE_HOST, "value": f"$({contract.ENV_POD_IP})"},
         ]
+        if revision is not None and c.role in ("prefill", "decode"):
+            env.append({"name": contract.ENV_REVISION, "value": revision})
     return env
 
 
@@ -192,9 +201,10 @@ def _annotation(dgd: DynamoGraphDeployment, c: Component, key: str) -> str | Non
 
 
 def main_container(
-    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, revision: str | None = None
 ) -> tuple[dict[str, Any], list[Notice]]:
-    """The ``main`` container before multinode flags: ours, the user's mainContainer merged over it."""
+    """The ``main`` container before multinode flags: ours, the user's mainContainer merged over it.
+    ``revision``: the graph's prefill/decode revision (``render.revision``)."""
     notices: list[Notice] = []
     image = config.frontend_image if c.kind == "frontend" else config.worker_image
     ours: dict[str, Any] = {
@@ -203,7 +213,9 @@ def main_container(
         "imagePullPolicy": config.image_pull_policy,
         "command": list(c.command_view["command"]),
         "args": [],
-        "env": _merge_env(contract_env(dgd, c, config), _dump_env(dgd.spec.envs), _dump_env(c.spec.envs)),
+        "env": _merge_env(
+            contract_env(dgd, c, config, revision), _dump_env(dgd.spec.envs), _dump_env(c.spec.envs)
+        ),
         "ports": _ports(c),
         "resources": _resources(c),
         "volumeMounts": _mounts(dgd, c),

@@ -15,6 +15,7 @@ from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels, workloads
 from dynamo_operator.render.names import child_name, group_name, service_dns_name
 from dynamo_operator.render.pods import pod_spec, template
+from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL
 from dynamo_operator.render.types import GroupPlan, ServicePlan, Workload
 
 __all__ = ["ServiceOutput", "render_service"]
@@ -24,6 +25,16 @@ __all__ = ["ServiceOutput", "render_service"]
 class ServiceOutput:
     objects: list[dict[str, Any]]
     plan: ServicePlan
+
+
+def _paired(spec: dict[str, Any], revision: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """A prefill or decode pod spec of revision ``revision`` with its readiness gate, and its label
+    (``render.revision``); unchanged without a revision."""
+    if revision is None:
+        return spec, {}
+    gates = [g for g in spec.get("readinessGates", []) if g.get("conditionType") != PAIRED_CONDITION]
+    gated = {**spec, "readinessGates": [*gates, {"conditionType": PAIRED_CONDITION}]}
+    return gated, {REVISION_LABEL: revision}
 
 
 def _transport(rdma: nixl.RdmaSettings | None, c: Component) -> str | None:
@@ -38,9 +49,11 @@ def _single(
     config: OperatorConfig,
     container: dict[str, Any],
     rdma: nixl.RdmaSettings | None,
+    revision: str | None,
 ) -> ServiceOutput:
     name = child_name(dgd.name, c.name)
-    pod = template(c, dgd.name, pod_spec(dgd, c, config, container, rdma))
+    spec, extra = _paired(pod_spec(dgd, c, config, container, rdma), revision)
+    pod = template(c, dgd.name, spec, extra)
     objects = [workloads.deployment(dgd, c, name, c.spec.replicas, pod)]
     services: tuple[str, ...] = ()
     if c.kind == "frontend":
@@ -97,6 +110,7 @@ def _groups(
     config: OperatorConfig,
     container: dict[str, Any],
     rdma: nixl.RdmaSettings | None,
+    revision: str | None,
 ) -> ServiceOutput:
     nnodes = c.spec.node_count
     lws = config.group_backend == "lws"
@@ -111,8 +125,9 @@ def _groups(
             member = _member(
                 container, nnodes=nnodes, leader_host=leader_host, leader=leader, rank_label=rank_label
             )
-            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role}
-            templates[role] = template(c, dgd.name, pod_spec(dgd, c, config, member, rdma), extra)
+            spec, paired = _paired(pod_spec(dgd, c, config, member, rdma), revision)
+            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role, **paired}
+            templates[role] = template(c, dgd.name, spec, extra)
         if lws:
             objects.append(
                 workloads.leader_worker_set(
@@ -169,7 +184,10 @@ def render_service(
     config: OperatorConfig,
     container: dict[str, Any],
     rdma: nixl.RdmaSettings | None,
+    revision: str | None = None,
 ) -> ServiceOutput:
+    """``revision``: the graph's prefill/decode revision, for those two roles (``render.revision``)."""
+    paired = revision if c.kind == "worker" and c.role in ("prefill", "decode") else None
     if c.kind == "worker" and c.spec.node_count > 1:
-        return _groups(dgd, c, config, container, rdma)
-    return _single(dgd, c, config, container, rdma)
+        return _groups(dgd, c, config, container, rdma, paired)
+    return _single(dgd, c, config, container, rdma, paired)

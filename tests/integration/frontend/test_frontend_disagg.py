@@ -1,7 +1,8 @@
 """Disaggregated serving end to end: with 1 prefill + 1 decode mocker the frontend sends both legs
 concurrently with one bootstrap room and streams the decode leg; when the prefill leg fails the decode
-leg is cancelled and the client gets an error in bounded time; with only decode workers left the
-answer is 503 naming the missing prefill workers (never a silent decode-only request); a killed prefill or
+leg is cancelled and the client gets an error in bounded time; with only decode workers left a request
+waits for a prefill worker, and gets a 503 naming the missing prefill workers when none comes (never a
+silent decode-only request); a killed prefill or
 decode worker that discovery still lists is skipped for another worker of its role."""
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ async def test_prefill_leg_failure_cancels_decode_and_errors(mockers, frontend_f
 
 
 async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers):
+    """The model was served, so its requests are held for a prefill worker to come back (bounded here
+    to 1 s); then the 503 names what is missing. Never a request to a decode worker alone."""
     p, d = mockers("prefill", "--discovery-ttl", "2"), mockers("decode")
-    fe = await frontend_factory()
+    fe = await frontend_factory(scale_up_timeout_s=1.0)
     await wait_workers(fe, 2, mockers=[p, d])
     p.stop()  # graceful: deregisters at once
     assert fe.registry is not None
@@ -99,7 +102,9 @@ async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers):
     async with client(fe) as c:
         with pytest.raises(openai.APIStatusError) as e:
             await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
-    assert e.value.status_code == 503 and e.value.body["code"] == "no_prefill_workers"
+    assert e.value.status_code == 503 and e.value.body["code"] == "model_scaling_up"
+    assert "1 decode worker(s) but no prefill worker" in e.value.body["message"]
+    assert sum(counter(d.metrics(), o) for o in ("length", "stop", "cancelled", "error")) == 0
 
 
 async def test_decode_killed_mid_stream_errors_not_hangs(mockers, frontend_factory, wait_workers):

@@ -85,8 +85,10 @@ async def test_dead_worker_still_in_discovery_is_skipped(mockers, frontend_facto
 
 
 async def test_models_disappear_when_their_worker_leaves(mockers, frontend_factory, wait_workers):
+    """With --model-retention-s 0 (the default keeps the model listed and held for: see
+    test_frontend_admission), a model goes with its last worker and its requests get 503 at once."""
     m = mockers("null")
-    fe = await frontend_factory()
+    fe = await frontend_factory(model_retention_s=0.0)
     await wait_workers(fe, 1, mockers=[m])
     async with client(fe) as c:
         assert [x.id for x in (await c.models.list()).data] == [MODEL]

@@ -1,5 +1,6 @@
 """The prefill/decode rendezvous over a real socket, in-process: either leg may arrive first, a room is
-used once and then forgotten, and a missing or unreachable peer ends in ``BootstrapTimeout``."""
+used once and then forgotten, a missing or unreachable peer ends in ``BootstrapTimeout``, and legs of
+different KV layouts refuse each other at once (``BootstrapRefused``), whichever arrives first."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import asyncio
 
 import aiohttp
 import pytest
-from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
+from dynamo_worker.mocker.bootstrap import (
+    BootstrapRefused,
+    BootstrapServer,
+    BootstrapTimeout,
+    PrefillResult,
+    fetch_prefill,
+    kv_layout,
+)
 from dynamo_worker.protocol import BootstrapInfo
 
 from tests.support.ports import refused_port
@@ -73,3 +81,30 @@ async def test_a_busy_bootstrap_port_is_a_clear_error(rendezvous):
     _, _, port = rendezvous
     with pytest.raises(OSError, match="--disaggregation-bootstrap-port"):
         await BootstrapServer("127.0.0.1", port).start()
+
+
+@pytest.mark.parametrize("decode_first", [True, False])
+async def test_legs_of_different_kv_layouts_refuse_each_other_at_once(decode_first):
+    server = BootstrapServer("127.0.0.1", 0, layout=kv_layout("m", 16))
+    port = await server.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            prefill = asyncio.create_task(server.prefill_done(6, RESULT, wait_s=30))
+            if decode_first:
+                prefill.cancel()  # only the decode leg for now
+                with pytest.raises(asyncio.CancelledError):
+                    await prefill
+            async with asyncio.timeout(10):  # far below the legs' own 30 s bound
+                with pytest.raises(BootstrapRefused, match=r"page_size=16.*page_size=32"):
+                    await fetch_prefill(session, info(port, 6), timeout_s=30, layout=kv_layout("m", 32))
+                if decode_first:  # a prefill leg arriving after the refusal is refused too
+                    prefill = asyncio.create_task(server.prefill_done(6, RESULT, wait_s=30))
+                with pytest.raises(BootstrapRefused, match="KV layout mismatch"):
+                    await prefill
+        # the same layout hands over as usual
+        async with aiohttp.ClientSession() as session:
+            handing_over = asyncio.create_task(server.prefill_done(7, RESULT, wait_s=5))
+            assert await fetch_prefill(session, info(port, 7), 5, layout=kv_layout("m", 16)) == RESULT
+            await handing_over
+    finally:
+        await server.stop()

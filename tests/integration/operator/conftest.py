@@ -106,6 +106,29 @@ class Kubectl:
     def condition(self, dgd: str, type_: str = "Ready") -> dict | None:
         return condition_of(self.get("dgd", dgd), type_)
 
+    def service_account_kubeconfig(self, account: str, path: Path) -> Path:
+        """A kubeconfig at ``path`` that authenticates as ServiceAccount ``account`` (a token of it), as
+        a pod of that account would (a planner: its Role is then what is exercised)."""
+        token = self.run("create", "token", account, "--duration", "1h").strip()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.cluster.server,
+                        "certificate-authority": str(self.cluster.dir / "pki" / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": account}}],
+            "current-context": "local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
     def wait_ready(self, dgd: str, timeout: float = WAIT_S) -> dict:
         """``kubectl wait --for=condition=Ready``, then the DGD."""
         self.run("wait", "--for=condition=Ready", f"dgd/{dgd}", f"--timeout={int(timeout)}s")

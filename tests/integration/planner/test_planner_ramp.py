@@ -127,29 +127,6 @@ async def _load(url: str, traj_t0: float, marks: dict[str, float], results: list
         await asyncio.gather(*tasks)
 
 
-def _sa_kubeconfig(kc: Kubectl, path: Path, account: str) -> Path:
-    token = kc.run("create", "token", account, "--duration", "1h").strip()
-    cluster = kc.cluster
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.dir / "pki" / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": "planner", "user": {"token": token}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "planner"}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "wb") as out:
         return start_process(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -204,7 +181,7 @@ async def test_planner_follows_a_load_ramp_within_budget(
 
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(PROFILE))
-    kubeconfig = _sa_kubeconfig(kc, tmp_path / "planner-kubeconfig", account)
+    kubeconfig = kc.service_account_kubeconfig(account, tmp_path / "planner-kubeconfig")
     # the planner's account may patch its own graph, and nothing else
     kc.apply({**graph, "metadata": {"name": "other"}})
     denied = kc.run(

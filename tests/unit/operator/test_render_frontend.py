@@ -54,6 +54,7 @@ ENV = [
     {"name": "DYN_DISCOVERY_TTL", "value": "10"},
     {"name": "DYN_LOG_FORMAT", "value": "json"},
     {"name": "DYN_HTTP_PORT", "value": "8000"},
+    {"name": "DYN_GRAPH_MODELS", "value": "m"},  # the workers' served model (render.revision)
 ]
 
 

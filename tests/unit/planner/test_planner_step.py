@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from dynamo_worker.planner.decide import Load
-from dynamo_worker.planner.observe import Observation
+from dynamo_worker.planner.observe import Observation, Totals, interval, parse_frontend_metrics
 from dynamo_worker.planner.settings import PlannerSettings
 from dynamo_worker.planner.step import GraphError, decide, scaled_services
 from dynamo_worker.profile.model import builtin_profile
@@ -55,3 +55,39 @@ def test_a_decision_explains_itself_and_keeps_the_budget():
     text = d.message()
     assert "prefill prefill 1 ->" in text and "budget 6 GPUs" in text and "TTFT 300 ms" in text
     assert p.predicted_s is not None
+
+
+def test_held_requests_scale_every_role_from_zero_at_once():
+    """A graph at 0 replicas: a frontend holding requests (dynamo_frontend_queued_requests) is demand,
+    before any interval was observed, and every role gets one replica at once; with no demand, zero
+    stays zero."""
+    at_zero = {**GRAPH, "spec": {"services": {k: dict(v) for k, v in GRAPH["spec"]["services"].items()}}}
+    for role in ("prefill", "decode"):
+        at_zero["spec"]["services"][role]["replicas"] = 0
+    services, _ = scaled_services(at_zero, ("prefill", "decode"))
+    settings = PlannerSettings(graph="g", namespace="ns", ttft_ms=300, itl_ms=12, min_replicas=0)
+    common = dict(
+        services=services,
+        forecast=None,
+        observation=None,
+        profile=builtin_profile("sglang-8b-h100"),
+        load_reports={},
+        states={},
+        now=5.0,
+    )
+    assert decide(settings, **common).changes == {}
+    d = decide(settings, **common, demand=True)
+    assert d.changes == {"prefill": 1, "decode": 1}
+    assert "0 -> 1" in d.message()
+
+
+def test_queued_requests_are_read_and_count_as_arrivals():
+    text = (
+        "# TYPE dynamo_frontend_queued_requests gauge\n"
+        'dynamo_frontend_queued_requests{model="m"} 4.0\n'
+        'dynamo_frontend_queued_requests{model="other"} 9.0\n'
+    )
+    totals = parse_frontend_metrics(text, "m")
+    assert totals.queued == 4
+    obs = interval({"u": Totals()}, {"u": totals}, 2.0)
+    assert obs.load.request_rate == 2.0 and obs.inflight == 4  # 4 arrivals waiting, over 2 s

@@ -22,6 +22,7 @@ from pathlib import Path
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
+from dynamo_worker.frontend.admission import Admission
 from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.images import ImagesApi
 from dynamo_worker.frontend.metrics import FrontendMetrics
@@ -29,7 +30,7 @@ from dynamo_worker.frontend.migration import MigratingDispatcher
 from dynamo_worker.frontend.multimodal import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.preprocess import ModelFiles, Preprocessor
 from dynamo_worker.frontend.quarantine import Quarantine
-from dynamo_worker.frontend.registry import ModelRegistry
+from dynamo_worker.frontend.registry import ModelRegistry, UnpairedCounts, WorkerCounts
 from dynamo_worker.frontend.server import OpenAIServer
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import InstanceRecord
@@ -69,6 +70,7 @@ class Frontend:
             idle_timeout=settings.inter_token_timeout_s,
         )
         self.metrics = FrontendMetrics()
+        self._unpaired: UnpairedCounts = {}
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._watcher: InstanceWatcher | None = None
         self._rewatch: asyncio.Task[None] | None = None
@@ -109,15 +111,26 @@ class Frontend:
         if self._watcher is not None:
             self._rewatch = asyncio.create_task(self._watcher.rewatch(), name="rewatch-discovery")
 
-    def _count_workers(self, counts: dict[tuple[str, str], int]) -> None:
+    def _count_workers(self, counts: WorkerCounts, unpaired: UnpairedCounts) -> None:
         for (model, role), n in counts.items():
             self.metrics.workers.labels(model, role).set(n)
+        for key in self._unpaired.keys() - unpaired.keys():
+            self.metrics.unpaired.remove(*key)
+        for key, n in unpaired.items():
+            self.metrics.unpaired.labels(*key).set(n)
+        self._unpaired = unpaired
 
     async def start(self) -> Frontend:
         s = self.settings
         self.nc = await connect_nats(s.nats_server, name="dynamo-frontend", on_reconnect=self._rewatch_soon)
         self.registry = ModelRegistry(
-            self.router, self._load_card, s.namespace, s.model_load_timeout_s, on_change=self._count_workers
+            self.router,
+            self._load_card,
+            s.namespace,
+            s.model_load_timeout_s,
+            on_change=self._count_workers,
+            retention_s=s.model_retention_s,
+            graph_models=[m.strip() for m in s.graph_models.split(",") if m.strip()],
         )
         if s.router_mode == "kv":
             self.kv_feed = await feed_router(
@@ -162,6 +175,13 @@ class Frontend:
             embedding_batch_window_s=s.embedding_batch_window_ms / 1000,
             multimodal=self.multimodal,
             images=self.images,
+            admission=Admission(
+                self.registry,
+                self.metrics,
+                max_queued=s.max_queued_requests,
+                queue_ttl_s=s.queue_ttl_s,
+                scale_up_timeout_s=s.scale_up_timeout_s,
+            ),
         )
         reuse_port = s.http_reuse_port or s.http_workers > 1
         self._runner, self.port = await serve(

@@ -2,8 +2,9 @@
 
 Serving mode per model, decided from the workers discovery knows now (``plan_roles``):
 
-- prefill and decode workers -> disaggregated: a prefill worker and a decode worker are chosen, a
-  random 63-bit ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
+- prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
+  are chosen (the newest revision that has both roles, ``frontend.pairing``), a random 63-bit
+  ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
   ``bootstrap_info`` (the prefill worker's bootstrap host/port): waiting for the prefill before starting
   the decode can deadlock SGLang's KV handshake. The decode leg is streamed back; the prefill leg
   (``max_tokens=1``) only has to finish cleanly. If either leg fails, the other is cancelled and the
@@ -45,6 +46,7 @@ from dynamo_worker.frontend.errors import (
     UpstreamTimeout,
     WorkerLost,
 )
+from dynamo_worker.frontend.pairing import newest_pair, no_pair_message
 from dynamo_worker.frontend.quarantine import Quarantine
 from dynamo_worker.frontend.registry import ModelEntry
 from dynamo_worker.protocol import (
@@ -157,17 +159,26 @@ class Dispatcher:
         self, entry: ModelEntry, token_ids: Sequence[int], exclude: frozenset[str] = frozenset()
     ) -> Plan:
         mode = plan_roles(entry)
-        if mode == "disagg":
-            prefill = self._choose(entry, "prefill", token_ids, exclude)
-            decode = self._choose(entry, "decode", token_ids, exclude)
-            return Plan("disagg", prefill, decode)
-        return Plan("agg", self._choose(entry, "agg", token_ids, exclude))
-
-    def _choose(
-        self, entry: ModelEntry, role: Role, token_ids: Sequence[int], exclude: frozenset[str]
-    ) -> Choice:
-        registered = entry.by_role(role)
         out = exclude | self.quarantine.ids
+        if mode == "disagg":
+            prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
+            pair = entry.pair() if not out else newest_pair(prefill, decode)
+            if pair is None:
+                raise ServiceUnavailable(
+                    no_pair_message(entry.name, prefill, decode),
+                    code="no_matching_revision",
+                    headers={"Retry-After": "1"},
+                )
+            return Plan(
+                "disagg",
+                self.router.choose(f"{entry.name}/prefill", pair.prefill, token_ids),
+                self.router.choose(f"{entry.name}/decode", pair.decode, token_ids),
+            )
+        return Plan("agg", self.router.choose(f"{entry.name}/agg", self._live(entry, "agg", out), token_ids))
+
+    def _live(self, entry: ModelEntry, role: Role, out: frozenset[str]) -> list[InstanceRecord]:
+        """The workers of ``role`` a request may go to: registered, neither excluded nor quarantined."""
+        registered = entry.by_role(role)
         candidates = [w for w in registered if w.instance_id not in out]
         if not candidates:
             reasons = sorted(r for w in registered if (r := self.quarantine.reason(w.instance_id)))
@@ -179,7 +190,7 @@ class Dispatcher:
                 code="no_workers",
                 headers={"Retry-After": "1"},
             )
-        return self.router.choose(f"{entry.name}/{role}", candidates, token_ids)
+        return candidates
 
     async def generate(
         self, entry: ModelEntry, request: GenerateRequest

@@ -33,7 +33,7 @@ from dynamo_worker.frontend.errors import ApiError, InvalidRequest, UpstreamErro
 from dynamo_worker.frontend.features import check_endpoint, serving
 from dynamo_worker.frontend.httpio import json_response
 from dynamo_worker.frontend.job import Job
-from dynamo_worker.frontend.openai_models import parse_request
+from dynamo_worker.frontend.openai_models import NvExt
 from dynamo_worker.frontend.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
 from dynamo_worker.protocol import (
     EmbedOptions,
@@ -70,6 +70,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
+    nvext: NvExt | None = None
 
     def inputs(self) -> list[str | list[int]]:
         x = self.input
@@ -137,8 +138,9 @@ def _encode(packed: str, encoding_format: str) -> list[float] | str:
     return packed if encoding_format == "base64" else unpack_vector(packed)
 
 
-async def prepare_embeddings(registry: ModelRegistry, batcher: EmbeddingBatcher, body: bytes) -> Job:
-    req = parse_request(EmbeddingRequest, body)
+async def prepare_embeddings(
+    registry: ModelRegistry, batcher: EmbeddingBatcher, req: EmbeddingRequest
+) -> Job:
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None

@@ -6,8 +6,9 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
     +-- InvalidRequest (400, type invalid_request_error; ``param`` names the offending field)
     |   +-- RequestTimeout (408: the request body did not arrive in time)
     +-- ModelNotFound (404, type invalid_request_error, code model_not_found)
+    +-- TooManyRequests (429, type rate_limit_error: the model's wait queue is full, code queue_full)
     +-- ServiceUnavailable (503, type service_unavailable; code says why: no_workers, no_prefill_workers,
-    |                       overloaded, model_loading)
+    |                       overloaded, model_loading, queue_timeout, model_scaling_up)
     +-- UpstreamError (502, type upstream_error: a worker failed, died or timed out while serving)
         +-- WorkerLost (the worker itself is lost to this request: unreachable, stream broken or
         |               stalled; ``instance_id`` and ``role`` name it, and the request may migrate)
@@ -32,6 +33,7 @@ __all__ = [
     "ModelNotFound",
     "RequestTimeout",
     "ServiceUnavailable",
+    "TooManyRequests",
     "UpstreamError",
     "UpstreamTimeout",
     "WorkerLost",
@@ -83,6 +85,11 @@ class ModelNotFound(ApiError):
             param="model",
             code="model_not_found",
         )
+
+
+class TooManyRequests(ApiError):
+    status = 429
+    type = "rate_limit_error"
 
 
 class ServiceUnavailable(ApiError):

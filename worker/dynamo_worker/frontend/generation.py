@@ -1,6 +1,7 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions`` up to the job: parse and validate the
-body (400 naming the field), look the model up (404 unknown, 503 nobody serving it), plan the features
-it uses, tokenize (the chat template for chat; images through ``frontend.multimodal``) and check the
+"""``POST /v1/chat/completions`` and ``POST /v1/completions`` up to the job, from the parsed and
+validated body (``openai_models.parse_request``; the server holds it for a slot in between,
+``frontend.admission``): look the model up (404 unknown, 503 nobody serving it), plan the features it
+uses, tokenize (the chat template for chat; images through ``frontend.multimodal``) and check the
 context length (``job.build_job``). Serving the job is ``plain_run`` or ``featured_run``.
 """
 
@@ -14,7 +15,7 @@ from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.features import chat_messages, plan_chat, plan_completion, serving
 from dynamo_worker.frontend.job import Job, build_job, with_plan
 from dynamo_worker.frontend.multimodal import MultimodalProcessor, has_images
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from dynamo_worker.frontend.registry import ModelRegistry
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "THREAD_TOKENIZE_CHARS", "prepare_chat", "prepare_completion"]
@@ -32,8 +33,9 @@ async def _tokenize(chars: int, encode: Callable[..., list[int]], *args: Any) ->
     return await asyncio.to_thread(encode, *args)
 
 
-async def prepare_chat(registry: ModelRegistry, multimodal: MultimodalProcessor | None, body: bytes) -> Job:
-    req = parse_request(ChatCompletionRequest, body)
+async def prepare_chat(
+    registry: ModelRegistry, multimodal: MultimodalProcessor | None, req: ChatCompletionRequest
+) -> Job:
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
@@ -57,8 +59,7 @@ async def prepare_chat(registry: ModelRegistry, multimodal: MultimodalProcessor 
     return with_plan(build_job("chat", req, entry, ids, prompt_param="messages", default_max=None), plan)
 
 
-async def prepare_completion(registry: ModelRegistry, body: bytes) -> Job:
-    req = parse_request(CompletionRequest, body)
+async def prepare_completion(registry: ModelRegistry, req: CompletionRequest) -> Job:
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None

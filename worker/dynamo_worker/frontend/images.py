@@ -86,7 +86,7 @@ class ImagesApi:
         req = parse_request(ImageGenerationRequest, body)
         entry = self.registry.get(req.model)
         if entry is None:
-            raise ModelNotFound(req.model, self.registry.served())
+            raise ModelNotFound(req.model, self.registry.listed())
         workers = entry.by_role("diffusion")
         if not workers:
             if entry.workers and not entry.generates_images():

@@ -1,5 +1,10 @@
 """``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live`` and ``/metrics``: what this
-frontend serves and how it is doing, read from the model registry and the metrics registry."""
+frontend serves and how it is doing, read from the model registry and the metrics registry.
+
+``/v1/models`` lists the models served now and those kept (``frontend.registry``: a graph's models at 0
+replicas, a model whose workers left within the retention), whose requests wait for a worker.
+``/health`` is ready while it lists one: a frontend whose models scale from zero must stay in its
+Service, or the requests that signal the demand never reach it."""
 
 from __future__ import annotations
 
@@ -29,20 +34,19 @@ class InfoEndpoints:
         app.router.add_get("/metrics", self.prometheus)
 
     def _card(self, name: str) -> ModelCard:
-        entry = self.registry.get(name)
-        return model_card(name, entry.created if entry is not None else 0)
+        return model_card(name, self.registry.created(name))
 
     async def models(self, _: web.Request) -> web.Response:
-        return json_response(dump(model_list([self._card(m) for m in self.registry.served()])))
+        return json_response(dump(model_list([self._card(m) for m in self.registry.listed()])))
 
     async def model(self, request: web.Request) -> web.Response:
-        name, served = request.match_info["model"], self.registry.served()
-        if name not in served:
-            return error_response(ModelNotFound(name, served))
+        name, listed = request.match_info["model"], self.registry.listed()
+        if name not in listed:
+            return error_response(ModelNotFound(name, listed))
         return json_response(dump(self._card(name)))
 
     async def health(self, _: web.Request) -> web.Response:
-        status, body = health(self.registry.served(), self.registry.namespace)
+        status, body = health(self.registry.listed(), self.registry.namespace)
         return json_response(dump(body), status=status)
 
     async def live(self, _: web.Request) -> web.Response:

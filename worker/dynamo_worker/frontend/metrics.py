@@ -65,6 +65,41 @@ class FrontendMetrics:
             ["model"],
             registry=r,
         )
+        self.queued = Gauge(
+            "dynamo_frontend_queued_requests",
+            "Requests waiting for a slot of their model's workers, or for a worker of a model scaling "
+            "from zero (frontend.admission): the demand a planner or KEDA reads.",
+            ["model"],
+            registry=r,
+        )
+        self.queue_rejected = Counter(
+            "dynamo_frontend_queue_rejected",
+            "Requests refused with 429 because their model's wait queue was full (reason queue_full), "
+            "or displaced from it by a request of higher priority (shed).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.queue_expired = Counter(
+            "dynamo_frontend_queue_expired",
+            "Requests answered 503 when their wait ran out: deadline (no slot freed in time) or "
+            "scaling_up (no worker of the model registered in time).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "dynamo_frontend_queue_wait_seconds",
+            "Time from a request's arrival to its admission to a worker slot.",
+            ["model"],
+            buckets=(*_LATENCY_BUCKETS, 300.0, 600.0),
+            registry=r,
+        )
+        self.unpaired = Gauge(
+            "dynamo_frontend_unpaired_workers",
+            "Prefill or decode workers of a revision that has no worker of the other role: they get no "
+            "disaggregated traffic (a rollout in progress, or a KV layout mismatch).",
+            ["model", "revision", "role"],
+            registry=r,
+        )
         self.errors = Counter(
             "dynamo_frontend_errors",
             "Errors by type (invalid_request_error, model_not_found, no_workers, "

@@ -15,7 +15,9 @@ Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, a message's ``tool_c
 
 Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``regex``, ``ebnf`` (and ``json_schema`` as text for completions) for constrained
-decoding, ``chat_template_kwargs`` and ``separate_reasoning`` for chat.
+decoding, ``chat_template_kwargs`` and ``separate_reasoning`` for chat. ``nvext`` (NVIDIA Dynamo's
+extension object, ``NvExt``) carries what the wait queue reads (``frontend.admission``):
+``agent_hints.priority`` and ``request_ttl``; its other fields are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -35,13 +37,38 @@ from pydantic import (
 from dynamo_worker.frontend.errors import InvalidRequest, from_validation_error
 from dynamo_worker.frontend.request_features import MessageToolCall, NamedToolChoice, ResponseFormat, Tool
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ImageUrlPart", "parse_request"]
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ImageUrlPart",
+    "NvExt",
+    "parse_request",
+]
 
 MAX_STOP_STRINGS = 16
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class AgentHints(_Body):
+    """NVIDIA Dynamo's ``nvext.agent_hints``: ``priority`` orders the wait queue (higher first)."""
+
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
+
+
+class NvExt(_Body):
+    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``frontend.admission``)."""
+
+    agent_hints: AgentHints | None = None
+    # How long the request may wait for a worker: seconds, or a Go duration ("2s", "1m30s").
+    request_ttl: float | Annotated[str, Field(min_length=1, max_length=32)] | None = None
+
+    @property
+    def priority(self) -> int | None:
+        return self.agent_hints.priority if self.agent_hints is not None else None
 
 
 class StreamOptions(_Body):
@@ -118,6 +145,7 @@ class _Sampling(_Body):
     user: str | None = None
     regex: Annotated[str, Field(min_length=1)] | None = None
     ebnf: Annotated[str, Field(min_length=1)] | None = None
+    nvext: NvExt | None = None
 
     @field_validator("top_k")
     @classmethod

@@ -1,12 +1,22 @@
 """Which models are served, by which workers: discovery events in, a lookup for each request out.
 
 A model is *served* while its registered workers can complete a request (an aggregated worker, or a
-prefill and a decode worker) and its tokenizer is loaded (from the worker's model card). The first
-worker of a model triggers one card fetch; workers that go away take the model off ``/v1/models`` when
-the rest cannot serve it alone. The preprocessor stays cached, so a model
-whose workers are all gone answers 503 (known, nobody serving) rather than 404 (never heard of). A worker
-that registers with a different model card (an updated tokenizer) makes the frontend load that card;
-requests use the previous one until it is loaded.
+prefill and a decode worker of one revision, ``frontend.pairing``) and its tokenizer is loaded (from
+the worker's model card). The first worker of a model triggers one card fetch. A worker that registers
+with a different model card (an updated tokenizer) makes the frontend load that card; requests use the
+previous one until it is loaded.
+
+A model is *kept* (listed by ``/v1/models``, and its requests held by ``frontend.admission`` until a
+worker can take them) while it is served, and also when nobody serves it now but
+
+- it is one of the graph's models (``--graph-models``, which the operator sets from the graph's workers:
+  kept while the frontend, hence the graph, exists, also at 0 replicas and after a frontend restart), or
+- it was served, and its last worker left (cleanly or not) less than ``retention_s`` ago (a bare
+  frontend, or dynamo-run), or some of its workers are still there (e.g. a decode worker whose prefill
+  workers are restarting).
+
+The preprocessor stays cached, so a kept model is served as soon as a worker registers again. A model
+never heard of is a 404; one whose workers cannot serve it and that is not kept, a 503 naming why.
 
 Routing state follows discovery too: every added worker is added to the router, every removed one is
 dropped from it (with its KV blocks).
@@ -19,10 +29,11 @@ import contextlib
 import logging
 import time
 import typing
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
+from dynamo_worker.frontend.pairing import Pair, newest_pair, unpaired
 from dynamo_worker.frontend.preprocess import Preprocessor
 from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, Role
 from dynamo_worker.router import Router
@@ -35,6 +46,9 @@ CARD_LOAD_ATTEMPTS = 3
 __all__ = ["CardLoader", "ModelEntry", "ModelRegistry"]
 
 CardLoader = Callable[[InstanceRecord], Awaitable[Preprocessor]]
+# (model, role) -> workers, and (model, revision, role) -> workers of a revision without the other role
+WorkerCounts = dict[tuple[str, str], int]
+UnpairedCounts = dict[tuple[str, str, str], int]
 
 
 @dataclass
@@ -45,15 +59,38 @@ class ModelEntry:
     card_checksum: str | None = None  # of the model card the preprocessor was loaded from
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))  # first seen (/v1/models "created")
+    served_once: bool = False  # it could serve a request at some point (workers and a loaded card)
+    left_at: float | None = None  # when its last worker left (monotonic), for the retention
+    # Derived from ``workers``, computed once per change of them (``workers_changed``), not per request.
+    _pair: Pair | None = field(default=None, repr=False)
+    _pair_known: bool = field(default=False, repr=False)
+    _can_serve: bool | None = field(default=None, repr=False)
 
     def by_role(self, role: Role) -> list[InstanceRecord]:
         return [w for w in self.workers.values() if w.role == role]
 
+    def pair(self) -> Pair | None:
+        """The prefill and decode workers disaggregated requests go to (``frontend.pairing``)."""
+        if not self._pair_known:
+            self._pair = newest_pair(self.by_role("prefill"), self.by_role("decode"))
+            self._pair_known = True
+        return self._pair
+
+    def workers_changed(self) -> None:
+        self._pair_known = False
+        self._can_serve = None
+
     def can_serve(self) -> bool:
-        """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker
-        (``dispatch.plan_roles`` answers 503 for any other mix)."""
-        roles = {w.role for w in self.workers.values()}
-        return "agg" in roles or {"prefill", "decode"} <= roles or "diffusion" in roles
+        """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker of
+        one revision (``frontend.pairing``; ``dispatch`` answers 503 for any other mix)."""
+        if self._can_serve is None:
+            roles = {w.role for w in self.workers.values()}
+            self._can_serve = "agg" in roles or "diffusion" in roles or self.pair() is not None
+        return self._can_serve
+
+    def ready(self) -> bool:
+        """It can serve a request now: its workers can, and its tokenizer is loaded (images need none)."""
+        return self.can_serve() and (self.preprocessor is not None or self.generates_images())
 
     def generates_images(self) -> bool:
         """Served by diffusion workers only (``/v1/images/generations``; no tokenizer, no chat)."""
@@ -67,9 +104,19 @@ class ModelRegistry:
         load_card: CardLoader,
         namespace: str,
         load_timeout_s: float,
-        on_change: Callable[[dict[tuple[str, str], int]], None] | None = None,
+        on_change: Callable[[WorkerCounts, UnpairedCounts], None] | None = None,
+        *,
+        retention_s: float = 0.0,
+        graph_models: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_change = on_change
+        self.retention_s = retention_s
+        self.graph_models = tuple(dict.fromkeys(graph_models))
+        self._clock = clock
+        self._started = int(time.time())
+        self._listeners: list[Callable[[], None]] = []
+        self._unpaired_said: set[tuple[str, str, str]] = set()
         self._router = router
         self._load_card = load_card
         self.namespace = namespace
@@ -85,21 +132,60 @@ class ModelRegistry:
             self._add(event.record)
         elif isinstance(event, InstanceRemoved):
             self._remove(event.instance_id)
-        self._changed.set()
+        unpaired_now = self._report_unpaired()
         if self._on_change is not None:
             counts = {
                 (e.name, role): len(e.by_role(role))
                 for e in self._models.values()
                 for role in typing.get_args(Role)
             }
-            self._on_change(counts)
+            self._on_change(counts, unpaired_now)
+        self._changed_now()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change of workers or model cards (``frontend.admission``)."""
+        self._listeners.append(listener)
+
+    def _changed_now(self) -> None:
+        for entry in self._models.values():
+            if not entry.served_once and entry.ready():
+                entry.served_once = True
+        self._changed.set()
+        for listener in self._listeners:
+            listener()
+
+    def _report_unpaired(self) -> UnpairedCounts:
+        """Say once (per revision and role, until it pairs or leaves) that a revision of a model has
+        prefill or decode workers only: they get no disaggregated traffic."""
+        now: UnpairedCounts = {}
+        for entry in self._models.values():
+            for (rev, role), n in unpaired(entry.by_role("prefill"), entry.by_role("decode")).items():
+                now[(entry.name, rev or "none", role)] = n
+        for model, rev, role in sorted(now.keys() - self._unpaired_said):
+            other = "decode" if role == "prefill" else "prefill"
+            log.warning(
+                "Revision has %s workers but no %s worker model=%s revision=%s workers=%d: they get no "
+                "traffic until a %s worker of the same revision registers (a rollout in progress, or prefill "
+                "and decode workers that differ in what fixes the KV layout: model, --page-size, image)",
+                role,
+                other,
+                model,
+                rev,
+                now[(model, rev, role)],
+                other,
+            )
+        self._unpaired_said = set(now)
+        return now
 
     def _add(self, record: InstanceRecord) -> None:
         for entry in self._models.values():  # a changed record may have changed model
             if record.instance_id in entry.workers and entry.name != record.model:
                 del entry.workers[record.instance_id]
+                entry.workers_changed()
         entry = self._models.setdefault(record.model, ModelEntry(record.model))
         entry.workers[record.instance_id] = record
+        entry.workers_changed()
+        entry.left_at = None
         if record.role not in LANGUAGE_ROLES:
             return  # encode and diffusion workers hold no KV cache and publish no model card
         self._router.add_worker(record)
@@ -113,8 +199,17 @@ class ModelRegistry:
 
     def _remove(self, instance_id: str) -> None:
         for entry in self._models.values():
-            if entry.workers.pop(instance_id, None) is not None and not entry.workers:
-                log.info("Model has no workers left model=%s", entry.name)
+            if entry.workers.pop(instance_id, None) is None:
+                continue
+            entry.workers_changed()
+            if not entry.workers:
+                entry.left_at = self._clock()
+                kept = self.keeps(entry.name)
+                log.info(
+                    "Model has no workers left model=%s%s",
+                    entry.name,
+                    " (listed and its requests held until a worker registers)" if kept else "",
+                )
         self._router.remove_worker(instance_id)
 
     async def _load(self, entry: ModelEntry, record: InstanceRecord) -> None:
@@ -133,7 +228,7 @@ class ModelRegistry:
             )
         finally:
             self._loads.pop(entry.name, None)
-            self._changed.set()  # a failed load is retried when the next worker of the model registers
+            self._changed_now()  # a failed load is retried when the next worker of the model registers
 
     async def _load_with_retries(self, record: InstanceRecord) -> Preprocessor:
         """A card being published while it is read can fail one read; try a few times, each bounded."""
@@ -173,12 +268,61 @@ class ModelRegistry:
         return any(instance_id in e.workers for e in self._models.values())
 
     def served(self) -> list[str]:
-        """Models a request can be served for now (listed by /v1/models; /health is ready with one)."""
-        return sorted(
-            n
-            for n, e in self._models.items()
-            if e.can_serve() and (e.preprocessor is not None or e.generates_images())
-        )
+        """Models a request can be served for now."""
+        return sorted(n for n, e in self._models.items() if e.ready())
+
+    def keeps(self, model: str) -> bool:
+        """Whether ``model`` is listed and its requests held although nobody may serve it now (see the
+        module docstring)."""
+        if model in self.graph_models:
+            return True
+        entry = self._models.get(model)
+        if entry is None or not entry.served_once:
+            return False
+        if entry.workers:
+            return True
+        return entry.left_at is not None and self._clock() - entry.left_at < self.retention_s
+
+    def listed(self) -> list[str]:
+        """Models ``/v1/models`` lists (and ``/health`` is ready with one): served or kept."""
+        return sorted({*self.served(), *(n for n in self._models if self.keeps(n)), *self.graph_models})
+
+    def created(self, model: str) -> int:
+        """The ``created`` time of a listed model (first seen; a graph model never seen: the start)."""
+        entry = self._models.get(model)
+        return entry.created if entry is not None else self._started
+
+    def admissible(self, model: str) -> bool:
+        """True when a request for ``model`` may go ahead now; False when it is to be held until the model
+        is served again (``frontend.admission``): a kept model that nobody serves now, or one whose
+        tokenizer is still loading. Raises the error that answers the request at once otherwise."""
+        entry = self._models.get(model)
+        if entry is not None and entry.preprocessor is not None and entry.can_serve():
+            return True  # the common case, first
+        if entry is not None and entry.generates_images():
+            self.lookup(model)  # the wrong endpoint
+        if entry is not None and entry.can_serve():
+            if entry.preprocessor is None and entry.load_error is not None:
+                self.lookup(model)  # the card cannot be loaded
+            return entry.preprocessor is not None
+        if self.keeps(model):
+            return False
+        self.lookup(model)  # unknown (404), or nobody serves it (503)
+        return True  # workers that cannot serve it alone: dispatch says which role is missing
+
+    def why_unserved(self, model: str) -> str:
+        """Why nobody can serve ``model`` now, in words (for an answer that gave up waiting)."""
+        entry = self._models.get(model)
+        if entry is None or not entry.workers:
+            return "no worker of it is registered"
+        prefill, decode = entry.by_role("prefill"), entry.by_role("decode")
+        if decode and not prefill and not entry.by_role("agg"):
+            return f"it has {len(decode)} decode worker(s) but no prefill worker"
+        if prefill and not decode and not entry.by_role("agg"):
+            return f"it has {len(prefill)} prefill worker(s) but no decode worker"
+        if not entry.can_serve():
+            return "its prefill and decode workers are of different revisions (KV layouts)"
+        return "its tokenizer is still loading"
 
     async def wait_changed(self) -> None:
         self._changed.clear()
@@ -188,8 +332,8 @@ class ModelRegistry:
         """The entry serving ``model``, or the error that tells the client why there is none."""
         entry = self._models.get(model)
         if entry is None:
-            served = self.served()
-            if not any(e.workers for e in self._models.values()):
+            served = self.listed()
+            if not served and not any(e.workers for e in self._models.values()):
                 raise ServiceUnavailable(
                     f"No worker is registered in namespace '{self.namespace}', so model '{model}' cannot be "
                     "served. Start a worker for it (or check the frontend's --namespace / --nats-server).",

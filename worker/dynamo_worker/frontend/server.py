@@ -1,9 +1,12 @@
-"""The OpenAI HTTP API (aiohttp): routes, admission (at most ``max_inflight`` requests at once) and
-the per-endpoint metrics; thin handlers over the modules that do the work.
+"""The OpenAI HTTP API (aiohttp): routes, the frontend's bound (at most ``max_inflight`` requests at
+once, waiting ones included) and the per-endpoint metrics; thin handlers over the modules that do the
+work.
 
-- ``POST /v1/chat/completions``, ``POST /v1/completions``: ``generation`` parses, validates and
-  tokenizes into a ``job.Job``; ``plain_run`` serves it, or ``featured_run`` when it uses tools,
-  reasoning, structured output or logprobs (a ``FeaturePlan`` on the job).
+- ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
+  (``openai_models``), the request waits for a slot of its model (``admission``: priority, deadline,
+  429/503, scale from zero), then ``generation`` tokenizes it into a ``job.Job``; ``plain_run`` serves
+  it, or ``featured_run`` when it uses tools, reasoning, structured output or logprobs (a
+  ``FeaturePlan`` on the job).
 - ``POST /v1/embeddings``: ``embeddings`` (its requests batched across clients).
 - ``POST /v1/images/generations``: ``images`` (diffusion workers).
 - ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
@@ -19,11 +22,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
+from dynamo_worker.frontend.admission import Admission, request_hints
 from dynamo_worker.frontend.dispatch import Dispatcher
-from dynamo_worker.frontend.embeddings import EmbeddingBatcher, prepare_embeddings
+from dynamo_worker.frontend.embeddings import EmbeddingBatcher, EmbeddingRequest, prepare_embeddings
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable
 from dynamo_worker.frontend.generation import prepare_chat, prepare_completion
 from dynamo_worker.frontend.httpio import (
@@ -38,6 +43,7 @@ from dynamo_worker.frontend.info_endpoints import InfoEndpoints
 from dynamo_worker.frontend.job import Job
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.multimodal import MultimodalProcessor
+from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
 from dynamo_worker.frontend.plain_run import PlainRun
 from dynamo_worker.frontend.registry import ModelRegistry
 from dynamo_worker.frontend.responses import GeneratedImages, dump
@@ -61,7 +67,11 @@ class OpenAIServer:
         embedding_batch_window_s: float = 0.002,
         multimodal: MultimodalProcessor | None = None,
         images: ImagesApi | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self.admission = admission or Admission(
+            registry, metrics, max_queued=0, queue_ttl_s=0.0, scale_up_timeout_s=0.0
+        )
         self.multimodal = multimodal
         self.images = images
         self.registry = registry
@@ -76,9 +86,11 @@ class OpenAIServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
-        app.router.add_post("/v1/chat/completions", self._endpoint("chat", self._chat))
-        app.router.add_post("/v1/completions", self._endpoint("completion", self._completion))
-        app.router.add_post("/v1/embeddings", self._endpoint("embedding", self._embeddings))
+        app.router.add_post("/v1/chat/completions", self._endpoint("chat", ChatCompletionRequest, self._chat))
+        app.router.add_post(
+            "/v1/completions", self._endpoint("completion", CompletionRequest, self._completion)
+        )
+        app.router.add_post("/v1/embeddings", self._endpoint("embedding", EmbeddingRequest, self._embeddings))
         app.router.add_post("/v1/images/generations", self._image_generations)
         InfoEndpoints(self.registry, self.metrics).add_routes(app)
         return app
@@ -103,19 +115,23 @@ class OpenAIServer:
 
     # --- generation endpoints -----------------------------------------------------------------
 
-    async def _chat(self, body: bytes) -> Job:
-        return await prepare_chat(self.registry, self.multimodal, body)
+    async def _chat(self, req: Any) -> Job:
+        return await prepare_chat(self.registry, self.multimodal, req)
 
-    async def _completion(self, body: bytes) -> Job:
-        return await prepare_completion(self.registry, body)
+    async def _completion(self, req: Any) -> Job:
+        return await prepare_completion(self.registry, req)
 
-    async def _embeddings(self, body: bytes) -> Job:
-        return await prepare_embeddings(self.registry, self.embedder, body)
+    async def _embeddings(self, req: Any) -> Job:
+        return await prepare_embeddings(self.registry, self.embedder, req)
 
     def _endpoint(
-        self, name: str, prepare: Callable[[bytes], Awaitable[Job]]
+        self,
+        name: str,
+        body_model: type[ChatCompletionRequest | CompletionRequest | EmbeddingRequest],
+        prepare: Callable[[Any], Awaitable[Job]],
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        """The handler of a generation endpoint: admission, ``prepare`` the job, run it, count it."""
+        """The handler of a generation endpoint: the frontend's bound, parse the body, wait for a slot
+        of the model (``admission``), ``prepare`` the job, run it, count it."""
 
         async def handler(http_request: web.Request) -> web.StreamResponse:
             started = time.monotonic()
@@ -124,13 +140,21 @@ class OpenAIServer:
             self._enter()
             model = ""
             try:
-                job = await prepare(await self._read_body(http_request))
-                model = job.model
-                self.metrics.inflight.labels(model).inc()
-                try:
-                    response = await self._run(http_request, job, started)
-                finally:
-                    self.metrics.inflight.labels(model).dec()
+                req = parse_request(body_model, await self._read_body(http_request))
+                nvext = req.nvext
+                hints = request_hints(
+                    http_request.headers,
+                    nvext.priority if nvext is not None else None,
+                    nvext.request_ttl if nvext is not None else None,
+                )
+                async with self.admission.slot(req.model, hints):
+                    job = await prepare(req)
+                    model = job.model
+                    self.metrics.inflight.labels(model).inc()
+                    try:
+                        response = await self._run(http_request, job, started)
+                    finally:
+                        self.metrics.inflight.labels(model).dec()
                 self.metrics.requests.labels(model, name, str(response.status)).inc()
                 return response
             except ApiError as e:

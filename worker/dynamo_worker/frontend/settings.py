@@ -118,6 +118,45 @@ class FrontendSettings(Settings):
         description="Requests in flight at once; more are refused at once with 503 'overloaded'.",
         json_schema_extra={"env": contract.ENV_HTTP_MAX_INFLIGHT},
     )
+    # --- admission: wait queue and scale from zero (frontend.admission, frontend.registry) ------
+    max_queued_requests: int = Field(
+        256,
+        ge=0,
+        description="Requests of one model that wait for a slot of its workers (or for a worker, while it "
+        "scales up); one more is answered 429 'queue_full', unless it outranks a waiting one "
+        "(x-dynamo-request-priority), which gets the 429 instead. 0: no queue.",
+    )
+    queue_ttl_s: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="How long a request waits for a slot while its model's workers are busy before it is "
+        "answered 503 'queue_timeout' (llm-d's defaultRequestTTL); a request may ask for less with the "
+        "x-llm-d-inference-ttl header or nvext.request_ttl.",
+    )
+    scale_up_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=86400,
+        description="How long a request for a model that no worker serves now (scaling from zero, its "
+        "workers restarting) is held for one to register before it is answered 503 'model_scaling_up' "
+        "(llm-d's noEndpointRequestTTL). Meanwhile dynamo_frontend_queued_requests tells the planner or "
+        "a KEDA scaler there is demand.",
+    )
+    model_retention_s: float = Field(
+        600.0,
+        ge=0,
+        le=30 * 86400,
+        description="How long a model whose last worker left stays listed in /v1/models, with its "
+        "requests held for a worker to come back (--scale-up-timeout-s); 0: it goes at once.",
+    )
+    graph_models: str = Field(
+        "",
+        description="Comma-separated models this frontend always lists and holds requests for, even with "
+        "no worker (the operator sets the served model names of its graph's workers, so a graph at 0 "
+        "replicas keeps its models).",
+        json_schema_extra={"env": contract.ENV_GRAPH_MODELS},
+    )
     connect_timeout_s: float = Field(
         5.0, gt=0, le=300, description="Bound on connecting to a worker's request plane."
     )
@@ -190,10 +229,13 @@ class FrontendSettings(Settings):
                 "OpenAI-compatible frontend. Serves POST /v1/chat/completions (with images when the model "
                 "has encode workers), POST /v1/completions, POST /v1/embeddings, "
                 "POST /v1/images/generations, "
-                "GET /v1/models, /health (200 once a model is served), /live and /metrics. Workers are "
-                "found in discovery (NATS JetStream KV) under --namespace; models appear and disappear "
-                "with them. When a model has prefill and decode workers, requests are served "
-                "disaggregated (both legs sent concurrently with one bootstrap room)."
+                "GET /v1/models, /health (200 once a model is listed), /live and /metrics. Workers are "
+                "found in discovery (NATS JetStream KV) under --namespace; models appear with them and "
+                "stay listed, their requests held, while they scale from zero (--graph-models, "
+                "--model-retention-s). A model's requests beyond its workers' slots wait in a bounded "
+                "queue by priority and deadline (--max-queued-requests, --queue-ttl-s). When a model has "
+                "prefill and decode workers, requests are served disaggregated (both legs sent "
+                "concurrently with one bootstrap room, to a pair of one revision)."
             ),
         )
         add_model_arguments(parser, cls, "frontend")

@@ -86,7 +86,8 @@ def model_list(cards: list[ModelCard]) -> ModelList:
 
 
 def health(served: list[str], namespace: str) -> tuple[int, Health]:
-    """(HTTP status, body) of ``/health``: healthy while some model can be served."""
+    """(HTTP status, body) of ``/health``: healthy while some model is listed (served, or kept while it
+    scales up: ``frontend.registry``)."""
     if served:
         return 200, Health(status="healthy", models=served)
     reason = (

@@ -35,7 +35,7 @@ from dynamo_operator.api import contract as c
 from dynamo_operator.api.components import WORKER_TYPES
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.api.sglang_args import argv as container_argv
-from dynamo_operator.api.sglang_args import flag_value
+from dynamo_operator.api.sglang_args import served_model_name
 from dynamo_operator.api.validation import Problem
 from dynamo_operator.backends import sglang as flags
 from dynamo_operator.config import OperatorConfig
@@ -212,7 +212,7 @@ def plan_graph(
         else p
         for p in processes
     ]
-    served = [_served_model(p.argv) for p in processes if p.kind == "worker" and p.health_url]
+    served = [served_model_name(p.argv) for p in processes if p.kind == "worker" and p.health_url]
     return Plan(
         namespace=dgd.dynamo_namespace,
         processes=tuple(processes),
@@ -384,10 +384,6 @@ def _process(
         ports=ports,
     )
     return process, notes
-
-
-def _served_model(argv: Sequence[str]) -> str | None:
-    return flag_value(argv, "--served-model-name") or flag_value(argv, "--model-path", "--model")
 
 
 def _sources(env_from: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -5,12 +5,14 @@
    anything starts.
 2. Start an embedded nats-server, then every process at once; wait for each to be ready (workers:
    ``/health`` on their system port, true once registered in discovery; the frontend: ``/health``,
-   true once a model is served), printing what is pending every few seconds. A process that exits
+   true once a model is listed, and its ``/metrics`` showing every worker), printing what is pending
+   every few seconds. A process that exits
    during startup fails the run at once with its last log lines (exit 1).
 3. Print where to send requests, then watch. A worker that dies is reported loudly with its last
-   log lines and the rest keeps serving: the frontend answers requests that need it with an error
-   (and 503 once no worker of the model is left). dynamo-run does not restart it, so a failure stays
-   visible; restart dynamo-run to get it back. The frontend or NATS dying stops everything (exit 1).
+   log lines and the rest keeps serving: the frontend answers requests that need it with an error, or
+   holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). dynamo-run
+   does not restart it, so a failure stays visible; restart dynamo-run to get it back. The frontend
+   or NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
    temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
    --log-dir was given).

@@ -7,6 +7,13 @@ up. The decode leg long-polls ``GET /v1/bootstrap/rooms/<room>?wait_s=...`` on t
 (``fetch_prefill``), which answers once the prefill of that room is done. Either side waits at most
 ``bootstrap_timeout_s`` for the other and then fails with ``BootstrapTimeout`` (the request ends with
 error type ``bootstrap_timeout``). Either side may arrive first.
+
+Each side knows its KV layout (``kv_layout``: the served model and the page size). A decode leg sends
+its own with the fetch, and a prefill worker whose layout differs refuses it (HTTP 409): both legs end
+with ``bootstrap_failed`` at once, naming both layouts. SGLang would not refuse: a decode engine reading
+KV blocks of another page size or model produces garbage or hangs, which is why the frontend pairs a
+prefill and a decode worker only within one revision (``frontend.pairing``); the refusal makes a pair
+that slipped through visible in tests.
 """
 
 from __future__ import annotations
@@ -22,7 +29,14 @@ from aiohttp import web
 from dynamo_worker.protocol import BootstrapInfo
 from dynamo_worker.runtime.listening import serve
 
-__all__ = ["BootstrapServer", "BootstrapTimeout", "PrefillResult", "fetch_prefill"]
+__all__ = [
+    "BootstrapRefused",
+    "BootstrapServer",
+    "BootstrapTimeout",
+    "PrefillResult",
+    "fetch_prefill",
+    "kv_layout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +46,15 @@ MAX_ROOMS = 100_000
 
 class BootstrapTimeout(Exception):
     """The peer leg of a disaggregated request did not show up within the bound."""
+
+
+class BootstrapRefused(Exception):
+    """The peer leg's KV layout differs from this worker's: no KV cache can pass between them."""
+
+
+def kv_layout(model: str, page_size: int) -> str:
+    """What a prefill and a decode leg must agree on to hand over a KV cache (in the simulation)."""
+    return f"model={model} page_size={page_size}"
 
 
 @dataclass(frozen=True)
@@ -47,14 +70,16 @@ class _Room:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     picked_up: asyncio.Event = field(default_factory=asyncio.Event)
+    refused: str | None = None  # why a decode leg of another layout was refused
 
 
 class BootstrapServer:
     """Rendezvous of prefill results and the decode legs that fetch them (runs on a prefill worker)."""
 
-    def __init__(self, host: str, port: int, *, max_wait_s: float = 600.0) -> None:
+    def __init__(self, host: str, port: int, *, layout: str = "", max_wait_s: float = 600.0) -> None:
         self._host = host
         self._port = port
+        self.layout = layout
         self._max_wait_s = max_wait_s
         self._rooms: dict[int, _Room] = {}
         self._runner: web.AppRunner | None = None
@@ -97,7 +122,8 @@ class BootstrapServer:
 
     async def prefill_done(self, room: int, result: PrefillResult, wait_s: float) -> None:
         """Publish the prefill of ``room`` and wait (``wait_s`` at most) until a decode leg took it.
-        Raises ``BootstrapTimeout`` when none did."""
+        Raises ``BootstrapTimeout`` when none did, ``BootstrapRefused`` when the one that came had
+        another KV layout."""
         state = self._room(room)
         if state.result.done():
             self._drop(room, state)
@@ -113,6 +139,8 @@ class BootstrapServer:
             ) from None
         finally:
             self._drop(room, state)
+        if state.refused is not None:
+            raise BootstrapRefused(state.refused)
 
     async def _fetch(self, request: web.Request) -> web.Response:
         try:
@@ -124,6 +152,16 @@ class BootstrapServer:
             state = self._room(room)
         except RuntimeError as e:
             return web.json_response({"error": str(e)}, status=503)
+        theirs = request.query.get("layout", "")
+        if self.layout and theirs and theirs != self.layout:
+            # Kept (not dropped) so that a prefill leg arriving later is refused at once too.
+            state.refused = (
+                f"KV layout mismatch for bootstrap_room={room}: the prefill worker has {self.layout}, the "
+                f"decode worker {theirs}; a prefill and a decode worker of different revisions were paired"
+            )
+            log.error("Refused a decode leg of another KV layout: %s", state.refused)
+            state.picked_up.set()
+            return web.json_response({"error": state.refused}, status=409)
         try:
             async with asyncio.timeout(wait_s):
                 result = await asyncio.shield(state.result)
@@ -146,11 +184,11 @@ class BootstrapServer:
 
 
 async def fetch_prefill(
-    session: aiohttp.ClientSession, info: BootstrapInfo, timeout_s: float
+    session: aiohttp.ClientSession, info: BootstrapInfo, timeout_s: float, layout: str = ""
 ) -> PrefillResult:
     """Wait (``timeout_s`` at most) for the prefill of ``info.bootstrap_room`` on the prefill worker at
     ``bootstrap_host:bootstrap_port``; retries while that port does not answer.
-    Raises ``BootstrapTimeout``."""
+    Raises ``BootstrapTimeout``, or ``BootstrapRefused`` when that worker's KV layout is not ``layout``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     url = f"http://{info.bootstrap_host}:{info.bootstrap_port}" + ROOMS_PATH.format(room=info.bootstrap_room)
@@ -158,7 +196,8 @@ async def fetch_prefill(
     while (left := deadline - loop.time()) > 0:
         try:
             async with asyncio.timeout(left + 1.0):
-                async with session.get(url, params={"wait_s": f"{left:.3f}"}) as response:
+                params = {"wait_s": f"{left:.3f}", **({"layout": layout} if layout else {})}
+                async with session.get(url, params=params) as response:
                     raw = await response.read()
             if response.status == 200:
                 data = orjson.loads(raw)
@@ -168,6 +207,8 @@ async def fetch_prefill(
             if response.status == 504:
                 last_error = "the prefill leg never arrived there"
                 break
+            if response.status == 409:
+                raise BootstrapRefused(str(orjson.loads(raw).get("error", "KV layout mismatch")))
             last_error = f"HTTP {response.status}: {raw[:200]!r}"
         except TimeoutError:
             last_error = "the bootstrap server did not answer"

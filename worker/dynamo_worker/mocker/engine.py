@@ -54,7 +54,14 @@ from typing import Any
 
 import aiohttp
 
-from dynamo_worker.mocker.bootstrap import BootstrapServer, BootstrapTimeout, PrefillResult, fetch_prefill
+from dynamo_worker.mocker.bootstrap import (
+    BootstrapRefused,
+    BootstrapServer,
+    BootstrapTimeout,
+    PrefillResult,
+    fetch_prefill,
+    kv_layout,
+)
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
@@ -205,6 +212,7 @@ class MockerEngine(Engine):
         self._session: aiohttp.ClientSession | None = None
         self._last_load: LoadSnapshot | None = None
         self.bootstrap: BootstrapServer | None = None
+        self._layout = ""  # kv_layout(), once started
         self.kvs = [BlockManager(settings.num_kv_blocks, settings.page_size) for _ in range(settings.dp_size)]
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
@@ -238,17 +246,20 @@ class MockerEngine(Engine):
             self._tokenizer = await asyncio.to_thread(Tokenizer.from_file, str(model_dir / "tokenizer.json"))
         hidden = config.get("hidden_size")
         self.embedding_dim = s.embedding_dim or (hidden if isinstance(hidden, int) and hidden > 0 else 64)
+        name = s.served_model_name or s.model_path or model_dir.name
+        if name == TINY_MODEL_DIR:
+            name = TINY_MODEL_NAME
+        self._layout = kv_layout(name, s.page_size)
         bootstrap_port = None
         if self.role == "prefill":
-            self.bootstrap = BootstrapServer(self._listen_host, s.disaggregation_bootstrap_port)
+            self.bootstrap = BootstrapServer(
+                self._listen_host, s.disaggregation_bootstrap_port, layout=self._layout
+            )
             bootstrap_port = await self.bootstrap.start()
         if self.role == "decode":
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
-        name = s.served_model_name or s.model_path or model_dir.name
-        if name == TINY_MODEL_DIR:
-            name = TINY_MODEL_NAME
         log.info(
             "Started mocker role=%s model=%s kv_blocks=%s page_size=%s speedup=%s",
             self.role,
@@ -351,11 +362,17 @@ class MockerEngine(Engine):
                 assert request.bootstrap_info is not None and self._session is not None
                 try:
                     result = await fetch_prefill(
-                        self._session, request.bootstrap_info, self.settings.bootstrap_timeout_s
+                        self._session,
+                        request.bootstrap_info,
+                        self.settings.bootstrap_timeout_s,
+                        self._layout,
                     )
                 except BootstrapTimeout as e:
                     log.warning("Bootstrap timed out request_id=%s: %s", request.request_id, e)
                     yield _error("bootstrap_timeout", str(e))
+                    return
+                except BootstrapRefused as e:
+                    yield _error("bootstrap_failed", str(e))
                     return
                 await asyncio.sleep(self.timing.kv_transfer_s(len(prompt)))
                 await self._stuck_transfer(request)
@@ -496,6 +513,8 @@ class MockerEngine(Engine):
         except BootstrapTimeout as e:
             log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
             return _error("bootstrap_timeout", str(e))
+        except BootstrapRefused as e:
+            return _error("bootstrap_failed", str(e))
         except RuntimeError as e:
             return _error("invalid_request", str(e))
         return chunk

@@ -6,10 +6,13 @@ lengths, mean TTFT and ITL. ``scrape`` and ``query_prometheus`` are the thin I/O
 
 Frontend metrics used (``dynamo_worker.frontend.metrics``): ``dynamo_frontend_requests_total`` (finished
 requests), ``dynamo_frontend_input_tokens_total``, ``dynamo_frontend_output_tokens_total``,
-``dynamo_frontend_inflight_requests``, and the ``_sum`` / ``_count`` of
-``dynamo_frontend_time_to_first_token_seconds`` and ``dynamo_frontend_inter_token_latency_seconds``.
-The request rate counts arrivals: requests finished in the interval plus the growth of those in flight,
-so an overloaded graph (whose finished rate is capped by what it can serve) is seen at its real load.
+``dynamo_frontend_inflight_requests``, ``dynamo_frontend_queued_requests`` (requests waiting for a slot,
+or for a worker of a model at 0 replicas: demand that no finished request shows yet), and the ``_sum`` /
+``_count`` of ``dynamo_frontend_time_to_first_token_seconds`` and
+``dynamo_frontend_inter_token_latency_seconds``.
+The request rate counts arrivals: requests finished in the interval plus the growth of those in flight
+or waiting, so an overloaded graph (whose finished rate is capped by what it can serve) is seen at its
+real load. ``Observation.inflight`` counts the waiting ones too.
 The input length is per arrival (the frontend counts prompt tokens when it dispatches a request). The
 output length is per finished request (counted when a request ends), but never below the tokens
 streamed in the interval per arrival (each first token counts towards TTFT, each later one towards
@@ -51,6 +54,7 @@ class Totals:
     itl_sum: float = 0.0
     itl_count: float = 0.0
     inflight: float = 0.0  # a gauge: the value now
+    queued: float = 0.0  # a gauge: requests waiting now (frontend.admission)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ def parse_frontend_metrics(text: str, model: str | None = None) -> Totals:
         itl_sum=values.get(P + "inter_token_latency_seconds_sum", 0.0),
         itl_count=values.get(P + "inter_token_latency_seconds_count", 0.0),
         inflight=values.get(P + "inflight_requests", 0.0),
+        queued=values.get(P + "queued_requests", 0.0),
     )
 
 
@@ -98,7 +103,7 @@ def interval(before: Mapping[str, Totals], after: Mapping[str, Totals], seconds:
             continue
         for k in _COUNTERS:
             d[k] += getattr(a, k) - getattr(b, k)
-        arrivals += max(a.requests - b.requests + a.inflight - b.inflight, 0.0)
+        arrivals += max(a.requests - b.requests + a.inflight + a.queued - b.inflight - b.queued, 0.0)
     n = d["requests"]
     streamed = d["ttft_count"] + d["itl_count"]
     osl = max(d["output_tokens"] / n if n else 0.0, streamed / arrivals if arrivals else 0.0)
@@ -111,7 +116,7 @@ def interval(before: Mapping[str, Totals], after: Mapping[str, Totals], seconds:
         load=load,
         ttft_s=d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] else None,
         itl_s=d["itl_sum"] / d["itl_count"] if d["itl_count"] else None,
-        inflight=sum(a.inflight for a in after.values()),
+        inflight=sum(a.inflight + a.queued for a in after.values()),
         interval_s=seconds,
         isl_known=arrivals > 0 and d["input_tokens"] > 0,
         osl_known=n > 0 or streamed > 0,
@@ -149,6 +154,7 @@ _PROM_QUERIES = {
     "itl_sum": f"sum({P}inter_token_latency_seconds_sum)",
     "itl_count": f"sum({P}inter_token_latency_seconds_count)",
     "inflight": f"sum({P}inflight_requests)",
+    "queued": f"sum({P}queued_requests)",
 }
 
 

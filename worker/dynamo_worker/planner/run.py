@@ -9,6 +9,10 @@ I/O only; the deciding is ``step.decide``. Each interval:
 3. forecast the next interval, decide, and server-side apply the changed replicas;
 4. post an Event (``Scaled`` when replicas changed, else ``PlannerDecision`` at most every
    ``QUIET_EVENTS`` intervals) whose message says why, and update ``planner_*`` metrics.
+
+Scale from zero: while a scaled role is at 0 replicas, the planner looks every ``ZERO_POLL_S`` instead
+of every interval, and a frontend holding requests (``dynamo_frontend_queued_requests`` > 0) makes it
+give every role one replica at once, without waiting for a whole interval of traffic.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ __all__ = ["Planner", "serve_metrics"]
 log = logging.getLogger(__name__)
 
 QUIET_EVENTS = 10  # a decision that changes nothing is reported at most every this many intervals
+ZERO_POLL_S = 1.0  # how often the planner looks for demand while a role is at 0 replicas
 
 
 class Planner:
@@ -71,6 +76,7 @@ class Planner:
         self._previous: tuple[float, dict[str, Totals]] | None = None
         self._quiet = 0
         self.decisions = 0
+        self.at_zero = False  # a scaled role had 0 replicas at the last step
         self.load_feed: Any = None  # a LoadFeed in load mode (set by the caller)
 
     # --- observing ---------------------------------------------------------------------------------
@@ -103,6 +109,7 @@ class Planner:
             await self._event(kube, {}, "PlannerGraphError", f"Skipped a planning step: {e}", "Warning")
             return
         urls = self._urls(discovered)
+        self.at_zero = any(v.replicas == 0 for v in services.values())
         now = self.clock()
         try:
             totals, problem = await self._totals(http, urls)
@@ -126,7 +133,8 @@ class Planner:
                 observation.load, isl_known=observation.isl_known, osl_known=observation.osl_known
             )
         self._previous = (now, totals)
-        if observation is None and s.mode == "sla":
+        demand = any(t.queued > 0 for t in totals.values())
+        if observation is None and s.mode == "sla" and not (demand and self.at_zero):
             log.info("First scrape of sources=%s; deciding from the next interval", len(totals))
             return
         decision = decide(
@@ -138,6 +146,7 @@ class Planner:
             load_reports=self.load_feed.summary() if self.load_feed is not None else {},
             states=self.states,
             now=now,
+            demand=demand,
         )
         self.states = decision.states
         self.decisions += 1
@@ -202,7 +211,8 @@ class Planner:
             while not stop.is_set():
                 started = self.clock()
                 await self.step(kube, http)
-                left = s.adjustment_interval_s - (self.clock() - started)
+                every = min(s.adjustment_interval_s, ZERO_POLL_S) if self.at_zero else s.adjustment_interval_s
+                left = every - (self.clock() - started)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=max(left, 0.0))
 

@@ -123,8 +123,11 @@ def decide(
     load_reports: Mapping[str, tuple[float | None, float | None]],
     states: Mapping[str, DampenState],
     now: float,
+    demand: bool = False,
 ) -> Decision:
-    """``load_reports``: per role, (mean waiting requests per worker, mean KV usage) or Nones."""
+    """``load_reports``: per role, (mean waiting requests per worker, mean KV usage) or Nones.
+    ``demand``: a frontend holds requests now (``dynamo_frontend_queued_requests``), also before a
+    whole interval was observed: every role gets at least one replica at once (scale from zero)."""
     wanted: dict[str, int] = {}
     why: dict[str, str] = {}
     predicted: dict[str, float | None] = {}
@@ -140,7 +143,9 @@ def decide(
     minimum = dict.fromkeys(services, settings.min_replicas)
     gpus = {r: s.gpus for r, s in services.items()}
     budgeted, note = apply_budget(wanted, gpus, minimum, settings.max_gpu_budget)
-    busy = observation is not None and (observation.inflight > 0 or observation.load.request_rate > 0)
+    busy = demand or (
+        observation is not None and (observation.inflight > 0 or observation.load.request_rate > 0)
+    )
     decisions: dict[str, RoleDecision] = {}
     new_states: dict[str, DampenState] = {}
     for role, s in services.items():

@@ -183,6 +183,14 @@ class RuntimeSettings(Settings):
         description="Seconds the health check may keep failing before /live answers 503, so that "
         "Kubernetes restarts the container.",
     )
+    pair_revision: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="Revision published in discovery (what fixes the KV layout and the model): the "
+        "frontend pairs a prefill and a decode worker only when theirs are equal. The operator sets it on "
+        "prefill and decode pods; unset, the worker derives one from its model, model card and page size.",
+        json_schema_extra={"env": contract.ENV_REVISION},
+    )
     instance_id: str = Field(
         default_factory=new_instance_id,
         pattern=r"^[0-9a-f]{16}$",

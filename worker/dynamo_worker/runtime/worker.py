@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import signal
+import time
 from collections.abc import Callable, Sequence
 
 import nats
@@ -41,7 +44,15 @@ from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
 from dynamo_worker.runtime.settings import RuntimeSettings, redact_url
 from dynamo_worker.runtime.system_server import SystemServer
 
-__all__ = ["NATS_CONNECT_TIMEOUT_S", "Worker", "WorkerStartError", "connect_nats", "redact_url", "run_worker"]
+__all__ = [
+    "NATS_CONNECT_TIMEOUT_S",
+    "Worker",
+    "WorkerStartError",
+    "connect_nats",
+    "redact_url",
+    "run_worker",
+    "worker_revision",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +75,17 @@ async def close_nats(nc: NATS, within_s: float = 5.0) -> None:
         await asyncio.wait({reconnecting}, timeout=0.1)
     if reconnecting is not None and not reconnecting.done():
         log.warning("A NATS reconnect attempt outlived close() by %.0fs; leaving it", within_s)
+
+
+def worker_revision(given: str | None, info: EngineInfo, card_checksum: str | None) -> str:
+    """The revision a worker publishes: the one it was given (the operator's, the same on the prefill and
+    decode pods of one rollout step), else a hash of what this worker knows fixes its KV layout and its
+    model (served name, model card, page size), so that workers started by hand with another page size
+    or model never pair. Pure."""
+    if given:
+        return given
+    facts = {"model": info.model_name, "card": card_checksum, "page_size": info.page_size}
+    return "w" + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
 class WorkerStartError(RuntimeError):
@@ -244,15 +266,18 @@ class Worker:
             bootstrap_port=info.bootstrap_port,
             dp_size=info.dp_size,
             model_card_checksum=checksum,
+            revision=worker_revision(s.pair_revision, info, checksum),
+            started_at=time.time(),
         )
         await self._register()
         self.system.state = "ready"
         self.health.start()
         log.info(
-            "Worker ready instance_id=%s address=%s system_port=%s",
+            "Worker ready instance_id=%s address=%s system_port=%s revision=%s",
             s.instance_id,
             self.address,
             self.system.port,
+            self.record.revision,
         )
         return self.record
 
