@@ -35,7 +35,7 @@ from dynamo_operator.api import contract as c
 from dynamo_operator.api.components import WORKER_TYPES
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.api.sglang_args import argv as container_argv
-from dynamo_operator.api.sglang_args import served_model_name
+from dynamo_operator.api.sglang_args import flag_value, served_model_name
 from dynamo_operator.api.validation import Problem
 from dynamo_operator.backends import sglang as flags
 from dynamo_operator.config import OperatorConfig
