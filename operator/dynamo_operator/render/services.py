@@ -12,7 +12,7 @@ from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.render import labels, workloads
+from dynamo_operator.render import labels, placement, workloads
 from dynamo_operator.render.names import child_name, group_name, service_dns_name
 from dynamo_operator.render.pods import pod_spec, template
 from dynamo_operator.render.types import GroupPlan, ServicePlan, Workload
@@ -40,7 +40,8 @@ def _single(
     rdma: nixl.RdmaSettings | None,
 ) -> ServiceOutput:
     name = child_name(dgd.name, c.name)
-    pod = template(c, dgd.name, pod_spec(dgd, c, config, container, rdma))
+    spec = placement.place(dgd, c, config, pod_spec(dgd, c, config, container, rdma))
+    pod = template(dgd, c, spec, _gang_label(dgd, c, config, None))
     objects = [workloads.deployment(dgd, c, name, c.spec.replicas, pod)]
     services: tuple[str, ...] = ()
     if c.kind == "frontend":
@@ -57,6 +58,13 @@ def _single(
         transport=_transport(rdma, c),  # type: ignore[arg-type]
     )
     return ServiceOutput(objects, plan)
+
+
+def _gang_label(
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, group: str | None
+) -> dict[str, str]:
+    gang = placement.gang(dgd, c, config, group)
+    return {placement.POD_GROUP_LABEL: gang} if gang else {}
 
 
 def _with_env(container: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,12 +115,16 @@ def _groups(
         leader_host = service_dns_name(f"{group}-0", group, dgd.namespace)
         rank_label = labels.LWS_WORKER_INDEX if lws else labels.POD_INDEX
         templates = {}
+        gang = placement.gang(dgd, c, config, group)
+        if gang == group:  # a gang of its own (not the graph's): one PodGroup per group
+            objects.append(placement.pod_group(dgd, c, group, nnodes))
         for role, leader in (("leader", True), ("worker", False)):
             member = _member(
                 container, nnodes=nnodes, leader_host=leader_host, leader=leader, rank_label=rank_label
             )
-            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role}
-            templates[role] = template(c, dgd.name, pod_spec(dgd, c, config, member, rdma), extra)
+            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role, **_gang_label(dgd, c, config, group)}
+            spec = placement.place(dgd, c, config, pod_spec(dgd, c, config, member, rdma), group)
+            templates[role] = template(dgd, c, spec, extra)
         if lws:
             objects.append(
                 workloads.leader_worker_set(
