@@ -59,9 +59,9 @@ for values in "${VALUE_SETS[@]}"; do
 done
 
 # Ours in both versions, and NVIDIA Dynamo's v1beta1 SGLang examples the tests apply.
-examples=(examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-v1beta1/*.yaml)
+examples=(examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-sglang-deploy/v1beta1/*.yaml)
 if [ -e "${examples[0]}" ]; then
-  log "kubeconform examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-v1beta1/*.yaml"
+  log "kubeconform examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-sglang-deploy/v1beta1/*.yaml"
   kubeconform "${examples[@]}"
 fi
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dynamo_operator.api.annotations import BOOL_ANNOTATIONS, MODULE_ANNOTATION, parse_bool
 from dynamo_operator.api.components import Component, components
 from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.sglang_args import SWAPPABLE_MODULES, parse_args
+from dynamo_operator.api.sglang_args import SWAPPABLE_MODULES, argv, flag_value, parse_args
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -162,6 +162,17 @@ def _check_service(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
                 f"Service {c.name!r} has no componentType; set frontend, worker, prefill or decode.",
             )
         ]
+    if c.component_type == "epp":
+        return [
+            Problem(
+                f"{c.path}.componentType",
+                "EppNotSupported",
+                f"Service {c.name!r} is an Endpoint Picker (componentType epp) of the Gateway API Inference "
+                "Extension, which this operator does not render: the graph's frontends pick workers "
+                "themselves (--router-mode kv). Remove the service and send requests to the frontend's "
+                "Service.",
+            )
+        ]
     for key in BOOL_ANNOTATIONS:
         problems += _bool_annotation(spec.annotations, key, f"{c.path}.annotations")
     problems += _module_annotation(spec.annotations, f"{c.path}.annotations")
@@ -251,6 +262,16 @@ def _check_worker(c: Component) -> list[Problem]:
             )
         ]
     problems = []
+    if flag_value(argv(c.command_view), "--load-format") == "gms":
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.args",
+                "GpuMemoryServiceNotSupported",
+                f"Worker {c.name!r} loads its weights with --load-format gms, from NVIDIA Dynamo's GPU "
+                "Memory Service (a sidecar sharing GPU memory through DRA), which this operator does not "
+                "provide and SGLang cannot load from: remove --load-format gms (and gpuMemoryService).",
+            )
+        )
     gpus = gpu_count(c)
     resources = c.spec.resources
     if gpus is None:
