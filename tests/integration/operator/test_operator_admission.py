@@ -79,7 +79,9 @@ def test_a_graph_that_cannot_run_is_refused_at_apply(kc: Kubectl, validating: Op
     flags[flags.index("--served-model-name") + 1] = "Qwen/Qwen3-8B"
     refused = apply(kc, beta)
     assert refused.returncode != 0
-    assert "Prefill 'prefill' runs --served-model-name Qwen/Qwen3-8B but decode 'decode' runs" in refused.stderr
+    assert (
+        "Prefill 'prefill' runs --served-model-name Qwen/Qwen3-8B but decode 'decode' runs" in refused.stderr
+    )
 
     # the sidecar pattern (engine in another container): refused naming that container
     sidecar = copy.deepcopy(example("disagg.yaml"))

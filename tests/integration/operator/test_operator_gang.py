@@ -62,9 +62,7 @@ def two_by_two() -> dict:
 
 def workers(kc: Kubectl) -> list[dict]:
     return [
-        p
-        for p in kc.list("pods", f"{POD_GROUP_LABEL}={GRAPH}")
-        if not p["metadata"].get("deletionTimestamp")
+        p for p in kc.list("pods", f"{POD_GROUP_LABEL}={GRAPH}") if not p["metadata"].get("deletionTimestamp")
     ]
 
 
@@ -94,7 +92,7 @@ def test_a_graph_that_does_not_fit_starts_none_of_its_pods_then_all(
     # 2 GPUs taken: 14 free, the graph needs 16 (four pods of 4; three would fit one by one)
     kc.apply(blocker(2))
     wait_until(lambda: (kc.get("pod", "blocker") or {}).get("spec", {}).get("nodeName"), "the blocker bound")
-    assert 4 * GPUS_PER_WORKER == total and total - 2 >= 3 * GPUS_PER_WORKER
+    assert total == 4 * GPUS_PER_WORKER and total - 2 >= 3 * GPUS_PER_WORKER
 
     operator = operator_factory()  # --gang-scheduler auto: the PodGroup CRD is installed
     kc.apply(two_by_two())
