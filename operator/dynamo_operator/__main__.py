@@ -125,22 +125,22 @@ async def start_webhook(
                 partial(admission.ensure_validating_webhook, kube, wanted),
             )
         )
-    try:
-        for _, check in checks:
+    for what, check in checks:
+        try:
             await check()
-    except KubeError as exc:
-        await server.stop()
-        if exc.status == 403 and "customresourcedefinitions" in exc.message:
-            raise KubeError(
-                403,
-                exc.reason,
-                f"the operator may not patch the CRD {webhook.CRD_NAME} to configure its conversion webhook "
-                f"({exc.message}); grant get and patch on that CRD (the chart does) or pass "
-                "--no-webhook-configure-crd and set spec.conversion yourself",
-            ) from None
-        if exc.status == 403:
-            raise admission.forbidden(exc, settings.validating_webhook or "") from None
-        raise
+        except KubeError as exc:
+            await server.stop()
+            if exc.status == 403 and what.startswith("conversion"):
+                raise KubeError(
+                    403,
+                    exc.reason,
+                    f"the operator may not patch the CRD {webhook.CRD_NAME} to configure its conversion "
+                    f"webhook ({exc.message}); grant get and patch on that CRD (the chart does) or pass "
+                    "--no-webhook-configure-crd and set spec.conversion yourself",
+                ) from None
+            if exc.status == 403:
+                raise admission.forbidden(exc, settings.validating_webhook or "") from None
+            raise
     if not checks:
         return server, None
     return server, asyncio.create_task(webhook.keep_registered(checks))

@@ -64,6 +64,9 @@ class Verdict:
 
 def judge(obj: dict[str, Any], config: OperatorConfig) -> Verdict:
     """What the operator makes of ``obj`` (a raw graph of either version): its refusals and warnings."""
+    meta = obj.get("metadata") or {}
+    if not meta.get("name") and meta.get("generateName"):  # named by the API server after admission
+        obj = {**obj, "metadata": {**meta, "name": f"{meta['generateName']}x"}}
     try:
         dgd = load_graph(obj)
     except ValidationError as exc:

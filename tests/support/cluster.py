@@ -305,10 +305,12 @@ class LocalCluster:
         return self.procs["gang-scheduler"]
 
     def stop_gang_scheduler(self) -> None:
+        """Stop it and remove its CRD, so that operators started later find no gang scheduler."""
         proc = self.procs.pop("gang-scheduler", None)
         if proc is not None:
             stop_pids([("gang-scheduler", proc.pid)])
             proc.wait(timeout=5) if proc.poll() is None else None
+        self.kubectl("delete", "crd", "podgroups.scheduling.x-k8s.io", "--ignore-not-found", "--timeout=60s")
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         r = subprocess.run(
