@@ -31,6 +31,8 @@ def ignored_fields(c: Component) -> list[Notice]:
             f"Service {c.name!r} sets {', '.join(names)}, which this operator accepts but does not act on."
             + (hint if "autoscaling" in names else ""),
             c.name,
+            # named in SpecWarnings, except dynamoNamespace alone, which NVIDIA Dynamo ignores too
+            warning=names != ["dynamoNamespace"],
         )
     ]
 
