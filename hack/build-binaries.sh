@@ -7,6 +7,11 @@
 #   kwok        sigs.k8s.io/kwok
 #   helm        helm.sh/helm/v3
 #   kubeconform github.com/yannh/kubeconform
+#   podmonitor-crd.yaml  the Prometheus Operator's PodMonitor CRD, from its Go module (the chart's
+#               monitoring templates are checked against it)
+#   kube-scheduler-plugins  sigs.k8s.io/scheduler-plugins (kube-scheduler with the coscheduling plugin: gang
+#               scheduling of PodGroups), pinned to the Kubernetes release that module builds against, with
+#               its PodGroup CRD (podgroup-crd.yaml); kept in a folder of its own, linked from the bin folder
 #
 # Prints the bin directory on stdout (last line). Logs go to stderr.
 set -euo pipefail
@@ -16,6 +21,8 @@ ETCD_VERSION="${ETCD_VERSION:-3.6.8}"
 KWOK_VERSION="${KWOK_VERSION:-0.8.0}"
 HELM_VERSION="${HELM_VERSION:-3.22.0}"
 KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-0.8.0}"
+SCHEDULER_PLUGINS_VERSION="${SCHEDULER_PLUGINS_VERSION:-0.32.7}"
+PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-0.85.0}"
 
 CACHE="${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamo-sglang}"
 # BUILD_REV changes when the way the binaries are built changes (flags), so caches are rebuilt.
@@ -23,10 +30,18 @@ BUILD_REV=2
 KEY="r${BUILD_REV}_k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kubeconform-${KUBECONFORM_VERSION}"
 BIN="$CACHE/bin/$KEY"
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-ALL=("${K8S_BINS[@]}" etcd kwok kwok-stages.yaml helm kubeconform)
+ALL=("${K8S_BINS[@]}" etcd kwok kwok-stages.yaml helm kubeconform podmonitor-crd.yaml)
+# The gang scheduler lives in a folder keyed by its own version (a new version does not rebuild the rest):
+# the bin folder links to it, and a link to another version counts as missing.
+SP_DIR="$CACHE/bin/scheduler-plugins-v$SCHEDULER_PLUGINS_VERSION"
+SP_LINKS=(kube-scheduler-plugins podgroup-crd.yaml)
+SP_UNUSED="k8s.io/legacy-cloud-providers k8s.io/sample-apiserver k8s.io/sample-cli-plugin k8s.io/sample-controller"
 
 missing=()
 for b in "${ALL[@]}"; do [ -e "$BIN/$b" ] || missing+=("$b"); done
+for b in "${SP_LINKS[@]}"; do
+  [ "$(readlink "$BIN/$b" 2>/dev/null)" = "$SP_DIR/$b" ] && [ -e "$BIN/$b" ] || missing+=("$b")
+done
 if [ ${#missing[@]} -eq 0 ]; then echo "$BIN"; exit 0; fi
 
 command -v go >/dev/null || { echo "error: Go is required to build ${missing[*]}; install Go >= 1.26" >&2; exit 1; }
@@ -108,6 +123,63 @@ for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
 done
 gobin helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION$helm_x"
 gobin kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
+if needs podmonitor-crd.yaml; then
+  pdir=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION" \
+    | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  cp "$pdir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$BIN/podmonitor-crd.yaml.tmp"
+  mv "$BIN/podmonitor-crd.yaml.tmp" "$BIN/podmonitor-crd.yaml"
+fi
+
+if needs "${SP_LINKS[@]}"; then
+  # scheduler-plugins pins k8s.io/kubernetes and replaces its staging modules, like Kubernetes itself:
+  # as a dependency it builds in a module of ours that carries the same replace directives.
+  mkdir -p "$SP_DIR"
+  if [ ! -e "$SP_DIR/kube-scheduler-plugins" ]; then
+    log "building kube-scheduler-plugins v$SCHEDULER_PLUGINS_VERSION (coscheduling)"
+    spmod="$CACHE/src/scheduler-plugins-$SCHEDULER_PLUGINS_VERSION"
+    mkdir -p "$spmod"
+    if [ ! -f "$spmod/.ready" ]; then
+      upstream=$(go mod download -json "sigs.k8s.io/scheduler-plugins@v$SCHEDULER_PLUGINS_VERSION" \
+        | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+      # Its own replace directives, plus the staging modules of the Kubernetes release it pins that
+      # they leave out (k8s.io/kubernetes asks for them at v0.0.0, which the module proxy refuses).
+      spk=$(sed -n 's/^\tk8s.io\/kubernetes => k8s.io\/kubernetes v\(.*\)$/\1/p' "$upstream")
+      pinned=$(sed -n '/^replace (/,/^)/p' "$upstream" | awk '$2 == "=>" {print $1}' | tr '\n' ' ')
+      staging=$(curl -fsSL "${GOPROXY_URL:-https://proxy.golang.org}/k8s.io/kubernetes/@v/v$spk.mod" \
+        | awk '$2 == "=>" && $3 ~ /^\.\/staging/ {print $1}')
+      {
+        echo "module gangscheduler"; echo; echo "go 1.26.0"; echo
+        echo "require sigs.k8s.io/scheduler-plugins v$SCHEDULER_PLUGINS_VERSION"; echo
+        sed -n '/^replace (/,/^)/p' "$upstream" \
+          | awk -v unused="$SP_UNUSED" 'BEGIN { split(unused, u, " "); for (i in u) skip[u[i]] = 1 } !($1 in skip)'
+        for m in $staging; do
+          case " $pinned $SP_UNUSED " in *" $m "*) ;; *) echo "replace $m => $m v0.${spk#1.}" ;; esac
+        done
+        # Modules in that graph no scheduler code imports, which the module proxy does not serve at
+        # these versions: empty local modules stand in for them.
+        for m in $SP_UNUSED; do echo "replace $m => ./unused/${m#k8s.io/}"; done
+      } > "$spmod/go.mod"
+      for m in $SP_UNUSED; do mkdir -p "$spmod/unused/${m#k8s.io/}"; echo "module $m" > "$spmod/unused/${m#k8s.io/}/go.mod"; done
+      (cd "$spmod" && go get "sigs.k8s.io/scheduler-plugins/cmd/scheduler@v$SCHEDULER_PLUGINS_VERSION" >&2)
+      touch "$spmod/.ready"
+    fi
+    spk=$(sed -n 's/^\tk8s.io\/kubernetes => k8s.io\/kubernetes v\(.*\)$/\1/p' "$spmod/go.mod")
+    spminor=${spk#1.}; spminor=${spminor%%.*}
+    spx=""
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      spx+=" -X $pkg.gitVersion=v$spk -X $pkg.gitMajor=1 -X $pkg.gitMinor=$spminor -X $pkg.gitTreeState=clean"
+    done
+    (cd "$spmod" && go build -ldflags "$LDFLAGS$spx" -o "$SP_DIR/kube-scheduler-plugins.tmp" \
+      sigs.k8s.io/scheduler-plugins/cmd/scheduler && mv "$SP_DIR/kube-scheduler-plugins.tmp" "$SP_DIR/kube-scheduler-plugins")
+  fi
+  if [ ! -e "$SP_DIR/podgroup-crd.yaml" ]; then
+    spsrc=$(go mod download -json "sigs.k8s.io/scheduler-plugins@v$SCHEDULER_PLUGINS_VERSION" \
+      | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    cp "$spsrc/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml" "$SP_DIR/podgroup-crd.yaml.tmp"
+    mv "$SP_DIR/podgroup-crd.yaml.tmp" "$SP_DIR/podgroup-crd.yaml"
+  fi
+  for b in "${SP_LINKS[@]}"; do ln -sfn "$SP_DIR/$b" "$BIN/$b"; done
+fi
 
 log "built ${missing[*]} in $(( $(date +%s) - start ))s into $BIN"
 echo "$BIN"

@@ -2,9 +2,10 @@
 # Lints what users install: the Helm chart, the example manifests and both Dockerfiles. Offline.
 #
 #   1. helm lint of the chart, with the default values and with each other supported mode;
-#   2. helm template of the same value sets, the chart's CRD and every example (both API versions) through
-#      kubeconform -strict, against schemas written by hack/kubeschemas.py (Kubernetes' own OpenAPI
-#      documents plus our CRD's openAPIV3Schema), so unknown fields and wrong types fail;
+#   2. helm template of the same value sets (monitoring on, too), the chart's CRD and every example (both
+#      API versions) through kubeconform -strict, against schemas written by hack/kubeschemas.py
+#      (Kubernetes' own OpenAPI documents, our CRD's openAPIV3Schema and the Prometheus Operator's
+#      PodMonitor CRD), so unknown fields and wrong types fail;
 #   3. hadolint on images/operator/Dockerfile and images/runtime/Dockerfile.
 #
 #   bash hack/lint-chart.sh
@@ -31,7 +32,8 @@ VALUE_SETS=(
   "--set nats.enabled=false --set nats.externalAddress=nats://nats.messaging.svc:4222"
   "--set nats.persistence.enabled=true --set nats.persistence.storageClassName=fast"
   "--set operator.replicas=0 --set serviceAccount.name=dynamo"
-  "--set operator.webhook.certSecret=dynamo-operator-webhook-tls"
+  "--set operator.webhook.certSecret=dynamo-operator-webhook-tls --set operator.webhook.failurePolicy=Fail"
+  "--set monitoring.podMonitor.enabled=true --set monitoring.grafanaDashboard.enabled=true"
 )
 
 log "helm lint"
@@ -42,7 +44,8 @@ done
 
 SCHEMAS="$(mktemp -d)"
 trap 'rm -rf "$SCHEMAS"' EXIT
-"$PYTHON" hack/kubeschemas.py "$SCHEMAS" --crd "$CHART/crds/nvidia.com_dynamographdeployments.yaml"
+"$PYTHON" hack/kubeschemas.py "$SCHEMAS" --crd "$CHART/crds/nvidia.com_dynamographdeployments.yaml" \
+  --crd "$BIN/podmonitor-crd.yaml"
 kubeconform() {
   "$BIN/kubeconform" -strict -summary -kubernetes-version "$KUBE_VERSION" \
     -schema-location "$SCHEMAS/{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json" "$@"
@@ -56,9 +59,9 @@ for values in "${VALUE_SETS[@]}"; do
 done
 
 # Ours in both versions, and NVIDIA Dynamo's v1beta1 SGLang examples the tests apply.
-examples=(examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-v1beta1/*.yaml)
+examples=(examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-sglang-deploy/v1beta1/*.yaml)
 if [ -e "${examples[0]}" ]; then
-  log "kubeconform examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-v1beta1/*.yaml"
+  log "kubeconform examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-sglang-deploy/v1beta1/*.yaml"
   kubeconform "${examples[@]}"
 fi
 

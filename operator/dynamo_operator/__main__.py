@@ -1,8 +1,10 @@
 """``python -m dynamo_operator`` / ``dynamo-operator``: run the operator (kopf, in-process).
 
-Start-up: read settings (flags and ``DYN_OPERATOR_*``), connect to the API server, serve the
-conversion webhook and point the CRD at it (:mod:`dynamo_operator.webhook`), resolve the multinode group
-backend (``auto``: LeaderWorkerSet when its CRD is installed), then run kopf scoped
+Start-up: read settings (flags and ``DYN_OPERATOR_*``), connect to the API server, resolve the
+multinode group backend (``auto``: LeaderWorkerSet when its CRD is installed) and the gang scheduler
+(``auto``: coscheduling when scheduler-plugins' PodGroup CRD is installed), serve the conversion and
+validating webhooks and register both (:mod:`dynamo_operator.webhook`, :mod:`dynamo_operator.admission`),
+then run kopf scoped
 to the given namespaces (or the whole cluster), standalone unless ``--peering`` is given, with the
 liveness endpoint ``GET /healthz``. SIGTERM/SIGINT stop it gracefully.
 """
@@ -13,24 +15,33 @@ import asyncio
 import logging
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import aiohttp
 import kopf
 
-from dynamo_operator import certs, webhook
+from dynamo_operator import admission, certs, webhook
 from dynamo_operator.certs import CertError
+from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile import handlers  # noqa: F401  (importing registers the kopf handlers)
 from dynamo_operator.reconcile.controller import Controller
-from dynamo_operator.reconcile.kube import LWS_CRD_NAME, Credentials, Kube, KubeError, load_credentials
+from dynamo_operator.reconcile.kube import (
+    LWS_CRD_NAME,
+    POD_GROUP_CRD_NAME,
+    Credentials,
+    Kube,
+    KubeError,
+    load_credentials,
+)
 from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
 from dynamo_operator.webhook import WebhookServer
 
 logger = logging.getLogger("dynamo_operator")
 
-__all__ = ["main", "resolve_group_backend"]
+__all__ = ["main", "resolve_gang_scheduler", "resolve_group_backend"]
 
 
 async def resolve_group_backend(kube: Kube, wanted: str) -> Literal["lws", "statefulset"]:
@@ -57,41 +68,94 @@ def _configure_logging(settings: OperatorSettings) -> None:
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
 
 
+async def resolve_gang_scheduler(kube: Kube, wanted: str) -> Literal["coscheduling", "none"]:
+    """``auto`` becomes ``coscheduling`` when scheduler-plugins' PodGroup CRD is installed and established."""
+    if wanted in ("coscheduling", "none"):
+        return "coscheduling" if wanted == "coscheduling" else "none"
+    installed = await kube.crd_established(POD_GROUP_CRD_NAME)
+    logger.info(
+        "Detected gang scheduler=%s (CRD %s %s)",
+        "coscheduling" if installed else "none",
+        POD_GROUP_CRD_NAME,
+        "is installed" if installed else "is not installed",
+    )
+    return "coscheduling" if installed else "none"
+
+
+async def resolve_config(kube: Kube, settings: OperatorSettings) -> OperatorConfig:
+    backend = await resolve_group_backend(kube, settings.group_backend)
+    gang = await resolve_gang_scheduler(kube, settings.gang_scheduler)
+    return settings.operator_config(backend, gang)
+
+
 async def start_webhook(
-    kube: Kube, settings: OperatorSettings, scratch: Path
+    kube: Kube, settings: OperatorSettings, config: OperatorConfig, scratch: Path
 ) -> tuple[WebhookServer, asyncio.Task[None] | None]:
-    """Serve the conversion webhook and point the CRD at it (raises CertError, OSError, KubeError)."""
+    """Serve the conversion and validating webhooks, point the CRD at the first and register the second
+    (raises CertError, OSError, KubeError)."""
     cert = certs.load_or_generate(settings.webhook_cert_dir, settings.webhook_hosts(), scratch)
-    server = WebhookServer(cert, settings.webhook_host, settings.webhook_port)
+    server = WebhookServer(
+        cert,
+        settings.webhook_host,
+        settings.webhook_port,
+        validate=lambda body: admission.admission_review(body, lambda obj: admission.judge(obj, config)),
+        validate_path=admission.PATH,
+    )
     await server.start()
-    if not settings.webhook_configure_crd:
+    checks: list[tuple[str, Callable[[], Awaitable[bool]]]] = []
+    if settings.webhook_configure_crd:
+        patch = webhook.crd_conversion_patch(settings.webhook_client_config(), cert.ca_pem)
+        checks.append(
+            (
+                f"conversion webhook of crd={webhook.CRD_NAME}",
+                partial(webhook.ensure_crd_conversion, kube, patch),
+            )
+        )
+    if settings.validating_webhook:
+        wanted = admission.validating_webhook_configuration(
+            settings.validating_webhook,
+            settings.webhook_client_config(admission.PATH),
+            cert.ca_pem,
+            settings.webhook_failure_policy,
+            () if settings.all_namespaces else settings.namespace,
+        )
+        checks.append(
+            (
+                f"validating webhook {settings.validating_webhook}",
+                partial(admission.ensure_validating_webhook, kube, wanted),
+            )
+        )
+    for what, check in checks:
+        try:
+            await check()
+        except KubeError as exc:
+            await server.stop()
+            if exc.status == 403 and what.startswith("conversion"):
+                raise KubeError(
+                    403,
+                    exc.reason,
+                    f"the operator may not patch the CRD {webhook.CRD_NAME} to configure its conversion "
+                    f"webhook ({exc.message}); grant get and patch on that CRD (the chart does) or pass "
+                    "--no-webhook-configure-crd and set spec.conversion yourself",
+                ) from None
+            if exc.status == 403:
+                raise admission.forbidden(exc, settings.validating_webhook or "") from None
+            raise
+    if not checks:
         return server, None
-    patch = webhook.crd_conversion_patch(settings.webhook_client_config(), cert.ca_pem)
-    try:
-        await webhook.ensure_crd_conversion(kube, patch)
-    except KubeError as exc:
-        await server.stop()
-        if exc.status == 403:
-            raise KubeError(
-                403,
-                exc.reason,
-                f"the operator may not patch the CRD {webhook.CRD_NAME} to configure its conversion webhook "
-                f"({exc.message}); grant get and patch on that CRD (the chart does) or pass "
-                "--no-webhook-configure-crd and set spec.conversion yourself",
-            ) from None
-        raise
-    return server, asyncio.create_task(webhook.keep_crd_conversion(kube, patch))
+    return server, asyncio.create_task(webhook.keep_registered(checks))
 
 
 async def run(settings: OperatorSettings, creds: Credentials) -> None:
     async with Kube(creds) as kube:
+        config = await resolve_config(kube, settings)
         server: WebhookServer | None = None
         keeper: asyncio.Task[None] | None = None
         with tempfile.TemporaryDirectory(prefix="dynamo-operator-webhook-") as scratch:
             if settings.webhook_port:
-                server, keeper = await start_webhook(kube, settings, Path(scratch))
+                server, keeper = await start_webhook(kube, settings, config, Path(scratch))
             try:
-                await _run_kopf(kube, settings, creds)
+                await _run_kopf(settings, creds, kube, config)
             finally:
                 if keeper is not None:
                     keeper.cancel()
@@ -99,9 +163,9 @@ async def run(settings: OperatorSettings, creds: Credentials) -> None:
                     await server.stop()
 
 
-async def _run_kopf(kube: Kube, settings: OperatorSettings, creds: Credentials) -> None:
-    backend = await resolve_group_backend(kube, settings.group_backend)
-    config = settings.operator_config(backend)
+async def _run_kopf(
+    settings: OperatorSettings, creds: Credentials, kube: Kube, config: OperatorConfig
+) -> None:
     controller = Controller(
         kube=kube,
         config=config,

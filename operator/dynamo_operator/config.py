@@ -14,11 +14,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_operator.api.contract import DEFAULT_DISCOVERY_TTL_S, NATS_PORT
 
-__all__ = ["DEFAULT_IMAGE", "OperatorConfig"]
+__all__ = ["DEFAULT_IMAGE", "DEFAULT_TOPOLOGY_DOMAINS", "GANG_SCHEDULER_NAME", "OperatorConfig"]
 
 # The one image that runs every role of the graph (frontend, workers, mocker): images/runtime, tagged
 # with the project version (the chart's appVersion). Pinned, never :latest.
 DEFAULT_IMAGE = "dynamo-sglang/runtime:0.1.0"
+# The schedulerName scheduler-plugins' own chart gives its second scheduler (coscheduling enabled).
+GANG_SCHEDULER_NAME = "scheduler-plugins-scheduler"
+# Pack domains (a graph's topologyConstraint.packDomain) -> the node label whose value is one domain:
+# the well-known labels; add rack, block, ... with the labels your nodes carry.
+DEFAULT_TOPOLOGY_DOMAINS = {
+    "region": "topology.kubernetes.io/region",
+    "zone": "topology.kubernetes.io/zone",
+    "host": "kubernetes.io/hostname",
+}
 
 
 class OperatorConfig(BaseModel):
@@ -58,3 +67,16 @@ class OperatorConfig(BaseModel):
         DEFAULT_DISCOVERY_TTL_S, description="Seconds a worker's registration lives without a heartbeat."
     )
     pod_log_format: Literal["json", "text"] = Field("json", description="DYN_LOG_FORMAT in the pods.")
+    gang_scheduler: Literal["coscheduling", "none"] = Field(
+        "none",
+        description="Who starts a graph's gangs (services with minAvailable, every multinode group) all at "
+        "once or not at all: scheduler-plugins' coscheduling plugin (PodGroups), or none.",
+    )
+    gang_scheduler_name: str = Field(
+        GANG_SCHEDULER_NAME, description="schedulerName of the scheduler that runs the coscheduling plugin."
+    )
+    topology_domains: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_TOPOLOGY_DOMAINS),
+        description="topologyConstraint.packDomain -> the node label whose value names one such domain; "
+        "NAME=LABEL entries or a JSON object, added to region, zone and host (e.g. rack=example.com/rack).",
+    )

@@ -14,6 +14,7 @@ builds the render input once the group backend is known.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from dynamo_operator.api.settings_sources import (
     add_model_arguments,
     settings_from_args,
 )
-from dynamo_operator.config import OperatorConfig
+from dynamo_operator.config import DEFAULT_TOPOLOGY_DOMAINS, OperatorConfig
 
 __all__ = ["ENV_PREFIX", "OperatorSettings", "SettingsError", "parse_settings"]
 
@@ -74,6 +75,12 @@ class OperatorSettings(Settings, OperatorConfig):
         description="What multinode groups are made of. auto: LeaderWorkerSet when the CRD "
         "leaderworkersets.leaderworkerset.x-k8s.io is installed at start-up, else StatefulSets.",
     )
+    gang_scheduler: Literal["auto", "coscheduling", "none"] = Field(  # type: ignore[assignment]  # auto: resolved
+        "auto",
+        description="Who starts gangs (services with minAvailable, multinode groups) whole or not at all. "
+        "auto: coscheduling when scheduler-plugins' CRD podgroups.scheduling.x-k8s.io is installed at "
+        "start-up (its scheduler must run as --gang-scheduler-name), else none.",
+    )
     workers: int = Field(8, ge=1, le=256, description="Graphs reconciled concurrently.")
     resync_interval_s: float = Field(
         300.0, gt=0, description="Every graph is reconciled at least this often (drift the watches missed)."
@@ -101,7 +108,8 @@ class OperatorSettings(Settings, OperatorConfig):
     )
     webhook_url: str | None = Field(
         None,
-        description="URL the API server calls, written into the CRD, for an operator outside the cluster. "
+        description="URL the API server calls for conversion, written into the CRD, for an operator outside "
+        "the cluster; validation is called at the same URL ending in /validate instead of /convert. "
         "Default: https://<webhook-host, or 127.0.0.1>:<webhook-port>/convert.",
     )
     webhook_cert_dir: Path | None = Field(
@@ -114,8 +122,41 @@ class OperatorSettings(Settings, OperatorConfig):
         description="Write the webhook's address and CA bundle into the CRD's spec.conversion at start "
         "and keep them there (needs get/patch on that one CRD).",
     )
+    validating_webhook: str | None = Field(
+        "dynamo-sglang-operator",
+        description="Name of the ValidatingWebhookConfiguration the operator keeps pointed at its POST "
+        "/validate (created when missing; the chart installs it): graphs that cannot run are refused at "
+        "apply. Empty: not registered (the operator still refuses them in status).",
+    )
+    webhook_failure_policy: Literal["Ignore", "Fail"] = Field(
+        "Ignore",
+        description="What the API server does with a graph while the operator cannot be reached: Ignore "
+        "stores it unvalidated (the operator judges it when back), Fail refuses every create and update.",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Operator log level.")
     log_format: Literal["text", "json"] = Field("text", description="Operator log format.")
+
+    @field_validator("topology_domains", mode="before")
+    @classmethod
+    def _domains(cls, value: Any) -> Any:
+        """NAME=LABEL entries (repeatable, comma-separated) or a JSON object, added to the defaults."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            return value
+        given: dict[str, Any] = {}
+        for item in value:
+            if not isinstance(item, str):
+                return value
+            if item.strip().startswith("{"):
+                given.update(json.loads(item))
+                continue
+            for part in filter(None, (p.strip() for p in item.split(","))):
+                name, sep, label = part.partition("=")
+                if not sep or not name or not label:
+                    raise ValueError(f"{part!r} is not NAME=LABEL (e.g. rack=example.com/rack)")
+                given[name] = label
+        return {**DEFAULT_TOPOLOGY_DOMAINS, **given}
 
     @field_validator("namespace", mode="before")
     @classmethod
@@ -152,14 +193,18 @@ class OperatorSettings(Settings, OperatorConfig):
             return None
         return {"namespace": namespace, "name": name, "path": "/convert", "port": int(port or 443)}
 
-    def webhook_client_config(self) -> dict[str, Any]:
-        """Where the API server calls the webhook: ``{"service": ...}`` or ``{"url": ...}``."""
+    def webhook_client_config(self, path: str = "/convert") -> dict[str, Any]:
+        """Where the API server calls the webhook at ``path`` (/convert, or /validate on the same server):
+        ``{"service": ...}`` or ``{"url": ...}``."""
         service = self.webhook_service_ref
         if service is not None:
-            return {"service": service}
+            return {"service": {**service, "path": path}}
+        if self.webhook_url:  # the URL of /convert; the validating webhook's ends in /validate instead
+            base = self.webhook_url.rstrip("/").removesuffix("/convert")
+            return {"url": self.webhook_url if path == "/convert" else base + path}
         host = "127.0.0.1" if self.webhook_host in ("0.0.0.0", "::", "") else self.webhook_host
         host = f"[{host}]" if ":" in host else host
-        return {"url": self.webhook_url or f"https://{host}:{self.webhook_port}/convert"}
+        return {"url": f"https://{host}:{self.webhook_port}{path}"}
 
     def webhook_hosts(self) -> list[str]:
         """Names the serving certificate is made for (generated certificates)."""
@@ -185,10 +230,17 @@ class OperatorSettings(Settings, OperatorConfig):
         environ = os.environ if environ is None else environ
         return self.kubeconfig is None and bool(environ.get(_IN_CLUSTER_ENV))
 
-    def operator_config(self, group_backend: Literal["lws", "statefulset"]) -> OperatorConfig:
-        """The render input, with the group backend resolved (auto detection happens at start-up)."""
-        fields = OperatorConfig.model_fields.keys() - {"group_backend"}
-        return OperatorConfig(**self.model_dump(include=fields), group_backend=group_backend)
+    def operator_config(
+        self,
+        group_backend: Literal["lws", "statefulset"],
+        gang_scheduler: Literal["coscheduling", "none"] = "none",
+    ) -> OperatorConfig:
+        """The render input, with the group backend and gang scheduler resolved (auto detection happens
+        at start-up)."""
+        fields = OperatorConfig.model_fields.keys() - {"group_backend", "gang_scheduler"}
+        return OperatorConfig(
+            **self.model_dump(include=fields), group_backend=group_backend, gang_scheduler=gang_scheduler
+        )
 
     @property
     def liveness_endpoint(self) -> str | None:

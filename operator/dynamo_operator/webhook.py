@@ -1,4 +1,6 @@
-"""The conversion webhook: HTTPS ``POST /convert`` answering ``apiextensions.k8s.io/v1`` ConversionReviews.
+"""The conversion webhook: HTTPS ``POST /convert`` answering ``apiextensions.k8s.io/v1`` ConversionReviews,
+and the HTTPS server it shares with the validating webhook (``POST /validate``,
+:mod:`dynamo_operator.admission`).
 
 The API server calls it whenever a client reads or writes a ``DynamoGraphDeployment`` at a version other
 than the stored one (v1beta1): every v1alpha1 request, in either direction. Conversion itself is
@@ -19,6 +21,7 @@ import asyncio
 import base64
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +31,16 @@ from dynamo_operator.api.conversion import ConversionError, convert
 from dynamo_operator.certs import ServingCert
 from dynamo_operator.reconcile.kube import CRD, Kube, KubeError
 
-__all__ = ["CRD_NAME", "PATH", "WebhookServer", "crd_conversion_patch", "ensure_crd_conversion", "review"]
+__all__ = [
+    "CRD_NAME",
+    "PATH",
+    "WebhookServer",
+    "crd_conversion_patch",
+    "differs",
+    "ensure_crd_conversion",
+    "keep_registered",
+    "review",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +96,15 @@ def crd_conversion_patch(client_config: dict[str, Any], ca_pem: bytes) -> dict[s
     }
 
 
-def _differs(current: Any, wanted: Any) -> bool:
+def differs(current: Any, wanted: Any) -> bool:
+    """Whether ``current`` lacks anything of ``wanted`` (what the API server added, e.g. defaults, is
+    not a difference)."""
     if isinstance(wanted, dict):
         current = current if isinstance(current, dict) else {}
-        return any(_differs(current.get(k), v) for k, v in wanted.items())
+        return any(differs(current.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        current = current if isinstance(current, list) else []
+        return len(current) != len(wanted) or any(differs(c, w) for c, w in zip(current, wanted, strict=True))
     return current != wanted
 
 
@@ -100,7 +117,7 @@ async def ensure_crd_conversion(kube: Kube, patch: dict[str, Any]) -> bool:
         raise KubeError(
             404, "NotFound", f"the CRD {CRD_NAME} is not installed: apply crds/ (or install the chart) first"
         )
-    if not _differs(crd, patch):
+    if not differs(crd, patch):
         return False
     await kube.patch_merge(CRD, None, CRD_NAME, patch)
     logger.info("Configured conversion webhook crd=%s clientConfig=%s", CRD_NAME, _where(patch))
@@ -115,23 +132,37 @@ def _where(patch: dict[str, Any]) -> str:
     return f"service {svc['namespace']}/{svc['name']}:{svc.get('port', 443)}{svc.get('path', '')}"
 
 
-async def keep_crd_conversion(kube: Kube, patch: dict[str, Any], interval_s: float = RECHECK_S) -> None:
-    """Re-check the CRD's conversion settings every ``interval_s`` (until cancelled)."""
+async def keep_registered(
+    checks: list[tuple[str, Callable[[], Awaitable[Any]]]], interval_s: float = RECHECK_S
+) -> None:
+    """Run each ``(what, check)`` every ``interval_s`` (until cancelled): the CRD's conversion settings and
+    the validating webhook's registration, which a ``kubectl apply`` or ``helm upgrade`` may reset."""
     while True:
         await asyncio.sleep(interval_s)
-        try:
-            await ensure_crd_conversion(kube, patch)
-        except (KubeError, OSError, TimeoutError) as exc:
-            logger.warning("Could not check the conversion webhook of crd=%s error=%s", CRD_NAME, exc)
+        for what, check in checks:
+            try:
+                await check()
+            except (KubeError, OSError, TimeoutError) as exc:
+                logger.warning("Could not check the %s error=%s", what, exc)
 
 
 class WebhookServer:
-    """The HTTPS server of ``POST /convert`` (aiohttp), started and stopped with the operator."""
+    """The HTTPS server of ``POST /convert`` and, given ``validate`` (an AdmissionReview -> its answer),
+    ``POST /validate`` (aiohttp), started and stopped with the operator."""
 
-    def __init__(self, cert: ServingCert, host: str, port: int) -> None:
+    def __init__(
+        self,
+        cert: ServingCert,
+        host: str,
+        port: int,
+        validate: Callable[[Any], dict[str, Any]] | None = None,
+        validate_path: str = "/validate",
+    ) -> None:
         self.cert = cert
         self.host = host
         self.port = port
+        self.validate = validate
+        self.validate_path = validate_path
         self._runner: web.AppRunner | None = None
 
     async def _convert(self, request: web.Request) -> web.Response:
@@ -141,17 +172,28 @@ class WebhookServer:
             return web.json_response(review(None), status=400)
         return web.json_response(review(body))
 
+    async def _validate(self, request: web.Request) -> web.Response:
+        assert self.validate is not None
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response(self.validate(None), status=400)
+        return web.json_response(self.validate(body))
+
     async def start(self) -> None:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(str(self.cert.cert_path), str(self.cert.key_path))
         app = web.Application(client_max_size=32 * 1024 * 1024)  # a list conversion holds many objects
         app.router.add_post(PATH, self._convert)
+        if self.validate is not None:
+            app.router.add_post(self.validate_path, self._validate)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ctx)
         await site.start()
-        logger.info("Serving conversion webhook address=https://%s:%d%s", self.host, self.port, PATH)
+        paths = PATH + (f" and {self.validate_path}" if self.validate is not None else "")
+        logger.info("Serving webhooks address=https://%s:%d paths=%s", self.host, self.port, paths)
 
     async def stop(self) -> None:
         if self._runner is not None:

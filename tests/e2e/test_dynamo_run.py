@@ -8,6 +8,7 @@ temporary file, even of a process that was killed."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -15,12 +16,14 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import openai
 import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
+from tests.support.dynamo_examples import DYNAMO_EXAMPLES, FIXTURES, serving
 from tests.support.procs import group_members, popen
 from tests.support.wait import wait_until
 
@@ -35,14 +38,16 @@ STOP_S = 40.0
 class DynamoRun:
     """``dynamo-run MANIFEST`` as a subprocess on a free port, its output collected line by line."""
 
-    def __init__(self, manifest: Path, tmp: Path, cache: Path, *, log_dir: bool = True) -> None:
+    def __init__(
+        self, manifest: Path, tmp: Path, cache: Path, *, log_dir: bool = True, extra: Sequence[str] = ()
+    ) -> None:
         self.port = free_port()
         self.lines: list[str] = []
         self._lock = threading.Lock()
         argv = [
             str(Path(sys.executable).parent / "dynamo-run"), str(manifest), "--engine", "mocker",
             "--port", str(self.port), "--cache-dir", str(cache),
-            "--startup-timeout", str(STARTUP_S), "--grace-period", "5",
+            "--startup-timeout", str(STARTUP_S), "--grace-period", "5", *extra,
         ]  # fmt: skip
         if log_dir:
             argv += ["--log-dir", str(tmp / "logs")]
@@ -124,8 +129,8 @@ def cache_dir(tmp_path_factory) -> Path:
 def dynamo_run(tmp_path, cache_dir):
     runs: list[DynamoRun] = []
 
-    def start(example: str | Path, *, log_dir: bool = True) -> DynamoRun:
-        run = DynamoRun(ROOT / "examples" / example, tmp_path, cache_dir, log_dir=log_dir)
+    def start(example: str | Path, *, log_dir: bool = True, extra: Sequence[str] = ()) -> DynamoRun:
+        run = DynamoRun(ROOT / "examples" / example, tmp_path, cache_dir, log_dir=log_dir, extra=extra)
         runs.append(run)
         run.wait_for(r"Serving namespace=", STARTUP_S + 30)
         return run
@@ -196,6 +201,45 @@ def test_every_example_serves_chat_and_completions_and_sigterm_leaves_nothing(dy
         model = check_serving(run)
         if example.name.startswith("multimodal"):
             check_image_chat(run, model)
+    stop_and_check_nothing_left(run)
+
+
+# Qwen/Qwen3-Embedding-0.6B's sentence-transformers modules: Transformer -> Pooling -> Normalize.
+EMBEDDING_MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+
+
+@pytest.mark.parametrize("example", serving(), ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_dynamo_sglang_example_serves_its_purpose(dynamo_run, example, tmp_path):
+    """NVIDIA Dynamo's SGLang examples that serve here (tests/support/dynamo_examples.py), images changed
+    only: chat and completions, embeddings from the embedding model (the model folder the mocker is
+    given carries Qwen3-Embedding's modules.json, as the model's own files on a GPU node do, and no
+    flag says so), images from the image-diffusion worker."""
+    purpose = DYNAMO_EXAMPLES[str(example.relative_to(FIXTURES))].purpose
+    extra: list[str] = []
+    if purpose == "embeddings":
+        from dynamo_worker.tinymodel import ensure_tiny_model
+
+        model = ensure_tiny_model(tmp_path / "qwen3-embedding")
+        (model / "modules.json").write_text(json.dumps(EMBEDDING_MODULES))
+        extra = ["--model-dir", str(model)]
+    run = dynamo_run(example, extra=extra)
+    if purpose == "images":
+        check_image_generation(run)
+    elif purpose == "embeddings":
+        with run.client() as client:
+            model_id = client.models.list().data[0].id
+            vectors = client.embeddings.create(model=model_id, input=["Hello world", "Hallo Welt"]).data
+        assert (
+            len(vectors) == 2
+            and len(vectors[0].embedding) > 1
+            and vectors[0].embedding != vectors[1].embedding
+        )
+    else:
+        check_serving(run)
     stop_and_check_nothing_left(run)
 
 

@@ -82,9 +82,9 @@ EXAMPLES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "disagg-router": ("examples/disagg-router.yaml", 4, ("kv_events",)),
     "disagg-tp2": ("tests/gpu/examples/disagg-tp2.yaml", 4, ()),
     "planner": ("examples/disagg-planner.yaml", 2, ("planner",)),
-    "dynamo-agg": ("tests/fixtures/dynamo-v1beta1/agg.yaml", 1, ()),
-    "dynamo-agg-router": ("tests/fixtures/dynamo-v1beta1/agg_router.yaml", 2, ()),
-    "dynamo-disagg": ("tests/fixtures/dynamo-v1beta1/disagg.yaml", 2, ()),
+    "dynamo-agg": ("tests/fixtures/dynamo-sglang-deploy/v1beta1/agg.yaml", 1, ()),
+    "dynamo-agg-router": ("tests/fixtures/dynamo-sglang-deploy/v1beta1/agg_router.yaml", 2, ()),
+    "dynamo-disagg": ("tests/fixtures/dynamo-sglang-deploy/v1beta1/disagg.yaml", 2, ()),
 }
 SGLANG_MODULES = ("dynamo_worker.sglang", "dynamo.sglang")
 

@@ -140,3 +140,25 @@ def test_dynamo_command_lines_serve_disaggregated(nats_url: str, tmp_path: Path)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_dynamo_planner_runs_our_planner_with_dynamo_config(tmp_path: Path):
+    """Dynamo's disagg_planner example starts ``python3 -m dynamo.planner --config JSON``: the image runs
+    our planner in its place, which reads that JSON (a backend it cannot plan for is refused, exit 2)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DYNAMO_MODULES), env.get("PYTHONPATH")]))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update({contract.ENV_GRAPH_NAME: "g", contract.ENV_GRAPH_NAMESPACE: "ns"})
+
+    def planner(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["python3", "-m", "dynamo.planner", *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    shown = planner("--help")
+    assert shown.returncode == 0, shown.stderr
+    assert "usage: python -m dynamo_worker.planner" in shown.stdout
+    assert "Running -m dynamo_worker.planner in place of -m dynamo.planner" in shown.stderr
+    refused = planner("--config", json.dumps({"environment": "kubernetes", "backend": "vllm"}))
+    assert refused.returncode == 2
+    assert "--config backend='vllm' is not supported here; use one of sglang, mocker" in refused.stderr

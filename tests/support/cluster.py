@@ -254,6 +254,64 @@ class LocalCluster:
             self.kubectl("apply", "-f", "-", input=json.dumps(node))
         self.kubectl("wait", "--for=condition=Ready", "node", *GPU_NODES, "--timeout=60s")
 
+    def start_gang_scheduler(self, scheduler_name: str) -> subprocess.Popen:
+        """scheduler-plugins' kube-scheduler with the coscheduling plugin, as a second scheduler named
+        ``scheduler_name``, after its PodGroup CRD (``podgroup-crd.yaml``) is installed and established.
+        Stop it with :meth:`stop_gang_scheduler`."""
+        self.kubectl("apply", "--server-side", "-f", str(self.bin_dir / "podgroup-crd.yaml"))
+        self.kubectl(
+            "wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=60s"
+        )
+        port = free_port()
+        config = self.dir / "gang-scheduler.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "leaderElection": {"leaderElect": False},
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+                    "profiles": [
+                        {
+                            "schedulerName": scheduler_name,
+                            "plugins": {
+                                "multiPoint": {"enabled": [{"name": "Coscheduling"}]},
+                                "queueSort": {
+                                    "enabled": [{"name": "Coscheduling"}],
+                                    "disabled": [{"name": "*"}],
+                                },
+                            },
+                            "pluginConfig": [
+                                {"name": "Coscheduling", "args": {"permitWaitingTimeSeconds": 10}}
+                            ],
+                        }
+                    ],
+                }
+            )
+        )
+        self._spawn(
+            "gang-scheduler",
+            [
+                "kube-scheduler-plugins",
+                "--config",
+                str(config),
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(port),
+            ],
+        )
+        self._wait_http("gang-scheduler", f"https://127.0.0.1:{port}/healthz", insecure=True)
+        return self.procs["gang-scheduler"]
+
+    def stop_gang_scheduler(self) -> None:
+        """Stop it and remove its CRD, so that operators started later find no gang scheduler."""
+        proc = self.procs.pop("gang-scheduler", None)
+        if proc is not None:
+            stop_pids([("gang-scheduler", proc.pid)])
+            proc.wait(timeout=5) if proc.poll() is None else None
+        self.kubectl("delete", "crd", "podgroups.scheduling.x-k8s.io", "--ignore-not-found", "--timeout=60s")
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         r = subprocess.run(
             [str(self.bin_dir / "kubectl"), *args], input=input, capture_output=True, text=True,

@@ -8,6 +8,8 @@ call ``main`` here, which replaces the process with ours, same arguments, same P
 - ``dynamo.frontend`` -> ``dynamo_worker.frontend`` (it warns about and ignores flags of Dynamo's
   frontend it does not have);
 - ``dynamo.mocker`` -> ``dynamo_worker.mocker``;
+- ``dynamo.planner`` -> ``dynamo_worker.planner`` (it reads Dynamo's ``--config`` JSON and names the
+  fields it does not act on in an Event);
 - ``dynamo.sglang`` -> ``dynamo_worker.sglang``, or ``dynamo_worker.mocker`` where
   ``DYN_SGLANG_ENGINE=mocker``: the CPU image sets it, since it has no SGLang to run (a pod may set
   ``DYN_SGLANG_ENGINE=sglang`` to get the real worker's "SGLang is not installed" error instead).
@@ -37,6 +39,7 @@ ALIASES: dict[str, str] = {
     contract.DYNAMO_FRONTEND_MODULE: contract.FRONTEND_MODULE,
     contract.DYNAMO_SGLANG_MODULE: contract.SGLANG_MODULE,
     contract.DYNAMO_MOCKER_MODULE: contract.MOCKER_MODULE,
+    contract.DYNAMO_PLANNER_MODULE: contract.PLANNER_MODULE,
 }
 
 

@@ -132,6 +132,14 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
+# minAvailable: a PodDisruptionBudget per service, and with scheduler-plugins installed the PodGroups of
+# the graph's gangs (render.placement).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # A planner component's ServiceAccount, Role and RoleBinding (render.planner).
 - apiGroups: [""]
   resources: ["serviceaccounts"]
@@ -173,6 +181,8 @@ The operator's command-line flags: watch scope, liveness endpoint and conversion
 {{- if .Values.operator.webhook.certSecret }}
 - --webhook-cert-dir=/etc/dynamo-operator/webhook
 {{- end }}
+- --validating-webhook={{ include "dynamo-operator.fullname" . }}
+- --webhook-failure-policy={{ .Values.operator.webhook.failurePolicy }}
 {{- end }}
 
 {{/*
@@ -198,6 +208,12 @@ The operator's configuration, as the environment variables dynamo_operator.setti
   value: {{ .Values.runtime.rdmaResourceName | quote }}
 - name: DYN_OPERATOR_GROUP_BACKEND
   value: {{ .Values.runtime.groupBackend | quote }}
+- name: DYN_OPERATOR_GANG_SCHEDULER
+  value: {{ .Values.runtime.gangScheduler | quote }}
+- name: DYN_OPERATOR_GANG_SCHEDULER_NAME
+  value: {{ .Values.runtime.gangSchedulerName | quote }}
+- name: DYN_OPERATOR_TOPOLOGY_DOMAINS
+  value: {{ .Values.runtime.topologyDomains | toJson | quote }}
 - name: DYN_OPERATOR_POD_LOG_FORMAT
   value: {{ .Values.runtime.logFormat | quote }}
 - name: DYN_OPERATOR_LOG_LEVEL

@@ -72,10 +72,12 @@ DEFAULT_DISCOVERY_TTL_S: Final = 10.0
 FRONTEND_MODULE: Final = "dynamo_worker.frontend"
 SGLANG_MODULE: Final = "dynamo_worker.sglang"
 MOCKER_MODULE: Final = "dynamo_worker.mocker"
+PLANNER_MODULE: Final = "dynamo_worker.planner"
 # NVIDIA Dynamo's module names, as found in manifests written for Dynamo's operator.
 DYNAMO_SGLANG_MODULE: Final = "dynamo.sglang"
 DYNAMO_FRONTEND_MODULE: Final = "dynamo.frontend"
 DYNAMO_MOCKER_MODULE: Final = "dynamo.mocker"
+DYNAMO_PLANNER_MODULE: Final = "dynamo.planner"
 # What a service runs when its extraPodSpec.mainContainer sets no command (its args are appended).
 FRONTEND_COMMAND: Final = ("python3", "-m", FRONTEND_MODULE)
 WORKER_COMMAND: Final = ("python3", "-m", SGLANG_MODULE)

@@ -462,13 +462,62 @@ def _invalid(loc: tuple[str | int, ...], value: Any, message: str) -> Validation
     )
 
 
+# v1beta1 fields this operator accepts and does not act on (named in the graph's SpecWarnings).
+_IGNORED_SPEC = ("restart", "experimental", "provider_override")
+_IGNORED_COMPONENT = (
+    "runtime_version_override",
+    "roles",
+    "epp_config",
+    "compilation_cache",
+    "experimental",
+    "provider_override",
+)
+
+
+def _pack_domain(constraint: dict[str, Any] | None) -> str | None:
+    domain = (constraint or {}).get("packDomain")
+    return str(domain) if domain else None
+
+
+def _placement(beta: v1beta1.DynamoGraphDeployment) -> models.GraphPlacement:
+    """The v1beta1-only fields of ``beta`` that ``render`` reads (the rest of it maps to v1alpha1)."""
+    spec = beta.spec
+
+    def alias(model: type[models._Model], names: tuple[str, ...], obj: Any) -> tuple[str, ...]:
+        fields = model.model_fields
+        return tuple(fields[n].alias or n for n in names if getattr(obj, n) is not None)
+
+    services = {
+        c.name: models.ServicePlacement(
+            min_available=c.min_available,
+            pack_domain=_pack_domain(c.topology_constraint),
+            dynamo_sidecar=c.dynamo_sidecar,
+            frontend_sidecar=c.frontend_sidecar,
+            ignored=alias(v1beta1.ComponentSpec, _IGNORED_COMPONENT, c),
+        )
+        for c in spec.components
+    }
+    return models.GraphPlacement(
+        annotations=spec.annotations or {},
+        labels=spec.labels or {},
+        priority_class_name=spec.priority_class_name or None,
+        pack_domain=_pack_domain(spec.topology_constraint),
+        ignored=alias(v1beta1.GraphSpec, _IGNORED_SPEC, spec),
+        services={k: v for k, v in services.items() if v != models.ServicePlacement()},
+    )
+
+
 def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
     """The internal model of a raw ``DynamoGraphDeployment`` manifest of either served version.
 
     A v1beta1 manifest is validated against the v1beta1 model first, so errors name its own fields
-    (``spec.components[1].replicas``); without ``apiVersion`` the manifest is read as v1alpha1. Raises
-    ``pydantic.ValidationError`` (with the field and what is wrong) for any invalid manifest."""
+    (``spec.components[1].replicas``); without ``apiVersion`` the manifest is read as v1alpha1. The
+    v1beta1 fields v1alpha1 has no place for (priority class, minAvailable, topology, ...) travel in
+    ``.v1beta1`` (:class:`dynamo_operator.api.models.GraphPlacement`), also from a v1alpha1 object that
+    keeps them in its ``nvidia.com/dgd-v1beta1-fields`` annotation. Raises ``pydantic.ValidationError``
+    (with the field and what is wrong) for any invalid manifest."""
     version = raw.get("apiVersion", models.API_VERSION) if isinstance(raw, dict) else None
+    placement = models.GraphPlacement()
     if version == v1beta1.API_VERSION:
         beta = v1beta1.DynamoGraphDeployment.model_validate(raw)
         names = [c.name for c in beta.spec.components]
@@ -480,8 +529,15 @@ def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
                     f"a second component named {name!r}: give each component a unique name",
                 )
         alpha = to_v1alpha1(raw)
+        placement = _placement(beta)
     elif version == models.API_VERSION or not isinstance(raw, dict):
         alpha = raw
+        annotations = (raw.get("metadata") or {}).get("annotations") if isinstance(raw, dict) else None
+        if isinstance(annotations, dict) and BETA_FIELDS_ANNOTATION in annotations:
+            try:  # the fields come back with a conversion; a malformed record restores nothing
+                placement = _placement(v1beta1.DynamoGraphDeployment.model_validate(to_v1beta1(raw)))
+            except (ValidationError, ConversionError):
+                placement = models.GraphPlacement()
     else:
         raise _invalid(
             ("apiVersion",),
@@ -491,4 +547,4 @@ def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
     if isinstance(alpha, dict) and isinstance(alpha.get("metadata"), dict):
         alpha = {**alpha, "metadata": copy.deepcopy(alpha["metadata"])}
         _strip_records(alpha["metadata"])
-    return models.DynamoGraphDeployment.model_validate(alpha)
+    return models.DynamoGraphDeployment.model_validate(alpha).model_copy(update={"v1beta1": placement})

@@ -49,6 +49,7 @@ __all__ = [
     "EnvVarSource",
     "ExtraPodMetadata",
     "ExtraPodSpec",
+    "GraphPlacement",
     "GraphSpec",
     "GraphStatus",
     "Ingress",
@@ -59,6 +60,7 @@ __all__ = [
     "ResourceItem",
     "Resources",
     "ScalingAdapter",
+    "ServicePlacement",
     "ServiceSpec",
     "ServiceStatus",
     "SharedMemory",
@@ -415,12 +417,42 @@ class ObjectMeta(_Open):
         return self.model_dump(by_alias=True).get(key, default)
 
 
+# --- v1beta1 fields the internal model carries beside its v1alpha1 spec -----------------------------
+
+
+class ServicePlacement(_Model):
+    """What a v1beta1 component says that v1alpha1 has no place for, read by ``render`` (filled by
+    :func:`dynamo_operator.api.conversion.load_graph`; empty for a plain v1alpha1 manifest)."""
+
+    min_available: int | None = None  # replicas (groups, when multinode) started as one gang
+    pack_domain: str | None = None  # topologyConstraint.packDomain
+    dynamo_sidecar: str | None = None
+    frontend_sidecar: str | None = None
+    ignored: tuple[str, ...] = ()  # fields that are set and not acted on, by name
+
+
+class GraphPlacement(_Model):
+    """The graph-level v1beta1 fields v1alpha1 has no place for, and each component's."""
+
+    annotations: dict[str, str] = Field(default_factory=dict)  # on every child and pod template
+    labels: dict[str, str] = Field(default_factory=dict)
+    priority_class_name: str | None = None
+    pack_domain: str | None = None  # topologyConstraint.packDomain: every pod of the graph in one domain
+    ignored: tuple[str, ...] = ()
+    services: dict[str, ServicePlacement] = Field(default_factory=dict)
+
+    def service(self, name: str) -> ServicePlacement:
+        return self.services.get(name) or ServicePlacement()
+
+
 class DynamoGraphDeployment(_Model):
     api_version: Literal["nvidia.com/v1alpha1"] = API_VERSION
     kind: Literal["DynamoGraphDeployment"] = KIND
     metadata: ObjectMeta
     spec: GraphSpec = Field(default_factory=GraphSpec)
     status: GraphStatus | None = None
+    # Not part of the manifest (never dumped): the v1beta1-only fields, see GraphPlacement.
+    v1beta1: GraphPlacement = Field(default_factory=GraphPlacement, exclude=True)
 
     @property
     def name(self) -> str:

@@ -126,6 +126,8 @@ class SglangArgs:
     host: str | None
     tp_given: bool
     worker_role: str | None = None  # --role: language (default), encode or diffusion
+    model: str | None = None  # what it serves: --served-model-name, else --model-path
+    runs_engine: bool = False  # the command runs one of SGLANG_MODULES (an engine, or our simulation)
 
     @property
     def gpus_needed(self) -> int | None:
@@ -151,4 +153,8 @@ def parse_args(container: dict[str, Any]) -> SglangArgs:
         worker_role=flag_value(tokens, "--role")
         or ("encode" if "--multimodal-encode-worker" in tokens else None)
         or ("diffusion" if "--image-diffusion-worker" in tokens else None),
+        model=flag_value(tokens, "--served-model-name")
+        or flag_value(tokens, "--model-path", "--model")
+        or None,
+        runs_engine=any(t in SGLANG_MODULES for t in tokens),
     )

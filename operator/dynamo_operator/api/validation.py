@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dynamo_operator.api.annotations import BOOL_ANNOTATIONS, MODULE_ANNOTATION, parse_bool
 from dynamo_operator.api.components import Component, components
 from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.sglang_args import SWAPPABLE_MODULES
+from dynamo_operator.api.sglang_args import SWAPPABLE_MODULES, argv, flag_value, parse_args
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -162,6 +162,17 @@ def _check_service(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
                 f"Service {c.name!r} has no componentType; set frontend, worker, prefill or decode.",
             )
         ]
+    if c.component_type == "epp":
+        return [
+            Problem(
+                f"{c.path}.componentType",
+                "EppNotSupported",
+                f"Service {c.name!r} is an Endpoint Picker (componentType epp) of the Gateway API Inference "
+                "Extension, which this operator does not render: the graph's frontends pick workers "
+                "themselves (--router-mode kv). Remove the service and send requests to the frontend's "
+                "Service.",
+            )
+        ]
     for key in BOOL_ANNOTATIONS:
         problems += _bool_annotation(spec.annotations, key, f"{c.path}.annotations")
     problems += _module_annotation(spec.annotations, f"{c.path}.annotations")
@@ -185,12 +196,82 @@ def _check_service(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
         )
     if c.kind == "worker":
         problems += _check_worker(c)
+    problems += _check_v1beta1(dgd, c)
     problems += _check_volumes(dgd, c)
     return problems
 
 
+def _engine_sidecar(c: Component) -> str | None:
+    """The name of another container of the pod that runs the engine (SGLang's own server, or a GPU
+    limit) while the main container runs no engine: the sidecar pattern."""
+    if c.args.runs_engine or c.spec.extra_pod_spec is None:
+        return None
+    for container in (c.spec.extra_pod_spec.model_extra or {}).get("containers") or []:
+        if not isinstance(container, dict):
+            continue
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if parse_args(container).runs_engine or any(k.endswith("/gpu") for k in limits):
+            return str(container.get("name") or "(unnamed)")
+    return None
+
+
+def _check_parallelism(c: Component, gpus: str) -> list[Problem]:
+    """An engine whose parallelism does not match the GPUs of its pod (or group) cannot start: more
+    GPUs than it has, or, over several nodes, a split SGLang cannot make of nodes x GPUs."""
+    needed = c.args.gpus_needed
+    if needed is None or not gpus.isdigit() or not c.args.runs_engine:
+        return []  # a command of the user's own: its flags are not SGLang's to read
+    nodes = c.spec.node_count
+    available = nodes * int(gpus)
+    if needed == available or (nodes == 1 and needed < available):
+        return []  # fewer than the pod has: a TpMismatch warning (render.notices)
+    where = f"{nodes} pods x {gpus} GPUs = {available}" if nodes > 1 else f"{gpus} GPUs"
+    return [
+        Problem(
+            f"{c.path}.extraPodSpec.mainContainer.args",
+            "ParallelismMismatch",
+            f"Worker {c.name!r} runs an engine of {needed} GPUs (--tp {c.args.tp} x --pp-size {c.args.pp}"
+            + ("" if c.args.dp_attention else f" x --dp-size {c.args.dp}")
+            + f") on {where}: "
+            + (
+                "it cannot start; "
+                if needed > available
+                else "SGLang spreads one engine over all nodes of a group, so it cannot use them; "
+            )
+            + f"set --tp to {available} or resources.limits.gpu"
+            + (
+                f" and multinode.nodeCount so that nodes x gpu = {needed}." if nodes > 1 else f" to {needed}."
+            ),
+        )
+    ]
+
+
 def _check_worker(c: Component) -> list[Problem]:
+    sidecar = _engine_sidecar(c)
+    if sidecar is not None:
+        return [
+            Problem(
+                f"{c.path}.extraPodSpec.containers",
+                "EngineSidecarNotSupported",
+                f"Worker {c.name!r} runs its engine in container {sidecar!r} and its main container as a "
+                "client of it (NVIDIA Dynamo's sidecar pattern): this operator's worker runs SGLang "
+                "in-process in the main container (token ids in and out, KV events, the disaggregation "
+                "handshake) and cannot be the client of another container's server. Run the engine's "
+                "flags in the main container (command python3 -m dynamo.sglang, with the GPU limit on "
+                "the service) and drop the engine container.",
+            )
+        ]
     problems = []
+    if flag_value(argv(c.command_view), "--load-format") == "gms":
+        problems.append(
+            Problem(
+                f"{c.path}.extraPodSpec.mainContainer.args",
+                "GpuMemoryServiceNotSupported",
+                f"Worker {c.name!r} loads its weights with --load-format gms, from NVIDIA Dynamo's GPU "
+                "Memory Service (a sidecar sharing GPU memory through DRA), which this operator does not "
+                "provide and SGLang cannot load from: remove --load-format gms (and gpuMemoryService).",
+            )
+        )
     gpus = gpu_count(c)
     resources = c.spec.resources
     if gpus is None:
@@ -227,6 +308,8 @@ def _check_worker(c: Component) -> list[Problem]:
                 "requests.gpu.",
             )
         )
+    else:
+        problems += _check_parallelism(c, gpus)
     args = c.args
     mode = args.disaggregation_mode
     declared = c.spec.sub_component_type or (
@@ -290,6 +373,37 @@ def _check_worker(c: Component) -> list[Problem]:
                 f"Worker {c.name!r} has --disaggregation-bootstrap-port {port!r}; use a port 1-65535.",
             )
         )
+    return problems
+
+
+def _check_v1beta1(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
+    """The v1beta1 component fields this operator cannot honour, or that contradict the spec."""
+    placement = dgd.v1beta1.service(c.name)
+    problems = []
+    wanted = placement.min_available
+    if wanted is not None and 0 < c.spec.replicas < wanted:
+        problems.append(
+            Problem(
+                f"{c.path}.minAvailable",
+                "MinAvailableAboveReplicas",
+                f"Service {c.name!r} asks for minAvailable {wanted} but runs {c.spec.replicas} replicas; "
+                "make minAvailable at most replicas.",
+            )
+        )
+    for key, value, what in (
+        ("dynamoSidecar", placement.dynamo_sidecar, "an init container running NVIDIA Dynamo's runtime"),
+        ("frontendSidecar", placement.frontend_sidecar, "a frontend in another component's pod"),
+    ):
+        if value is not None:
+            problems.append(
+                Problem(
+                    f"{c.path}.{key}",
+                    "SidecarNotSupported",
+                    f"Service {c.name!r} sets {key}: {value!r}, {what}, which this operator does not "
+                    "render: its worker runs the engine in-process in the main container and frontends run "
+                    f"as services of their own. Remove {key} and run the component as its own service.",
+                )
+            )
     return problems
 
 
@@ -360,6 +474,7 @@ def _check_disaggregation(comps: list[Component]) -> list[Problem]:
         )
     pairs = [(p, d) for p in prefill for d in decode]
     for label, reason, default, get in (
+        ("--served-model-name", "ModelMismatch", None, lambda a: a.model),
         ("--page-size", "PageSizeMismatch", DEFAULT_PAGE_SIZE, lambda a: a.page_size),
         (
             "--disaggregation-transfer-backend",
@@ -370,7 +485,7 @@ def _check_disaggregation(comps: list[Component]) -> list[Problem]:
     ):
         for p, d in pairs:
             pv, dv = get(p.args) or default, get(d.args) or default
-            if pv != dv:
+            if pv != dv and pv is not None and dv is not None:
                 problems.append(
                     Problem(
                         f"{d.path}.extraPodSpec.mainContainer.args",

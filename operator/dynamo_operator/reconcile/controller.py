@@ -33,7 +33,9 @@ from dynamo_operator.reconcile.kube import (
     DGD,
     FIELD_MANAGER,
     LWS,
+    PDB,
     POD,
+    POD_GROUP,
     ROLE,
     ROLE_BINDING,
     SERVICE,
@@ -58,7 +60,7 @@ Key = tuple[str, str]  # (namespace, name)
 
 # Kinds whose children of a graph are pruned when no longer desired. PersistentVolumeClaims are
 # deliberately not pruned: removing a volume from the spec must not delete its data.
-PRUNE_TYPES = (DEPLOYMENT, STATEFULSET, SERVICE, LWS, SERVICE_ACCOUNT, ROLE, ROLE_BINDING)
+PRUNE_TYPES = (DEPLOYMENT, STATEFULSET, SERVICE, LWS, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB, POD_GROUP)
 WARNINGS = "SpecWarnings"
 TRANSPORT = "Transport"
 MAX_BACKOFF_S = 300.0

@@ -73,6 +73,14 @@ LWS = ResourceType("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderwork
 CRD = ResourceType(
     "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False
 )
+PDB = ResourceType("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+POD_GROUP = ResourceType("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups")  # scheduler-plugins
+VALIDATING_WEBHOOK = ResourceType(
+    "admissionregistration.k8s.io/v1",
+    "ValidatingWebhookConfiguration",
+    "validatingwebhookconfigurations",
+    namespaced=False,
+)
 
 KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
     (t.api_version, t.kind): t
@@ -90,10 +98,14 @@ KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
         SERVICE_ACCOUNT,
         ROLE,
         ROLE_BINDING,
+        PDB,
+        POD_GROUP,
+        VALIDATING_WEBHOOK,
     )
 }
 
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
+POD_GROUP_CRD_NAME = "podgroups.scheduling.x-k8s.io"
 
 
 def resource_type(api_version: str, kind: str) -> ResourceType:

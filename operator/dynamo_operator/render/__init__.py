@@ -22,7 +22,10 @@ What a graph becomes (names: ``<graph>-<service lowercased>``, hashed when too l
   to create Events (``render.planner``);
 - ``spec.pvcs`` entries with ``create: true``: a PersistentVolumeClaim;
 - services with ``scalingAdapter: {enabled: true}``: a DynamoGraphDeploymentScalingAdapter, unless a
-  planner scales them (``render.scaling``; returned apart, in ``Rendered.adapters``).
+  planner scales them (``render.scaling``; returned apart, in ``Rendered.adapters``);
+- placement (``render.placement``): PodGroups for gangs (v1beta1 ``minAvailable``, multinode groups)
+  when a gang scheduler is configured, PodDisruptionBudgets from ``minAvailable``, the pack-domain
+  affinity of ``topologyConstraint`` and the graph's ``priorityClassName`` on the pods.
 
 The prefill and decode pods of a disaggregated graph carry the pair's revision (env, label, readiness
 gate: ``render.revision``), and the frontend the graph's model names, so that a rollout never pairs
@@ -36,6 +39,7 @@ from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.api.validation import validate
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import notices as _notices
+from dynamo_operator.render import placement as _placement
 from dynamo_operator.render import planner as _planner
 from dynamo_operator.render import scaling as _scaling
 from dynamo_operator.render.names import child_name
@@ -50,12 +54,14 @@ __all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ServicePlan", "Workloa
 
 def render(dgd: DynamoGraphDeployment, config: OperatorConfig) -> Rendered:
     """The desired children of ``dgd`` (see the module docstring), or the problems that prevent them."""
-    problems = validate(dgd)
+    comps = components(dgd)
+    problems = validate(dgd) + tuple(_placement.problems(dgd, comps, config))
     if problems:
         return Rendered(problems=problems)
-    comps = components(dgd)
     objects = [persistent_volume_claim(dgd, pvc) for pvc in dgd.spec.pvcs if pvc.create]
-    notices: list[Notice] = []
+    objects += _placement.graph_pod_group(dgd, comps, config)
+    objects += _placement.disruption_budgets(dgd, comps)
+    notices: list[Notice] = _placement.notices(dgd, comps, config)
     plans: dict[str, ServicePlan] = {}
     rdma = {c.name: rdma_settings(dgd, c, config) for c in comps}
     revision = pair_revision(dgd, config)

@@ -31,6 +31,8 @@ def ignored_fields(c: Component) -> list[Notice]:
             f"Service {c.name!r} sets {', '.join(names)}, which this operator accepts but does not act on."
             + (hint if "autoscaling" in names else ""),
             c.name,
+            # named in SpecWarnings, except dynamoNamespace alone, which NVIDIA Dynamo ignores too
+            warning=names != ["dynamoNamespace"],
         )
     ]
 
@@ -49,7 +51,8 @@ def unmanaged(c: Component) -> list[Notice]:
 
 
 def tp_mismatch(c: Component) -> list[Notice]:
-    """A warning when one engine's GPUs (tp x pp [x dp]) differ from nodeCount x GPUs per pod."""
+    """A warning when one single-node engine's GPUs (tp x pp [x dp]) are fewer than its pod's: it runs,
+    and the rest of the GPUs idle."""
     if c.kind != "worker":
         return []
     gpus = gpu_count(c)
@@ -58,8 +61,8 @@ def tp_mismatch(c: Component) -> list[Notice]:
         return []
     nodes = c.spec.node_count
     available = nodes * int(gpus)
-    if needed == available:
-        return []
+    if needed == available or nodes > 1 or needed > available:
+        return []  # the last two cannot run: refused by validation (ParallelismMismatch)
     tp = c.args.tp if c.args.tp_given else f"{c.args.tp} (unset)"
     return [
         Notice(

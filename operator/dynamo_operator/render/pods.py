@@ -326,15 +326,16 @@ def pod_spec(
 
 
 def template(
-    c: Component, graph: str, spec: dict[str, Any], extra_labels: dict[str, str] | None = None
+    dgd: DynamoGraphDeployment, c: Component, spec: dict[str, Any], extra_labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """A pod template: our labels win over the service's and extraPodMetadata's."""
-    pod_labels = dict(c.spec.labels)
-    annotations = dict(c.spec.annotations)
+    """A pod template: our labels win over extraPodMetadata's, which win over the service's, which win
+    over the graph's (v1beta1 ``spec.labels`` / ``spec.annotations``)."""
+    pod_labels = {**dgd.v1beta1.labels, **c.spec.labels}
+    annotations = {**dgd.v1beta1.annotations, **c.spec.annotations}
     if c.spec.extra_pod_metadata is not None:
         pod_labels.update(c.spec.extra_pod_metadata.labels)
         annotations.update(c.spec.extra_pod_metadata.annotations)
-    pod_labels.update(labels.child_labels(graph, c.name, c.component_type))
+    pod_labels.update(labels.child_labels(dgd.name, c.name, c.component_type))
     pod_labels.update(extra_labels or {})
     metadata: dict[str, Any] = {"labels": pod_labels}
     if annotations:
@@ -346,8 +347,8 @@ def object_meta(
     dgd: DynamoGraphDeployment, c: Component | None, name: str, extra_labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Metadata of a child object, owned by the graph (controller) when the graph has a uid."""
-    meta_labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
+    meta_labels: dict[str, str] = dict(dgd.v1beta1.labels)
+    annotations: dict[str, str] = dict(dgd.v1beta1.annotations)
     if c is not None:
         meta_labels.update(c.spec.labels)
         annotations.update(c.spec.annotations)

@@ -12,7 +12,7 @@ from dynamo_operator.api.components import Component
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.render import labels, workloads
+from dynamo_operator.render import labels, placement, workloads
 from dynamo_operator.render.names import child_name, group_name, service_dns_name
 from dynamo_operator.render.pods import pod_spec, template
 from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL
@@ -52,8 +52,9 @@ def _single(
     revision: str | None,
 ) -> ServiceOutput:
     name = child_name(dgd.name, c.name)
-    spec, extra = _paired(pod_spec(dgd, c, config, container, rdma), revision)
-    pod = template(c, dgd.name, spec, extra)
+    placed = placement.place(dgd, c, config, pod_spec(dgd, c, config, container, rdma))
+    spec, paired = _paired(placed, revision)
+    pod = template(dgd, c, spec, {**_gang_label(dgd, c, config, None), **paired})
     objects = [workloads.deployment(dgd, c, name, c.spec.replicas, pod)]
     services: tuple[str, ...] = ()
     if c.kind == "frontend":
@@ -70,6 +71,13 @@ def _single(
         transport=_transport(rdma, c),  # type: ignore[arg-type]
     )
     return ServiceOutput(objects, plan)
+
+
+def _gang_label(
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, group: str | None
+) -> dict[str, str]:
+    gang = placement.gang(dgd, c, config, group)
+    return {placement.POD_GROUP_LABEL: gang} if gang else {}
 
 
 def _with_env(container: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,13 +129,18 @@ def _groups(
         leader_host = service_dns_name(f"{group}-0", group, dgd.namespace)
         rank_label = labels.LWS_WORKER_INDEX if lws else labels.POD_INDEX
         templates = {}
+        gang = placement.gang(dgd, c, config, group)
+        if gang == group:  # a gang of its own (not the graph's): one PodGroup per group
+            objects.append(placement.pod_group(dgd, c, group, nnodes))
         for role, leader in (("leader", True), ("worker", False)):
             member = _member(
                 container, nnodes=nnodes, leader_host=leader_host, leader=leader, rank_label=rank_label
             )
-            spec, paired = _paired(pod_spec(dgd, c, config, member, rdma), revision)
-            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role, **paired}
-            templates[role] = template(c, dgd.name, spec, extra)
+            placed = placement.place(dgd, c, config, pod_spec(dgd, c, config, member, rdma), group)
+            spec, paired = _paired(placed, revision)
+            member_labels = _gang_label(dgd, c, config, group)
+            extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role, **member_labels, **paired}
+            templates[role] = template(dgd, c, spec, extra)
         if lws:
             objects.append(
                 workloads.leader_worker_set(

@@ -9,6 +9,7 @@ The operator Deployment is installed with 0 replicas because no image registry i
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def release_leftovers(cluster: LocalCluster, namespace: str, release: str) -> li
     selector = f"app.kubernetes.io/instance={release}"
     kinds = "all,configmaps,serviceaccounts,roles,rolebindings,persistentvolumeclaims"
     names = cluster.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name").split()
-    names += cluster.kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name").split()
+    cluster_kinds = "clusterroles,clusterrolebindings,validatingwebhookconfigurations"
+    names += cluster.kubectl("get", cluster_kinds, "-l", selector, "-o", "name").split()
     return names
 
 
@@ -113,11 +115,28 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         # the conversion webhook: the operator writes its Service and CA into its own CRD, no other
         assert can("patch", f"customresourcedefinitions.apiextensions.k8s.io/{CRD}") == "yes"
         assert can("patch", "customresourcedefinitions.apiextensions.k8s.io/other.example.com") == "no"
+        # the validating webhook: the chart installs its configuration, the operator keeps it pointed
+        vwc = f"validatingwebhookconfigurations.admissionregistration.k8s.io/{release}-dynamo-operator"
+        assert can("patch", vwc) == "yes"
+        assert can("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io/other") == "no"
 
         kubeconfig = token_kubeconfig(kube_cluster, ns, sa, tmp_path / "operator-kubeconfig")
         op = OperatorProcess(
             kubeconfig, ns, tmp_path / "operator.log", tuple(operator_flags(deployment))
         ).start()
+
+        # The chart's validating webhook, pointed at this operator: a graph that cannot run is refused.
+        broken = yaml.safe_load((REPO / "examples" / "disagg.yaml").read_text())
+        broken["metadata"]["name"] = "too-wide"
+        args = broken["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
+        args[args.index("--tp") + 1] = "2"  # two GPUs' engine on a pod of one
+        refused = subprocess.run(
+            [str(bins / "kubectl"), "apply", "-n", ns, "-f", "-"],
+            input=json.dumps(broken), capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode != 0
+        assert 'admission webhook "validate.dynamographdeployments.nvidia.com" denied' in refused.stderr
+        assert "spec.services.decode.extraPodSpec.mainContainer.args" in refused.stderr
 
         kube_cluster.kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "disagg.yaml"))
         kube_cluster.kubectl("wait", "-n", ns, "--for=condition=Ready", "dgd/sglang-disagg", "--timeout=120s")

@@ -92,17 +92,29 @@ def test_namespace_scope_writes_only_in_the_watched_namespaces(bins):
         v for rule in cluster_role["rules"] if not rule.get("resourceNames") for v in rule["verbs"]
     }
     assert cluster_verbs == {"get", "list", "watch"}  # reads of CRDs and namespaces
-    # and one write: the conversion webhook's address and CA into the operator's own CRD
-    (crd_patch,) = [rule for rule in cluster_role["rules"] if rule.get("resourceNames")]
+    # and two writes, each to one named object: the webhooks' address and CA into the operator's own CRD
+    # and into its own ValidatingWebhookConfiguration
+    crd_patch, vwc_patch = [rule for rule in cluster_role["rules"] if rule.get("resourceNames")]
     assert crd_patch == {
         "apiGroups": ["apiextensions.k8s.io"],
         "resources": ["customresourcedefinitions"],
         "resourceNames": ["dynamographdeployments.nvidia.com"],
         "verbs": ["patch"],
     }
+    assert vwc_patch == {
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingwebhookconfigurations"],
+        "resourceNames": ["t-dynamo-operator"],
+        "verbs": ["get", "patch"],
+    }
     (deployment,) = find(objs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+    # the validating webhook sees the watched namespaces only
+    (vwc,) = find(objs, "ValidatingWebhookConfiguration")
+    (hook,) = vwc["webhooks"]
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a", "team-b"]
+    assert (hook["failurePolicy"], hook["clientConfig"]["service"]["path"]) == ("Ignore", "/validate")
 
 
 def test_namespace_scope_defaults_to_the_release_namespace(bins):

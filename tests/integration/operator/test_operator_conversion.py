@@ -18,13 +18,13 @@ import pytest
 import yaml
 from dynamo_operator.api import models
 
-from tests.integration.operator.conftest import DGD_CRD, EXAMPLES, REPO, Kubectl, OperatorProcess, example
+from tests.integration.operator.conftest import DGD_CRD, EXAMPLES, Kubectl, OperatorProcess, example
 from tests.support.cluster import ClusterError
+from tests.support.dynamo_examples import serving
 
 pytestmark = pytest.mark.integration
 
 DGD_V1BETA1 = "dynamographdeployments.v1beta1.nvidia.com"
-DYNAMO_V1BETA1 = REPO / "tests" / "fixtures" / "dynamo-v1beta1"
 
 
 def at_v1beta1(kc: Kubectl) -> Kubectl:
@@ -117,11 +117,10 @@ def test_v1beta1_example_reaches_ready(kc: Kubectl, operator: OperatorProcess, m
     assert sorted(obj["status"]["services"]) == sorted(c["name"] for c in graph["spec"]["components"])
 
 
-@pytest.mark.parametrize("manifest", sorted(p.name for p in DYNAMO_V1BETA1.glob("*.yaml")))
+@pytest.mark.parametrize("path", serving("v1beta1/"), ids=lambda p: p.name)
 def test_dynamo_v1beta1_example_reaches_ready_and_reads_back_as_v1alpha1(
-    kc: Kubectl, operator: OperatorProcess, manifest: str
+    kc: Kubectl, operator: OperatorProcess, path: Path
 ):
-    path = DYNAMO_V1BETA1 / manifest
     graph = load(path)
     name = graph["metadata"]["name"]
     kc.cluster.kubectl("apply", "-n", kc.namespace, "-f", str(path))  # the file as a user applies it

@@ -36,7 +36,8 @@ def test_v1beta1_manifest_runs_the_processes_of_its_v1alpha1_twin(name):
 
 def test_dynamo_v1beta1_example_runs_its_components():
     procs = {
-        name: (argv, env) for name, argv, env in processes(REPO / "tests/fixtures/dynamo-v1beta1/disagg.yaml")
+        name: (argv, env)
+        for name, argv, env in processes(REPO / "tests/fixtures/dynamo-sglang-deploy/v1beta1/disagg.yaml")
     }
     assert set(procs) == {"Frontend-0", "prefill-0", "decode-0"}
     decode_argv = procs["decode-0"][0]

@@ -1,6 +1,6 @@
 """Every manifest under examples/ parses and renders without problems, with the topology it
 describes, under both multinode group backends; each v1beta1 example renders exactly like its v1alpha1
-twin; NVIDIA Dynamo's v1beta1 SGLang examples render the topology they describe."""
+twin; NVIDIA Dynamo's v1beta1 SGLang examples that serve render the topology they describe."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
+
+from tests.support.dynamo_examples import serving
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 MODEL = "Qwen/Qwen3-0.6B"
@@ -68,7 +70,7 @@ def test_disagg_multinode_topology():
 
 
 BETA_EXAMPLES = sorted((EXAMPLES[0].parent / "v1beta1").glob("*.yaml"))
-DYNAMO_V1BETA1 = sorted((EXAMPLES[0].parents[1] / "tests" / "fixtures" / "dynamo-v1beta1").glob("*.yaml"))
+DYNAMO_V1BETA1 = serving("v1beta1/")
 
 
 def test_every_example_has_its_v1beta1_twin():
@@ -86,8 +88,8 @@ def test_v1beta1_example_renders_exactly_like_its_v1alpha1_twin(path):
 
 @pytest.mark.parametrize("path", DYNAMO_V1BETA1, ids=lambda p: p.name)
 def test_dynamo_v1beta1_example_renders_its_topology(path):
-    """NVIDIA Dynamo's own v1beta1 SGLang examples (images changed to ours) render without problems:
-    a GPU-limited pod per worker, prefill/decode roles from `type`, multinode groups."""
+    """NVIDIA Dynamo's own v1beta1 SGLang examples that serve (images changed to ours) render without
+    problems: a GPU-limited pod per worker, prefill/decode roles from `type`, multinode groups."""
     raw = yaml.safe_load(path.read_text())
     rendered = render(load_graph(raw), OperatorConfig(group_backend="statefulset"))
     assert rendered.problems == ()

@@ -138,14 +138,38 @@ def test_replicas_are_whole_groups(backend):
     assert render(_dgd(replicas=0), OperatorConfig(group_backend=backend)).services["decode"].children == ()
 
 
-def test_tp_mismatch_is_a_warning_notice():
+def test_parallelism_that_does_not_fill_the_group_is_refused():
+    # --tp-size 4 on a two-node group of 4 GPUs each: SGLang spreads one engine over every node
     rendered = render(_dgd(args=["--tp-size", "4"]), OperatorConfig())
+    (problem,) = rendered.problems
+    assert (problem.field, problem.reason) == (
+        "spec.services.decode.extraPodSpec.mainContainer.args",
+        "ParallelismMismatch",
+    )
+    assert problem.message == (
+        "Worker 'decode' runs an engine of 4 GPUs (--tp 4 x --pp-size 1 x --dp-size 1) on 2 pods x 4 GPUs "
+        "= 8: SGLang spreads one engine over all nodes of a group, so it cannot use them; set --tp to 8 or "
+        "resources.limits.gpu and multinode.nodeCount so that nodes x gpu = 4."
+    )
+    assert rendered.objects == ()
+    too_big = render(_dgd(args=["--tp", "16"]), OperatorConfig())
+    assert [p.reason for p in too_big.problems] == ["ParallelismMismatch"]
+    assert "it cannot start" in too_big.problems[0].message
+
+
+def test_fewer_gpus_than_a_single_pod_has_is_a_warning():
+    body = _dgd(args=["--tp", "2"]).model_dump(by_alias=True, exclude_none=True)
+    del body["spec"]["services"]["decode"]["multinode"]
+    rendered = render(DynamoGraphDeployment.model_validate(body), OperatorConfig())
     (notice,) = rendered.notices
     assert (notice.reason, notice.service, notice.warning) == ("TpMismatch", "decode", True)
     assert notice.message == (
-        "Service 'decode' runs --tp 4 (engine needs 4 GPUs) on 2 pod(s) x 4 GPU(s) = 8; "
-        "set --tp to 8, or resources.limits.gpu so that pods x gpu = 4."
+        "Service 'decode' runs --tp 2 (engine needs 2 GPUs) on 1 pod(s) x 4 GPU(s) = 4; "
+        "set --tp to 4, or resources.limits.gpu so that pods x gpu = 2."
     )
+    body["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"] = ["--tp", "8"]
+    refused = render(DynamoGraphDeployment.model_validate(body), OperatorConfig())
+    assert [p.reason for p in refused.problems] == ["ParallelismMismatch"]
 
 
 def test_single_node_gets_no_distributed_flags():

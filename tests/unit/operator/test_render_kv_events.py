@@ -40,7 +40,9 @@ def _kv_ports(container: dict) -> list[tuple[str, int]]:
     return [(p["name"], p["containerPort"]) for p in container["ports"] if p["name"].startswith("kv-events")]
 
 
-def _render(worker_args: list[str], frontend: dict | None = None, command: list[str] | None = None):
+def _render(
+    worker_args: list[str], frontend: dict | None = None, command: list[str] | None = None, gpu: str = "1"
+):
     body = {
         "metadata": {"name": "g", "namespace": "ns", "uid": "u"},
         "spec": {
@@ -52,7 +54,7 @@ def _render(worker_args: list[str], frontend: dict | None = None, command: list[
                 },
                 "decode": {
                     "componentType": "worker",
-                    "resources": {"limits": {"gpu": "1"}},
+                    "resources": {"limits": {"gpu": gpu}},
                     "extraPodSpec": {
                         "mainContainer": {
                             "command": command or ["python3", "-m", "dynamo_worker.sglang"],
@@ -115,9 +117,8 @@ def test_a_manifest_config_that_publishes_nothing_is_a_warning():
 
 
 def test_data_parallel_ranks_get_one_port_each():
-    container = _containers(_render([*ARGS, "--dp-size", "2", "--enable-dp-attention", "--tp", "2"]))[
-        "decode"
-    ]
+    args = [*ARGS, "--dp-size", "2", "--enable-dp-attention", "--tp", "2"]
+    container = _containers(_render(args, gpu="2"))["decode"]
     assert _kv_ports(container) == [("kv-events", 5557), ("kv-events-dp1", 5558)]
 
 

@@ -84,6 +84,8 @@ def test_a_layout_change_on_either_side_is_a_new_revision_for_both():
         changed = copy.deepcopy(base)
         for service in services:
             _set_flag(_args(changed, service), flag, value)
+            if flag == "--tp":  # an engine over 2 GPUs needs them (the operator refuses it otherwise)
+                changed["spec"]["services"][service]["resources"]["limits"]["gpu"] = value
         t = _templates(changed)
         assert _revision(t["prefill"]) == _revision(t["decode"]) != before, (services, flag)
 

@@ -348,12 +348,20 @@ def test_dynamo_module_kept_unless_annotation():
     assert _main(swapped, "g-decode")["command"] == ["python3", "-m", "dynamo_worker.mocker"]
 
 
-def test_tp_mismatch_notice_single_node():
+def test_tp_mismatch_single_node_warns_when_gpus_idle_and_refuses_when_too_few():
     service = _worker()
+    service["resources"]["limits"]["gpu"] = "4"
     service["extraPodSpec"]["mainContainer"]["args"] = ["--tp", "2"]
     (notice,) = _render({"decode": service}).notices
     assert (notice.reason, notice.service, notice.warning) == ("TpMismatch", "decode", True)
-    assert "--tp 2" in notice.message and "= 1" in notice.message
+    assert "--tp 2" in notice.message and "= 4" in notice.message
+    service["resources"]["limits"]["gpu"] = "1"
+    (problem,) = _render({"decode": service}).problems
+    assert (problem.reason, problem.field) == (
+        "ParallelismMismatch",
+        "spec.services.decode.extraPodSpec.mainContainer.args",
+    )
+    assert "on 1 GPUs: it cannot start; set --tp to 1 or resources.limits.gpu to 2." in problem.message
 
 
 def test_ignored_dynamo_fields_and_generic_components():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 import pytest
 from dynamo_worker.runtime.settings import RuntimeSettings
@@ -209,3 +210,18 @@ def test_sglangs_own_validation_of_the_values_is_a_clear_error_too(newest_cli):
         args.WorkerArgsError, match=f"SGLang {NEWEST} refused the server arguments: page_size"
     ):
         args.parse_worker_args(["--model-path", "m"], env={}, sglang=cli)
+
+
+def test_an_embedding_model_or_dynamos_flag_sets_is_embedding(newest_cli, tmp_path):
+    plan = args.parse_worker_args(["--model-path", "m", "--embedding-worker"], env={}, sglang=newest_cli)
+    assert plan.server_args.is_embedding is True
+    assert "Set --is-embedding: --embedding-worker (NVIDIA Dynamo's flag)" in plan.overrides
+    folder = tmp_path / "qwen3-embedding"
+    folder.mkdir()
+    pooling = [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (folder / "modules.json").write_text(json.dumps(pooling))
+    plan = args.parse_worker_args(["--model-path", str(folder)], env={}, sglang=newest_cli)
+    assert plan.server_args.is_embedding is True
+    assert not args.parse_worker_args(
+        ["--model-path", "m"], env={}, sglang=newest_cli
+    ).server_args.is_embedding

@@ -20,6 +20,7 @@ from pydantic_settings import SettingsConfigDict
 from dynamo_worker.mocker.timing import TimingModel
 from dynamo_worker.multimodal.settings import MultimodalSettings
 from dynamo_worker.profile.model import load_profile
+from dynamo_worker.runtime.model_files import is_embedding_model
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 
 __all__ = ["MockerSettings", "parse_args"]
@@ -225,4 +226,13 @@ def parse_all(
     runtime = RuntimeSettings.from_args(args, env)
     mocker = settings_from_args(MockerSettings, args, {})
     multimodal = settings_from_args(MultimodalSettings, args, {})
+    if not mocker.is_embedding and (
+        multimodal.embedding_worker or is_embedding_model(mocker.model_dir, mocker.model_path)
+    ):
+        log.info(
+            "Serving embeddings model=%s reason=%s",
+            mocker.model_path,
+            "--embedding-worker" if multimodal.embedding_worker else "its sentence-transformers modules pool",
+        )
+        mocker = mocker.model_copy(update={"is_embedding": True})
     return runtime, mocker, multimodal, unknown

@@ -28,6 +28,11 @@ class MultimodalSettings(Settings):
     multimodal_worker: bool = Field(
         False, description="Accepted (NVIDIA Dynamo's flag): a language worker takes images anyway."
     )
+    embedding_worker: bool = Field(
+        False,
+        description="Serve embeddings, the same as SGLang's --is-embedding (NVIDIA Dynamo's flag). Without "
+        "either, a model whose sentence-transformers modules pool its output is served as one.",
+    )
     embedding_cache_mb: float = Field(
         1024.0, ge=0, description="encode: memory for cached image embeddings (LRU, by content hash)."
     )

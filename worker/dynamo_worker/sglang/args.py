@@ -37,6 +37,7 @@ from dynamo_operator.api import contract
 from dynamo_operator.api.settings_sources import Settings
 from pydantic import Field
 
+from dynamo_worker.runtime.model_files import is_embedding_model
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 from dynamo_worker.sglang.uses import CONFIG_PARSER_MODULES, FLAG_REPLACEMENTS, REMOVED_FLAGS, SGLANG_WINDOW
 
@@ -165,12 +166,19 @@ def _given(argv: Sequence[str], flag: str) -> bool:
 
 
 def contract_overrides(
-    ns: argparse.Namespace, sglang_argv: Sequence[str], runtime: RuntimeSettings
+    ns: argparse.Namespace,
+    sglang_argv: Sequence[str],
+    runtime: RuntimeSettings,
+    embedding: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The ``ServerArgs`` values the frontend contract needs that differ from ``ns``, and one log
-    line for each. Pure: the caller applies them (a prefill port of 0 means: pick a free port)."""
+    line for each. Pure: the caller applies them (a prefill port of 0 means: pick a free port).
+    ``embedding``: why the model is to be served as an embedding model (None: it is not)."""
     values: dict[str, Any] = {}
     notes: list[str] = []
+    if embedding is not None and not ns.is_embedding:
+        values["is_embedding"] = True
+        notes.append(f"Set --is-embedding: {embedding}")
     if not ns.skip_tokenizer_init:
         if getattr(ns, "grammar_backend", None) == "none":
             values["skip_tokenizer_init"] = True
@@ -339,8 +347,17 @@ def parse_worker_args(
             rest = cli.config_merger(parser).merge_config_with_args(rest)
         except (OSError, ValueError) as e:
             raise WorkerArgsError(f"--config: {e}; pass a readable YAML file of SGLang flags") from None
+    embedding_worker = "--embedding-worker" in rest  # NVIDIA Dynamo's flag, SGLang has none
+    rest = [a for a in rest if a != "--embedding-worker"]
     ns = parse_sglang_args(parser, rest)
-    values, notes = contract_overrides(ns, rest, runtime)
+    embedding = (
+        "--embedding-worker (NVIDIA Dynamo's flag)"
+        if embedding_worker
+        else f"{ns.model_path}'s sentence-transformers modules pool its output (an embedding model)"
+        if is_embedding_model(ns.model_path)
+        else None
+    )
+    values, notes = contract_overrides(ns, rest, runtime, embedding)
     chosen = values.get("disaggregation_bootstrap_port") == 0
     if chosen:
         values["disaggregation_bootstrap_port"] = pick_free_port(values.get("host", ns.host))
