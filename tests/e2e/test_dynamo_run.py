@@ -3,7 +3,9 @@ ranks) served on the mocker as local processes, driven by the official openai cl
 completions and usage counts; killing
 the decode process makes requests fail with a clear error and dynamo-run reports it (keeping its log);
 SIGTERM stops every process dynamo-run started (checked by PID and process group) and leaves no
-temporary file, even of a process that was killed."""
+temporary file, even of a process that was killed. The planner example runs its planner, in dry-run
+mode, deciding on the traffic the local frontend sees; a planner that dies is reported and the graph
+serves on."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -311,3 +314,77 @@ def test_the_temporary_log_folder_outlives_a_run_in_which_a_worker_died(dynamo_r
         assert (logs / "decode-0.log").is_file()  # where the EXITED report pointed
     finally:
         shutil.rmtree(logs, ignore_errors=True)
+
+
+PLANNER_INTERVAL_S = 2
+
+
+def _gauge(url: str, name: str, labels: str = "") -> float | None:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    prefix = f"{name}{{{labels}}} " if labels else f"{name} "
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)]
+    return values[0] if values else None
+
+
+def test_the_planner_example_runs_its_planner_in_dry_run_on_the_local_frontends_traffic(dynamo_run, tmp_path):
+    example = (ROOT / "examples" / "disagg-planner.yaml").read_text()
+    assert '"adjustment_interval": 60' in example
+    manifest = tmp_path / "disagg-planner.yaml"  # the example, deciding every 2 s instead of every 60 s
+    manifest.write_text(
+        example.replace('"adjustment_interval": 60', f'"adjustment_interval": {PLANNER_INTERVAL_S}')
+    )
+    run = dynamo_run(manifest)
+    assert run.output().count("so the planner runs with --dry-run") == 1, run.output()
+    metrics = run.wait_for(r"planner: (http://127\.0\.0\.1:\d+/metrics)", 5)[1]
+    # its first look at the frontend's counters; the next interval is the first it can decide on
+    run.wait_for(r"^Planner-0 +\| .*First scrape of sources=1", 30)
+
+    stop = threading.Event()
+    completions: list[int] = []
+    failures: list[BaseException] = []
+
+    def load() -> None:  # requests one after the other until the planner has seen some
+        try:
+            with run.client() as client:
+                while not stop.is_set():
+                    r = client.completions.create(
+                        model="Qwen/Qwen3-0.6B",
+                        prompt="plan for me",
+                        max_tokens=4,
+                        extra_body={"ignore_eos": True},
+                    )
+                    completions.append(r.usage.completion_tokens if r.usage else 0)
+        except openai.OpenAIError as e:
+            failures.append(e)
+
+    def observed() -> float | None:
+        assert not failures, f"a request failed: {failures[0]!r}"
+        rate = _gauge(metrics, "planner_observed_request_rate")
+        return rate if rate and rate > 0 else None
+
+    sender = threading.Thread(target=load, daemon=True)
+    sender.start()
+    try:
+        wait_until(
+            observed,
+            "planner_observed_request_rate > 0 on the planner's /metrics",
+            timeout_s=6 * PLANNER_INTERVAL_S + 20,
+            interval_s=0.2,
+            explain=run.output,
+        )
+    finally:
+        stop.set()
+        sender.join(30)
+    assert completions and set(completions) == {4}
+    # each decision is explained in its log with the traffic seen; the graph it read is the file's
+    run.wait_for(
+        r"^Planner-0 +\| .*(?:Decision:|Would scale) prefill prefill .*observed (?!0\.00)[\d.]+ req/s", 5
+    )
+    assert _gauge(metrics, "planner_current_replicas", 'role="prefill",service="prefill"') == 1.0
+
+    # a planner that dies is reported, and the graph serves on without it
+    os.killpg(run.started_pids()["Planner-0"], signal.SIGKILL)
+    run.wait_for(r"Planner-0 \(the planner\) EXITED with signal SIGKILL; the graph keeps serving", 30)
+    check_serving(run)
+    stop_and_check_nothing_left(run)

@@ -6,6 +6,7 @@ machine cannot run (the operator's own validation is tested in test_manifest.py)
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from dynamo_operator.api import contract as c
@@ -66,6 +67,7 @@ spec:
                   --disaggregation-transfer-backend nixl --host 0.0.0.0"]
 """
 
+REPO = Path(__file__).resolve().parents[3]
 NATS = "nats://127.0.0.1:4999"
 MACHINE = machine_env(http_host="127.0.0.1", grace_s=5, path="/venv/bin:/usr/bin")
 
@@ -234,6 +236,70 @@ def test_a_command_dynamo_run_cannot_map_is_refused_with_the_field():
         plan(text)
     assert "spec.services.worker.extraPodSpec.mainContainer.command" in str(e.value)
     assert "dynamo.sglang" in str(e.value)
+
+
+PLANNER = (REPO / "examples" / "disagg-planner.yaml").read_text()
+GRAPH_FILE = "/graphs/disagg-planner.yaml"
+
+
+def test_the_planner_runs_on_its_graph_file_and_the_local_frontends_metrics_in_dry_run():
+    p = plan(PLANNER, graph_file=GRAPH_FILE)
+    assert [x.name for x in p.processes] == ["Frontend-0", "Planner-0", "decode-0", "prefill-0"]
+    frontend, planner = p.processes[:2]
+    system = planner.ports[c.SYSTEM_PORT]
+    config = planner.argv[planner.argv.index("--config") + 1]
+    assert '"adjustment_interval": 60' in config  # the manifest's interval, as written
+    assert planner.kind == "planner" and planner.argv == (
+        "python3", "-m", "dynamo_worker.planner", "--profile", "builtin:sglang-8b-h100", "--config", config,
+        "--graph-file", GRAPH_FILE, "--metrics-url", "http://127.0.0.1:8000/metrics", "--dry-run",
+    )  # fmt: skip
+    # the operator's env contract: its graph, its system port (a free local one), the loopback bind
+    assert planner.env[c.ENV_GRAPH_NAME] == "sglang-disagg-planner"
+    assert planner.env[c.ENV_GRAPH_NAMESPACE] == "default"
+    assert planner.env[c.ENV_SYSTEM_PORT] == str(system) and system != c.SYSTEM_PORT
+    assert planner.env[c.ENV_LISTEN_HOST] == "127.0.0.1"
+    assert planner.metrics_url == f"http://127.0.0.1:{system}/metrics"
+    assert planner.health_url is None and planner.gpus == ()  # no readinessProbe; no engine
+    assert frontend.expected_workers == 2  # the planner is not a worker the frontend waits for
+    (note,) = [n for n in p.notes if "Planner-0" in n]
+    assert "cannot change the replicas of local processes, so the planner runs with --dry-run" in note
+    assert "'Would scale ...'" in note and f"planner_* metrics on http://127.0.0.1:{system}/metrics" in note
+    assert not any("skipped" in n for n in p.notes)
+
+
+def test_the_planner_reads_the_frontends_port_even_where_it_is_the_pods_own_port_number():
+    # flags are added after the kubelet's port substitution: 9090 here is the frontend's, not the pod's
+    planner = plan(PLANNER, graph_file=GRAPH_FILE, http_port=c.SYSTEM_PORT).processes[1]
+    assert planner.argv[planner.argv.index("--metrics-url") + 1] == "http://127.0.0.1:9090/metrics"
+    assert planner.ports[c.SYSTEM_PORT] != c.SYSTEM_PORT
+
+
+def test_flags_a_planner_already_sets_are_replaced_by_the_local_ones_once():
+    text = PLANNER.replace(
+        "            - --profile\n",
+        "            - --metrics-url\n            - http://sglang-disagg-planner-frontend.default.svc:8000/metrics\n"
+        "            - --dry-run\n            - --profile\n",
+    )
+    planner = plan(text, graph_file=GRAPH_FILE).processes[1]
+    assert planner.argv.count("--metrics-url") == 1 and planner.argv.count("--dry-run") == 1
+    assert planner.argv[planner.argv.index("--metrics-url") + 1] == "http://127.0.0.1:8000/metrics"
+
+
+def test_nvidia_dynamos_planner_module_runs_ours():
+    """Dynamo's manifests run `python3 -m dynamo.planner`: the runtime image maps it to our planner, and
+    so does dynamo-run, with the same local flags."""
+    dynamo = plan(PLANNER.replace("dynamo_worker.planner", "dynamo.planner"), graph_file=GRAPH_FILE)
+    planner = dynamo.processes[1]
+    assert planner.kind == "planner" and "dynamo_worker.planner" in planner.argv
+    assert "dynamo.planner" not in planner.argv and "--dry-run" in planner.argv
+
+
+def test_a_planner_with_no_manifest_file_is_skipped_with_a_note_naming_what_runs():
+    no_file = plan(PLANNER)
+    assert [x.name for x in no_file.processes] == ["Frontend-0", "decode-0", "prefill-0"]
+    (note,) = [n for n in no_file.notes if "sglang-disagg-planner-planner-0" in n]
+    assert "a planner runs here only as 'python3 -m dynamo_worker.planner ...'" in note
+    assert "no manifest file" in note and note.endswith("not run locally (skipped)")
 
 
 def test_planner_services_and_secrets_are_skipped_with_a_note():

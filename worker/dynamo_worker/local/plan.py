@@ -7,9 +7,14 @@ no environment of its own; what it decides is only what a cluster would, plus th
 
 - which pods run: every pod whose main container runs a module dynamo-run knows (the frontend, the
   SGLang worker, the mocker, or NVIDIA Dynamo's ``dynamo.frontend`` / ``dynamo.sglang``); one frontend
-  pod (it takes ``--port``). Other services (planner, ...) are skipped with a note; a worker that runs
-  anything else is refused (``UnsupportedCommand``). A multinode group runs as the processes of its
+  pod (it takes ``--port``); a planner that runs ``python3 -m dynamo_worker.planner`` (or NVIDIA
+  Dynamo's ``dynamo.planner``, which runs ours). Other services are skipped with a note; a worker that
+  runs anything else is refused (``UnsupportedCommand``). A multinode group runs as the processes of its
   ranks (ranks above 0 of the mocker idle, as non-leader pods serve nothing).
+- a planner gets what a cluster would give it in place of the Kubernetes API: ``--graph-file`` (the
+  manifest), ``--metrics-url`` (the local frontend's ``/metrics``) and ``--dry-run``, since nothing
+  here changes the replicas of local processes: it decides and explains every interval (its log
+  lines, ``planner_*`` on its system port) and scales nothing. One note says so.
 - ports: the frontend's ``http`` port is ``--port`` (what its Service publishes); every other declared
   containerPort of every pod gets a free local port.
 - the engine: ``-m dynamo_worker.sglang`` (or ``dynamo.sglang``) becomes ``-m dynamo_worker.mocker``
@@ -56,9 +61,11 @@ __all__ = [
 ]
 
 Engine = Literal["mocker", "sglang"]
+Kind = Literal["frontend", "worker", "planner"]
 
 ENGINE_MODULES = frozenset({c.SGLANG_MODULE, c.DYNAMO_SGLANG_MODULE})
 FRONTEND_MODULES = frozenset({c.FRONTEND_MODULE, c.DYNAMO_FRONTEND_MODULE})
+PLANNER_MODULES = frozenset({c.PLANNER_MODULE, c.DYNAMO_PLANNER_MODULE})
 
 
 def format_problems(problems: Sequence[Problem]) -> str:
@@ -78,7 +85,7 @@ class PlanError(Exception):
 class ProcessSpec:
     name: str  # "decode-0" ("decode-0-1": rank 1 of group 0); the prefix of its log lines, its log file
     service: str
-    kind: Literal["frontend", "worker"]
+    kind: Kind
     argv: tuple[str, ...]
     env: Mapping[str, str]
     health_url: str | None  # its readinessProbe on this machine; None: ready once started
@@ -86,7 +93,7 @@ class ProcessSpec:
     gpus: tuple[str, ...] = ()
     # Frontend: ready only once its /metrics gauge FRONTEND_WORKERS_METRIC adds up to this many workers.
     expected_workers: int = 0
-    metrics_url: str | None = None
+    metrics_url: str | None = None  # the frontend's /metrics (read for readiness), a planner's planner_*
     pod: str = ""  # the pod's name in the cluster (POD_NAME)
     ports: Mapping[int, int] = field(default_factory=dict)  # declared containerPort -> local port
 
@@ -148,7 +155,7 @@ class _Run:
     pod: Pod
     label: str
     service: str
-    kind: Literal["frontend", "worker"]
+    kind: Kind
     container: Mapping[str, Any]
     gpus: int
 
@@ -173,13 +180,14 @@ def plan_graph(
     gpus: Sequence[str],
     free_port: Callable[[], int],
     machine: Mapping[str, str],  # machine_env(...)
+    graph_file: str | None = None,  # the manifest ``dgd`` was read from; planners read it (None: skipped)
 ) -> Plan:
     """The processes that serve ``dgd`` here. Raises ``PlanError`` listing every problem found."""
     rendered = render(dgd, local_config(nats_url))
     if rendered.problems:
         raise PlanError(rendered.problems)
     model_dirs = {c.MOCKER_MODULE: mocker_model_dir, c.SGLANG_MODULE: sglang_model_path}
-    runs, problems, notes = _select(rendered, engine, model_dirs)
+    runs, problems, notes = _select(rendered, engine, model_dirs, graph_file is not None)
     problems += _gpu_problems(runs, gpus) or _shared_gpu_problems(runs, gpus)
     if problems:
         raise PlanError(problems)
@@ -201,17 +209,21 @@ def plan_graph(
         processes.append(process)
         notes += process_notes
     workers = sum(1 for p in processes if p.kind == "worker" and p.health_url)
+    frontend_metrics = f"http://{url_host}:{http_port}{c.METRICS_PATH}"
     processes = [
         replace(
             p,
             expected_workers=workers,
-            metrics_url=f"http://{url_host}:{http_port}{c.METRICS_PATH}",
+            metrics_url=frontend_metrics,
             waiting_for=f"{p.waiting_for}, seeing all {workers} workers",
         )
         if p.kind == "frontend"
         else p
         for p in processes
     ]
+    if graph_file is not None:
+        processes = [_local_planner(p, graph_file, frontend_metrics) for p in processes]
+        notes += _planner_note([p for p in processes if p.kind == "planner"], frontend_metrics)
     served = [served_model_name(p.argv) for p in processes if p.kind == "worker" and p.health_url]
     return Plan(
         namespace=dgd.dynamo_namespace,
@@ -223,9 +235,10 @@ def plan_graph(
 
 
 def _select(
-    rendered: Rendered, engine: Engine, model_dirs: Mapping[str, str | None]
+    rendered: Rendered, engine: Engine, model_dirs: Mapping[str, str | None], planners: bool
 ) -> tuple[list[_Run], list[Problem], list[str]]:
-    """The pods that run here, each with its engine substituted; the problems and notes found."""
+    """The pods that run here, each with its engine substituted; the problems and notes found.
+    ``planners``: whether pods running our planner run (they need the manifest's file)."""
     groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
     problems: list[Problem] = []
     notes = [f"{name}: replicas=0; nothing to run" for name, s in rendered.services.items() if not s.replicas]
@@ -267,12 +280,56 @@ def _select(
                     f"{c.FRONTEND_MODULE}, {c.DYNAMO_FRONTEND_MODULE}); give the service such a command",
                 )
             )
+        elif component_type == "planner" and module in PLANNER_MODULES and planners:
+            container = _with_engine(pod.main, module, c.PLANNER_MODULE, None)
+            runs.append(_Run(pod, f"{service}-{replica}", service, "planner", container, 0))
+        elif component_type == "planner":
+            shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
+            why = (
+                f"it runs {shown!r}"
+                if module not in PLANNER_MODULES
+                else "no manifest file to read its graph from"
+            )
+            notes.append(
+                f"{pod.name}: a planner runs here only as 'python3 -m {c.PLANNER_MODULE} ...' (or "
+                f"{c.DYNAMO_PLANNER_MODULE}) reading the manifest file ({why}); not run locally (skipped)"
+            )
         else:
             notes.append(
                 f"{pod.name}: componentType {component_type or '(unset)'} runs as given in Kubernetes; "
                 "not run locally (skipped)"
             )
     return runs, problems, notes
+
+
+def _local_planner(p: ProcessSpec, graph_file: str, frontend_metrics: str) -> ProcessSpec:
+    """A planner process with what a cluster gives it in place of the Kubernetes API (its graph from
+    the manifest file, the local frontend's metrics) and ``--dry-run``; flags added after the kubelet's
+    substitutions, so no port number in them is taken for a port of the pod; its /metrics URL."""
+    if p.kind != "planner":
+        return p
+    container: dict[str, Any] = {"command": list(p.argv)}
+    container, _ = flags.ensure_flag(container, "--graph-file", graph_file)
+    container, _ = flags.ensure_flag(container, "--metrics-url", frontend_metrics)
+    if "--dry-run" not in container_argv(container):
+        container = flags.append_flags(container, ["--dry-run"])
+    system = p.ports.get(c.SYSTEM_PORT)
+    metrics = f"http://{LOOPBACK}:{system}{c.METRICS_PATH}" if system else None
+    argv = (*container.get("command", []), *container.get("args", []))
+    return replace(p, argv=argv, metrics_url=metrics)
+
+
+def _planner_note(planners: Sequence[ProcessSpec], frontend_metrics: str) -> list[str]:
+    if not planners:
+        return []
+    names = ", ".join(p.name for p in planners)
+    exported = ", ".join(p.metrics_url for p in planners if p.metrics_url) or "its system port"
+    return [
+        f"{names}: dynamo-run cannot change the replicas of local processes, so the planner runs with "
+        f"--dry-run: every adjustment interval it reads the frontend's metrics ({frontend_metrics}), "
+        f"decides and logs what it would scale ('Would scale ...') and exports planner_* metrics on "
+        f"{exported}; the graph keeps the manifest's replicas"
+    ]
 
 
 def _gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:

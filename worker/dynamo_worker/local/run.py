@@ -6,13 +6,15 @@
 2. Start an embedded nats-server, then every process at once; wait for each to be ready (workers:
    ``/health`` on their system port, true once registered in discovery; the frontend: ``/health``,
    true once a model is listed, and its ``/metrics`` showing every worker), printing what is pending
-   every few seconds. A process that exits
-   during startup fails the run at once with its last log lines (exit 1).
+   every few seconds. A process that exits during startup fails the run at once with its last log
+   lines (exit 1). Then start the planner, if the graph has one: it reads the frontend's metrics, so
+   its first look finds them served.
 3. Print where to send requests, then watch. A worker that dies is reported loudly with its last
    log lines and the rest keeps serving: the frontend answers requests that need it with an error, or
-   holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). dynamo-run
-   does not restart it, so a failure stays visible; restart dynamo-run to get it back. The frontend
-   or NATS dying stops everything (exit 1).
+   holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). A planner
+   that dies is reported the same way; the graph serves on at the manifest's replicas. dynamo-run
+   restarts neither, so a failure stays visible; restart dynamo-run to get it back. The frontend or
+   NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
    temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
    --log-dir was given).
@@ -87,12 +89,18 @@ def _tiny_model(settings: RunSettings) -> Path:
 def _banner(plan: Plan, engine: str, log_dir: Path) -> list[str]:
     model = plan.served_models[0] if plan.served_models else "MODEL"
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
+    planners = [
+        f"  planner: {p.metrics_url}   ({p.name}: planner_* metrics; its decisions are its log lines)"
+        for p in plan.processes
+        if p.kind == "planner"
+    ]
     return [
         f"Serving namespace={plan.namespace} engine={engine}",
         f"  models:  {', '.join(plan.served_models) or '(none found in the manifest)'}",
         f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; api_key is not checked)",
         f"  try:     curl -sN {plan.url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(body)}",
+        *planners,
         f"  logs:    {log_dir}",
         "Ctrl-C stops every process.",
     ]
@@ -163,6 +171,7 @@ class _Run:
                 sglang_model_path=model_dir,
                 gpus=facts.gpus,
                 free_port=_PortAllocator({nats_port, self.settings.port}),
+                graph_file=str(self.manifest.resolve()),
                 machine=machine_env(
                     http_host=self.settings.host,
                     grace_s=self.settings.grace_period,
@@ -197,10 +206,11 @@ class _Run:
         try:
             nats.start()
             self.supervisor = Supervisor(log_dir, self.console, grace_s=self.settings.grace_period + 5.0)
-            self.supervisor.start(processes)
+            self.supervisor.start([p for p in processes if p.kind != "planner"])
             if not self.supervisor.wait_ready(self.settings.startup_timeout_for(engine), self.stopping):
                 status = EXIT_OK
                 return status
+            self.supervisor.start([p for p in processes if p.kind == "planner"])
             for line in _banner(plan, engine, log_dir):
                 log.info("%s", line)
             status = self.watch(nats)
@@ -240,6 +250,17 @@ class _Run:
                         child.tail_text(),
                     )
                     return EXIT_FAILED
+                if child.spec.kind == "planner":
+                    log.error(
+                        "%s (the planner) EXITED with %s; the graph keeps serving at the manifest's "
+                        "replicas, with no planning decisions. dynamo-run does not restart it: stop (Ctrl-C) "
+                        "and run again to bring it back. Its last log lines (%s):\n%s",
+                        child.spec.name,
+                        child.describe_exit(),
+                        child.log_path,
+                        child.tail_text(),
+                    )
+                    continue
                 alive = [
                     c.spec.name for c in self.supervisor.children if c.alive() and c.spec.kind == "worker"
                 ]

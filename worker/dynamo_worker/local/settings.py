@@ -24,7 +24,9 @@ DESCRIPTION = """\
 Run a DynamoGraphDeployment manifest on this machine, with no Kubernetes: an embedded nats-server,
 the frontend, and every worker replica as local processes with the environment the operator gives
 its pods. Workers run on SGLang when it is installed and GPUs are visible, else on the mocker (a
-simulated engine serving the manifest's --served-model-name with a tiny tokenizer).
+simulated engine serving the manifest's --served-model-name with a tiny tokenizer). A planner
+(python3 -m dynamo_worker.planner) runs with --dry-run on the local frontend's metrics: it decides and
+explains every interval, but cannot change the replicas of local processes.
 """
 
 EPILOG = """\
@@ -32,6 +34,7 @@ examples:
   dynamo-run examples/disagg.yaml
   dynamo-run examples/agg.yaml --engine mocker --port 8080
   CUDA_VISIBLE_DEVICES=2,3 dynamo-run examples/disagg.yaml --engine sglang
+  dynamo-run examples/disagg-planner.yaml     # with its planner, in dry-run mode
 
 Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
 When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest

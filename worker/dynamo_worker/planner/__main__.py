@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from dynamo_worker.planner.kube import GraphClient, KubeError
+from dynamo_worker.planner.localgraph import LocalGraph
 from dynamo_worker.planner.run import Planner, serve_metrics
 from dynamo_worker.planner.settings import PlannerSettings, parse_args
 from dynamo_worker.planner.step import GraphError
@@ -40,8 +41,13 @@ async def _run(settings: PlannerSettings, ignored: list[str]) -> int:
             planner.load_feed = await LoadFeed(
                 nc, settings.dynamo_namespace or f"{settings.namespace}-{settings.graph}"
             ).start()
-        async with GraphClient(settings.namespace, settings.graph, settings.kubeconfig) as kube:
-            await planner.run(stop, kube)
+        source: LocalGraph | GraphClient = (
+            LocalGraph(settings.graph_file, settings.namespace, settings.graph)
+            if settings.graph_file
+            else GraphClient(settings.namespace, settings.graph, settings.kubeconfig)
+        )
+        async with source as graph:
+            await planner.run(stop, graph)
     finally:
         if planner.load_feed is not None:
             await planner.load_feed.stop()

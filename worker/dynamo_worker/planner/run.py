@@ -2,8 +2,10 @@
 
 I/O only; the deciding is ``step.decide``. Each interval:
 
-1. read the graph (current replicas, GPUs per replica, frontend Services) — a graph the planner cannot
-   read stops nothing: the step is skipped with a Warning Event and ``planner_errors_total{kind}``;
+1. read the graph (current replicas, GPUs per replica, frontend Services) from its ``GraphSource``: the
+   Kubernetes API (``kube.GraphClient``), or a manifest file (``localgraph.LocalGraph``, where Events
+   are log lines) — a graph the planner cannot read stops nothing: the step is skipped with a Warning
+   Event and ``planner_errors_total{kind}``;
 2. scrape the frontends (or query Prometheus) and turn the counters into the interval's traffic;
    sources that fail are named in a Warning Event; with none readable the step is skipped;
 3. forecast the next interval, decide, and server-side apply the changed replicas;
@@ -23,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -31,7 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from dynamo_worker.planner.decide import BudgetError, DampenState, check_budget
 from dynamo_worker.planner.forecast import Forecaster
-from dynamo_worker.planner.kube import GraphClient, KubeError
+from dynamo_worker.planner.kube import KubeError
 from dynamo_worker.planner.metrics import PlannerMetrics
 from dynamo_worker.planner.observe import (
     Observation,
@@ -46,12 +48,25 @@ from dynamo_worker.planner.step import GraphError, ScaledService, decide, scaled
 from dynamo_worker.profile.model import Profile, load_profile
 from dynamo_worker.runtime.listening import serve
 
-__all__ = ["Planner", "serve_metrics"]
+__all__ = ["GraphSource", "Planner", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
 QUIET_EVENTS = 10  # a decision that changes nothing is reported at most every this many intervals
 ZERO_POLL_S = 1.0  # how often the planner looks for demand while a role is at 0 replicas
+
+
+class GraphSource(Protocol):
+    """Where the planner reads its graph (v1alpha1, as the API server answers) and puts its decisions
+    and Events: ``kube.GraphClient`` or ``localgraph.LocalGraph``. Failures raise ``KubeError``."""
+
+    async def get_graph(self) -> dict[str, Any]: ...
+
+    async def set_replicas(self, replicas: dict[str, int]) -> None: ...
+
+    async def event(
+        self, graph: dict[str, Any], reason: str, message: str, type_: str = "Normal"
+    ) -> None: ...
 
 
 class Planner:
@@ -97,7 +112,7 @@ class Planner:
 
     # --- one step ----------------------------------------------------------------------------------
 
-    async def step(self, kube: GraphClient, http: aiohttp.ClientSession) -> None:
+    async def step(self, kube: GraphSource, http: aiohttp.ClientSession) -> None:
         s = self.settings
         try:
             graph = await kube.get_graph()
@@ -178,7 +193,7 @@ class Planner:
                 await self._event(kube, graph, "PlannerDecision", f"{message}; {observed}")
 
     async def _event(
-        self, kube: GraphClient, graph: dict, reason: str, message: str, type_: str = "Normal"
+        self, kube: GraphSource, graph: dict, reason: str, message: str, type_: str = "Normal"
     ) -> None:
         """Post an Event; a failure is logged and counted (planner_errors_total{kind="event"}), never
         fatal: the decision it explains has been made (and logged) already."""
@@ -190,7 +205,7 @@ class Planner:
 
     # --- running -----------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event, kube: GraphClient) -> None:
+    async def run(self, stop: asyncio.Event, kube: GraphSource) -> None:
         s = self.settings
         timeout = aiohttp.ClientTimeout(total=15)
         async with aiohttp.ClientSession(timeout=timeout) as http:

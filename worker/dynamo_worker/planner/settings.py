@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from dynamo_operator.api import contract
 from dynamo_operator.api.settings_sources import Settings
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dynamo_worker.planner.forecast import PREDICTORS
 from dynamo_worker.runtime.settings import SettingsError, add_model_arguments, settings_from_args
@@ -89,8 +89,19 @@ class PlannerSettings(Settings):
         description="Port of the planner's own /metrics (planner_*); 0 picks a free one.",
         json_schema_extra={"env": contract.ENV_SYSTEM_PORT},
     )
-    metrics_host: str = Field("0.0.0.0", description="Address the /metrics server binds to.")
+    metrics_host: str = Field(
+        "0.0.0.0",
+        description="Address the /metrics server binds to.",
+        json_schema_extra={"env": contract.ENV_LISTEN_HOST},
+    )
     dry_run: bool = Field(False, description="Decide, explain and export metrics, but patch nothing.")
+    graph_file: str | None = Field(
+        None,
+        description="Read the graph from this manifest (nvidia.com/v1alpha1 or v1beta1) instead of the "
+        "Kubernetes API, and log Events instead of posting them; needs --dry-run (a file scales nothing). "
+        "dynamo-run passes it.",
+        json_schema_extra={"metavar": "PATH"},
+    )
     kubeconfig: str | None = Field(
         None,
         description="Kubeconfig for running outside a pod (default: the pod's service account).",
@@ -109,6 +120,16 @@ class PlannerSettings(Settings):
     config: str | None = Field(
         None, description="NVIDIA Dynamo planner config: a JSON file or inline JSON (see module docs)."
     )
+
+    @model_validator(mode="after")
+    def _graph_file_needs_dry_run(self) -> PlannerSettings:
+        if self.graph_file and not self.dry_run:
+            raise ValueError(
+                f"--graph-file {self.graph_file} reads the graph from a file, where no replicas can be set: "
+                "add --dry-run (decisions are logged as 'Would scale ...'), or drop --graph-file to scale "
+                "the graph through the Kubernetes API"
+            )
+        return self
 
     @property
     def cooldown(self) -> float:
