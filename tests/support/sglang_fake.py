@@ -56,6 +56,7 @@ class FakeLoad:
     token_usage: float = 0.0
     gen_throughput: float = 0.0
     cache_hit_rate: float = 0.0
+    timestamp: float = 0.0  # when the scheduler published it (0: unknown, as this fake never publishes)
     queues: FakeQueues = field(default_factory=FakeQueues)
     disaggregation: FakeDisaggregation = field(default_factory=FakeDisaggregation)
 

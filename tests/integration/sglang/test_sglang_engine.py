@@ -242,6 +242,21 @@ async def test_diagnose_tells_a_stuck_kv_transfer_from_an_idle_engine(role, disa
     assert ok is healthy and said in why, why
 
 
+async def test_diagnose_calls_a_scheduler_whose_load_reports_stopped_blocked():
+    """SGLang 0.5.17 answers load queries from the snapshots its scheduler publishes: one that stopped
+    publishing (its loop does not turn) is blocked even though the query itself answers at once."""
+    import time
+
+    from tests.support.sglang_fake import FakeLoad, FakeQueues
+
+    fake = FakeSglangEngine(FakeServerArgs())
+    fake.tokenizer_manager.loads = [FakeLoad(queues=FakeQueues(waiting=3), timestamp=time.time() - 60)]
+    ok, why = await diagnose(fake, "prefill")
+    assert not ok and "no load report for 60s" in why and "blocked" in why, why
+    fake.tokenizer_manager.loads = [FakeLoad(queues=FakeQueues(waiting=3), timestamp=time.time())]
+    assert (await diagnose(fake, "prefill"))[0], "a fresh report with running requests is busy"
+
+
 async def test_diagnose_calls_a_queue_busy(tmp_path):
     from tests.support.sglang_fake import FakeDisaggregation, FakeLoad, FakeQueues
 

@@ -434,16 +434,30 @@ _TRANSFER_QUEUES: dict[Role, tuple[str, ...]] = {
 }
 
 
+# A scheduler whose loop turns publishes a load snapshot at least every few batches, and on every idle
+# turn (SGLang 0.5.17: ``Scheduler.publish_load_snapshot``); one older than this has stopped turning.
+STALE_LOAD_S = 10.0
+
+
 async def diagnose(engine: Any, role: Role, timeout_s: float = 5.0) -> tuple[bool, str]:
     """Why a canary got no answer, from SGLang's queues: (healthy, why). Busy is healthy; a scheduler
-    that does not answer at all, or that runs nothing while requests wait on KV transfers, is not."""
+    whose loop does not turn, or that runs nothing while requests wait on KV transfers, is not."""
+    blocked = "(a hung kernel, transfer call or collective), not busy"
     try:
         async with asyncio.timeout(timeout_s):
             loads = await engine.tokenizer_manager.get_loads()
     except TimeoutError:
-        return False, (
-            f"the scheduler did not answer a load query within {timeout_s:.0f}s either, so it is blocked "
-            "(a hung kernel, transfer call or collective), not busy"
+        return (
+            False,
+            f"the scheduler did not answer a load query within {timeout_s:.0f}s either: blocked {blocked}",
+        )
+    newest = max((float(getattr(load, "timestamp", 0) or 0) for load in loads), default=0.0)
+    if newest and time.time() - newest > STALE_LOAD_S:
+        age = time.time() - newest
+        return (
+            False,
+            f"the scheduler has published no load report for {age:.0f}s, so its loop is not turning: "
+            f"blocked {blocked}",
         )
     running = _sum(loads, "num_running_reqs")
     transfers = sum(_sum(loads, path) for path in _TRANSFER_QUEUES[role])

@@ -104,6 +104,19 @@ DECLARED: tuple[Use, ...] = (
             "token_usage",
             "gen_throughput",
             "cache_hit_rate",
+            "timestamp",
+            "queues",
+            "disaggregation",
+        )
+    ),
+    Use(_LOADS, "QueueMetrics", "waiting", by="engine (canary diagnosis)"),
+    *(
+        Use(_LOADS, "DisaggregationMetrics", f, by="engine (canary diagnosis)")
+        for f in (
+            "prefill_bootstrap_queue_reqs",
+            "prefill_inflight_queue_reqs",
+            "decode_prealloc_queue_reqs",
+            "decode_transfer_queue_reqs",
         )
     ),
     Use("sglang.srt.server_args", "ServerArgs", "add_cli_args", by="args"),
