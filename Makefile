@@ -47,7 +47,7 @@ lint: venv binaries ## ruff, formatting, types (mypy), import contracts, CRD dri
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m dynamo_operator.api.crdgen --check
+	$(BIN)/python -m dynamo_api.crdgen --check
 	bash hack/lint-chart.sh
 
 compat: venv ## check our use of SGLang against the oldest and newest release of the window (no torch)
@@ -58,7 +58,7 @@ fmt: venv ## apply ruff's fixes and formatting
 	$(BIN)/ruff format .
 
 crds: venv ## regenerate the CRD YAML from the pydantic models
-	$(BIN)/python -m dynamo_operator.api.crdgen
+	$(BIN)/python -m dynamo_api.crdgen
 
 cluster-up: venv binaries ## start the local control plane in .cluster/ and print `export KUBECONFIG=...`
 	@$(BIN)/python -m tests.support.cluster up

@@ -3,7 +3,7 @@ AdmissionReviews for DynamoGraphDeployments, beside the conversion webhook on th
 
 It refuses at ``kubectl apply`` what the operator would refuse at reconcile: :func:`judge` renders the
 graph with the operator's own configuration, and every ``Problem`` of ``render`` (the semantic checks
-of :mod:`dynamo_operator.api.validation` and the configuration-dependent ones) is a refusal naming the
+of :mod:`dynamo_api.validation` and the configuration-dependent ones) is a refusal naming the
 field and the fix; every warning notice is an admission warning (``kubectl`` prints ``Warning: ...``)
 and the graph is stored. An update that leaves ``spec`` as it was (labels, annotations, finalizers) and
 a graph being deleted are always allowed, so a graph stored before the webhook existed can still be
@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dynamo_api import models
+from dynamo_api.conversion import load_graph
 from pydantic import ValidationError
 
-from dynamo_operator.api import models
-from dynamo_operator.api.conversion import load_graph
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile.controller import problems_from_validation
 from dynamo_operator.reconcile.kube import VALIDATING_WEBHOOK, Kube, KubeError

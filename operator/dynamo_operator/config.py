@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from dynamo_api.contract import DEFAULT_DISCOVERY_TTL_S, NATS_PORT
 from pydantic import BaseModel, ConfigDict, Field
-
-from dynamo_operator.api.contract import DEFAULT_DISCOVERY_TTL_S, NATS_PORT
 
 __all__ = ["DEFAULT_IMAGE", "DEFAULT_TOPOLOGY_DOMAINS", "GANG_SCHEDULER_NAME", "OperatorConfig"]
 

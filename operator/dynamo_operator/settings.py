@@ -4,7 +4,7 @@ This is the only module of ``dynamo_operator`` that reads the environment. Every
 (``--field-name``) and an environment variable (``DYN_OPERATOR_FIELD_NAME``); a flag wins over the
 environment, which wins over the default. ``--help`` lists them all with their help text. The
 mechanism (pydantic-settings' CLI source and a source for each field's variable) is the worker's too:
-``dynamo_operator.api.settings_sources``.
+``dynamo_api.settings_sources``.
 
 The fields that shape pods (images, NATS address, RDMA resource, ...) are inherited from
 :class:`dynamo_operator.config.OperatorConfig`, declared once; :meth:`OperatorSettings.operator_config`
@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_settings import SettingsConfigDict
-
-from dynamo_operator.api.settings_sources import (
+from dynamo_api.settings_sources import (
     Settings,
     SettingsError,
     add_model_arguments,
     settings_from_args,
 )
+from pydantic import Field, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import SettingsConfigDict
+
 from dynamo_operator.config import DEFAULT_TOPOLOGY_DOMAINS, OperatorConfig
 
 __all__ = ["ENV_PREFIX", "OperatorSettings", "SettingsError", "parse_settings"]

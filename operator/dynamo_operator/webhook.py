@@ -4,7 +4,7 @@ and the HTTPS server it shares with the validating webhook (``POST /validate``,
 
 The API server calls it whenever a client reads or writes a ``DynamoGraphDeployment`` at a version other
 than the stored one (v1beta1): every v1alpha1 request, in either direction. Conversion itself is
-:func:`dynamo_operator.api.conversion.convert`; :func:`review` wraps it in the review protocol (pure).
+:func:`dynamo_api.conversion.convert`; :func:`review` wraps it in the review protocol (pure).
 
 At start-up the operator writes where the webhook is (a Service, or a URL for a local run) and the CA
 bundle it must trust into the CRD's ``spec.conversion`` (:func:`ensure_crd_conversion`), and checks again
@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from dynamo_api import models
+from dynamo_api.conversion import ConversionError, convert
 
-from dynamo_operator.api import models
-from dynamo_operator.api.conversion import ConversionError, convert
 from dynamo_operator.certs import ServingCert
 from dynamo_operator.reconcile.kube import CRD, Kube, KubeError
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import statistics
 import sys
@@ -273,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         Side("ours", lambda f, t, m: _ours(f, t, m, frontend_args), {}),
     ]
     if args.baseline is not None:
-        before = {"PYTHONPATH": str(args.baseline.resolve() / "worker")}
+        # Its own packages before this tree's (an older tree has no api/: its base is inside the operator).
+        roots = [args.baseline.resolve() / d for d in ("api", "operator", "worker")]
+        before = {"PYTHONPATH": os.pathsep.join(str(r) for r in roots if r.is_dir())}
         # Given its HTTP port: a tree from before our frontend said where it listens works too.
         sides.append(Side("ours before", lambda f, t, m: _ours(f, t, m, [], free_port()), before))
     with tempfile.TemporaryDirectory(prefix="dynamo-peers-") as tmp:

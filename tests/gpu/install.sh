@@ -35,7 +35,7 @@ install_parts() {
   cat /tmp/parts/part-* | xz -dc -T0 | tar xf - -C "$site"
   # console scripts name the packing machine's python: point them at this one
   grep -lI '^#!.*python' "$site"/bin/* 2>/dev/null | xargs -r sed -i '1s|^#!.*python.*$|#!/usr/bin/env python3|'
-  import_check "$PWD/worker:$PWD/operator:$site"
+  import_check "$PWD/api:$PWD/operator:$PWD/worker:$site"
 }
 import_check() {
   # what the GPU proofs import, checked now so a missing piece shows before GPU time is spent

@@ -7,7 +7,7 @@
 #   pydantic-settings, the `smg` gateway (the peer of run_peers.py) and py-spy (stacks of a stuck process).
 # The patches install.sh used to apply on the device (qwen3_asr, Qwen-VL, the `nixl` module name) are
 # applied here, once. Our own package is not packed: the device runs it from the checkout that travels
-# (PYTHONPATH=worker:operator), so a code change needs no new pack.
+# (PYTHONPATH=api:operator:worker), so a code change needs no new pack.
 #
 # Then, on the device, one call per part, back to back (see tests/gpu/README.md):
 #   carry [".gpuw/pack/part-aa"]  bash tests/gpu/install.sh part

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from dynamo_operator.api import contract
+from dynamo_api import contract
 
 from tests.support.procs import listening_port
 from tests.support.procs import popen as start_process

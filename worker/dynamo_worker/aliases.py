@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamo_operator.api import contract
+from dynamo_api import contract
 
 from dynamo_worker.runtime.settings import configure_logging
 

@@ -2,7 +2,7 @@
 
 Opt in with the annotation ``nvidia.com/rdma: "true"`` on the DynamoGraphDeployment (every GPU
 worker of the graph) or in a service's ``annotations`` (that service; ``"false"`` opts a service out
-of a graph-wide setting); the annotations are declared in ``dynamo_operator.api.annotations``. An
+of a graph-wide setting); the annotations are declared in ``dynamo_api.annotations``. An
 RDMA-enabled pod gets:
 
 - the ``IPC_LOCK`` capability (RDMA pins memory),
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo_operator.api.annotations import (
+from dynamo_api.annotations import (
     HOST_NETWORK_ANNOTATION,
     UCX_NET_DEVICES_ANNOTATION,
     UCX_TLS_ANNOTATION,

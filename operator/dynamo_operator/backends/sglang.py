@@ -1,6 +1,6 @@
 """SGLang backend rules: edit the flags of a container dict (a Kubernetes Container). Pure.
 
-Reading flags lives in ``dynamo_operator.api.sglang_args`` (validation and dynamo-run use it too).
+Reading flags lives in ``dynamo_api.sglang_args`` (validation and dynamo-run use it too).
 Command forms understood when adding flags:
 
 - exec form, ``command: [python3, -m, dynamo_worker.sglang]`` + ``args: [--tp, "8", ...]``, or split
@@ -38,8 +38,8 @@ import re
 import shlex
 from typing import Any
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.sglang_args import (
+from dynamo_api import contract
+from dynamo_api.sglang_args import (
     SGLANG_MODULES,
     argv,
     command_parts,

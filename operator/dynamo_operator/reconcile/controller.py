@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
+from dynamo_api.conversion import load_graph
+from dynamo_api.models import DynamoGraphDeployment
 from pydantic import ValidationError
 
-from dynamo_operator.api.conversion import load_graph
-from dynamo_operator.api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile import adapters, conditions, pairing, plan, scaling, status
 from dynamo_operator.reconcile.conditions import READY, Cond

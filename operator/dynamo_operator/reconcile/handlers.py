@@ -20,9 +20,9 @@ import logging
 from typing import Any
 
 import kopf
+from dynamo_api import scaling
+from dynamo_api.models import GROUP, PLURAL, STORAGE_VERSION
 
-from dynamo_operator.api import scaling
-from dynamo_operator.api.models import GROUP, PLURAL, STORAGE_VERSION
 from dynamo_operator.reconcile.kube import LWS
 from dynamo_operator.render import labels
 

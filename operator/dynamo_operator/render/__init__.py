@@ -34,9 +34,10 @@ versions and a graph at 0 replicas keeps its models listed.
 
 from __future__ import annotations
 
-from dynamo_operator.api.components import components
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.validation import validate
+from dynamo_api.components import components
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.validation import validate
+
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import notices as _notices
 from dynamo_operator.render import placement as _placement

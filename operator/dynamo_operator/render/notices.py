@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dynamo_operator.api.annotations import RDMA_ANNOTATION
-from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.validation import DEFAULT_TRANSFER_BACKEND, gpu_count
+from dynamo_api.annotations import RDMA_ANNOTATION
+from dynamo_api.components import Component
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.validation import DEFAULT_TRANSFER_BACKEND, gpu_count
+
 from dynamo_operator.backends import nixl
 from dynamo_operator.render.types import Notice
 

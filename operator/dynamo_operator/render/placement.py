@@ -22,8 +22,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Final
 
-from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.components import Component
+from dynamo_api.models import DynamoGraphDeployment
+
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels
 from dynamo_operator.render.names import child_name, label_value

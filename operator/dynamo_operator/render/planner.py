@@ -19,9 +19,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api import contract
+from dynamo_api.components import Component
+from dynamo_api.models import DynamoGraphDeployment
+
 from dynamo_operator.render.names import child_name
 from dynamo_operator.render.pods import object_meta
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
-from dynamo_operator.api.components import Component, components
-from dynamo_operator.api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
-from dynamo_operator.api.sglang_args import argv, flag_value
+from dynamo_api import contract
+from dynamo_api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
+from dynamo_api.components import Component, components
+from dynamo_api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
+from dynamo_api.sglang_args import argv, flag_value
+
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels

@@ -29,9 +29,10 @@ import json
 from collections.abc import Sequence
 from typing import Final
 
-from dynamo_operator.api.components import Component, components
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.sglang_args import PP_FLAGS, TP_FLAGS, argv, flag_value, served_model_name
+from dynamo_api.components import Component, components
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.sglang_args import PP_FLAGS, TP_FLAGS, argv, flag_value, served_model_name
+
 from dynamo_operator.config import OperatorConfig
 
 __all__ = [

@@ -23,10 +23,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from dynamo_operator.api import scaling
-from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import DynamoGraphDeployment, ServiceSpec
-from dynamo_operator.api.sglang_args import flag_value
+from dynamo_api import scaling
+from dynamo_api.components import Component
+from dynamo_api.models import DynamoGraphDeployment, ServiceSpec
+from dynamo_api.sglang_args import flag_value
+
 from dynamo_operator.render import labels
 from dynamo_operator.render.names import child_name
 from dynamo_operator.render.pods import object_meta

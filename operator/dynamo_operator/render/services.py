@@ -7,9 +7,10 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api import contract
+from dynamo_api.components import Component
+from dynamo_api.models import DynamoGraphDeployment
+
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels, placement, workloads

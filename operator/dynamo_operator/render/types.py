@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dynamo_operator.api.validation import Problem  # defined in the api (dynamo-run reports it too)
+from dynamo_api.validation import Problem  # defined in the base (dynamo-run reports it too)
 
 __all__ = ["GroupPlan", "Notice", "Problem", "Rendered", "ScalingConflict", "ServicePlan", "Workload"]
 

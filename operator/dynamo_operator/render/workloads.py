@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.components import Component
-from dynamo_operator.api.models import PVC, DynamoGraphDeployment
+from dynamo_api import contract
+from dynamo_api.components import Component
+from dynamo_api.models import PVC, DynamoGraphDeployment
+
 from dynamo_operator.render import labels
 from dynamo_operator.render.pods import object_meta
 

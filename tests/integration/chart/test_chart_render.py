@@ -196,7 +196,7 @@ def test_chart_crd_is_the_generated_crd():
     chart_copy = CHART / "crds" / "nvidia.com_dynamographdeployments.yaml"
     generated = REPO / "crds" / "nvidia.com_dynamographdeployments.yaml"
     assert chart_copy.read_text() == generated.read_text(), (
-        "charts/dynamo-operator/crds/ is stale: run `python -m dynamo_operator.api.crdgen`"
+        "charts/dynamo-operator/crds/ is stale: run `python -m dynamo_api.crdgen`"
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dynamo_operator.api import models
+from dynamo_api import models
 
 from tests.integration.operator.conftest import DGD_CRD, EXAMPLES, Kubectl, OperatorProcess, example
 from tests.support.cluster import ClusterError

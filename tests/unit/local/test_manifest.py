@@ -1,4 +1,4 @@
-"""dynamo_worker.local.manifest: a manifest is read with the operator's api models and judged by the
+"""dynamo_worker.local.manifest: a manifest is read with dynamo_api's manifest models and judged by the
 operator's own validation, so what the operator refuses is refused here with the same Problems (field
 paths, reasons and messages) before anything starts."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 from dynamo_worker.local.manifest import ManifestError, load_manifest, parse_manifest

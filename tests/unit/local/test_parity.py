@@ -9,9 +9,9 @@ import itertools
 import re
 
 import yaml
-from dynamo_operator.api import contract as c
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.validation import validate
+from dynamo_api import contract as c
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.validation import validate
 from dynamo_operator.render import render
 from dynamo_worker.local.kubelet import pods_of
 from dynamo_worker.local.plan import local_config, machine_env, plan_graph

@@ -9,7 +9,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from dynamo_operator.api import contract as c
+from dynamo_api import contract as c
 from dynamo_worker.local.manifest import parse_manifest
 from dynamo_worker.local.plan import PlanError, machine_env, plan_graph
 

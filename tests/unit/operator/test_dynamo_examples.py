@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from dynamo_operator.api.conversion import load_graph
+from dynamo_api.conversion import load_graph
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

@@ -5,7 +5,7 @@ topology and flags, keeping their module unless the worker-module annotation ask
 from __future__ import annotations
 
 import yaml
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dynamo_operator.api.conversion import load_graph
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.conversion import load_graph
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

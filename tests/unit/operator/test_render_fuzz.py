@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.validation import is_dns_label
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.validation import is_dns_label
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 from hypothesis import event, given, settings

@@ -5,7 +5,7 @@ index label, SGLang distributed flags, probes only on the leader, nothing inject
 from __future__ import annotations
 
 import pytest
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import GroupPlan, Workload, render
 

@@ -5,7 +5,7 @@ unknown role, is refused naming the field and the fix."""
 
 from __future__ import annotations
 
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

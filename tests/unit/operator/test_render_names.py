@@ -3,7 +3,7 @@ graphs/services even when truncated (property-based)."""
 
 from __future__ import annotations
 
-from dynamo_operator.api.validation import is_dns_label
+from dynamo_api.validation import is_dns_label
 from dynamo_operator.render.names import (
     MAX_WORKLOAD_NAME,
     child_name,

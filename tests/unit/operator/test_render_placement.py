@@ -12,7 +12,7 @@ import copy
 from pathlib import Path
 
 import yaml
-from dynamo_operator.api.conversion import load_graph, to_v1alpha1
+from dynamo_api.conversion import load_graph, to_v1alpha1
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

@@ -4,7 +4,7 @@ patch on its own graph only (by name) and creating Events, and the RoleBinding b
 from __future__ import annotations
 
 import yaml
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

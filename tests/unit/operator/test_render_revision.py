@@ -10,7 +10,7 @@ import copy
 from pathlib import Path
 
 import yaml
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL

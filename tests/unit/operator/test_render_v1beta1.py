@@ -4,7 +4,7 @@ and sidecars; sharedMemorySize "0" means no /dev/shm."""
 
 from __future__ import annotations
 
-from dynamo_operator.api.conversion import load_graph
+from dynamo_api.conversion import load_graph
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

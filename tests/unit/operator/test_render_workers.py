@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

@@ -7,7 +7,7 @@ import argparse
 from typing import Literal
 
 import pytest
-from dynamo_operator.api.settings_sources import Settings
+from dynamo_api.settings_sources import Settings
 from dynamo_worker.runtime.settings import (
     RuntimeSettings,
     SettingsError,

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from dynamo_operator.api.settings_sources import Settings
+from dynamo_api.settings_sources import Settings
 from pydantic import Field, field_validator
 
 from dynamo_worker.bench.workload import LengthDist

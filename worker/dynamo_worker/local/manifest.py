@@ -1,7 +1,7 @@
-"""Read a DynamoGraphDeployment manifest with the operator's own api models and validation.
+"""Read a DynamoGraphDeployment manifest with the manifest models and validation of dynamo_api.
 
-``load_manifest`` parses the YAML file with ``dynamo_operator.api.models.DynamoGraphDeployment`` (the
-schema) and judges it with ``dynamo_operator.api.validation.validate`` (the semantic checks the
+``load_manifest`` parses the YAML file with ``dynamo_api.models.DynamoGraphDeployment`` (the
+schema) and judges it with ``dynamo_api.validation.validate`` (the semantic checks the
 operator's ``render`` runs), so a manifest the operator refuses is refused here with the same
 ``Problem``s: the same field paths and messages. What only this machine can decide (GPUs, commands it
 can run) is ``plan.plan_graph``'s job.
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dynamo_operator.api.conversion import load_graph
-from dynamo_operator.api.models import KIND, DynamoGraphDeployment
-from dynamo_operator.api.validation import Problem, validate
+from dynamo_api.conversion import load_graph
+from dynamo_api.models import KIND, DynamoGraphDeployment
+from dynamo_api.validation import Problem, validate
 from pydantic import ValidationError
 
 from dynamo_worker.local.plan import format_problems

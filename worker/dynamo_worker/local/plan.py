@@ -36,12 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from dynamo_operator.api import contract as c
-from dynamo_operator.api.components import WORKER_TYPES
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.sglang_args import argv as container_argv
-from dynamo_operator.api.sglang_args import flag_value, served_model_name
-from dynamo_operator.api.validation import Problem
+from dynamo_api import contract as c
+from dynamo_api.components import WORKER_TYPES
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.sglang_args import argv as container_argv
+from dynamo_api.sglang_args import flag_value, served_model_name
+from dynamo_api.validation import Problem
 from dynamo_operator.backends import sglang as flags
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import Rendered, labels, render

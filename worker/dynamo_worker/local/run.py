@@ -1,6 +1,6 @@
 """dynamo-run's main sequence: read, decide, start, wait, serve, stop.
 
-1. Read the manifest with the operator's api models and validation (the operator's Problems, word
+1. Read the manifest with dynamo_api's models and validation (the operator's Problems, word
    for word); choose the engine (and say why); plan the processes. Any problem here exits 2 before
    anything starts.
 2. Start an embedded nats-server, then every process at once; wait for each to be ready (workers:

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.settings_sources import Settings
+from dynamo_api import contract
+from dynamo_api.settings_sources import Settings
 from pydantic import Field
 from pydantic_settings import CliSuppress
 

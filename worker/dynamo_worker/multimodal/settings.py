@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from dynamo_operator.api.settings_sources import Settings
+from dynamo_api.settings_sources import Settings
 from pydantic import Field, model_validator
 
 __all__ = ["MultimodalSettings"]

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dynamo_operator.api.conversion import ConversionError, convert, load_graph
-from dynamo_operator.api.models import API_VERSION, KIND
+from dynamo_api.conversion import ConversionError, convert, load_graph
+from dynamo_api.models import API_VERSION, KIND
 from pydantic import ValidationError
 
 from dynamo_worker.planner.kube import KubeError

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamo_operator.api.components import components
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.components import components
+from dynamo_api.models import DynamoGraphDeployment
 from pydantic import ValidationError
 
 from dynamo_worker.planner.decide import (

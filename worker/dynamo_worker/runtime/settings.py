@@ -4,7 +4,7 @@ Precedence: a command-line flag beats the environment variable, which beats the 
 field carries its help text; ``--help`` prints it with the env var it reads. This is the only module of
 ``dynamo_worker.runtime`` that reads the environment. How a settings model becomes flags and reads its
 environment variables (``add_model_arguments``, ``settings_from_args``, on pydantic-settings) is
-``dynamo_operator.api.settings_sources``, shared with the operator; a field names its env var itself::
+``dynamo_api.settings_sources``, shared with the operator; a field names its env var itself::
 
     namespace: str = Field("dynamo", description="...", json_schema_extra={"env": ENV_NAMESPACE})
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from dynamo_operator.api import contract
-from dynamo_operator.api.settings_sources import (
+from dynamo_api import contract
+from dynamo_api.settings_sources import (
     Settings,
     SettingsError,
     add_model_arguments,

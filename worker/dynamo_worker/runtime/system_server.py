@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from aiohttp import web
-from dynamo_operator.api import contract
+from dynamo_api import contract
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from dynamo_worker.runtime.listening import serve

@@ -33,8 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.settings_sources import Settings
+from dynamo_api import contract
+from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
 from dynamo_worker.runtime.model_files import is_embedding_model

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dynamo_operator.api.settings_sources import Settings
+from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
 from dynamo_worker.multimodal.encode import Encoder, EncodeService

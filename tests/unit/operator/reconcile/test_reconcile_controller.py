@@ -3,7 +3,7 @@ errors as problems, and the status merge patch (removed services are deleted, eq
 rewritten)."""
 
 import pytest
-from dynamo_operator.api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.reconcile.controller import (
     invalid_condition,
     lost_readiness,

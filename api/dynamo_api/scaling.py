@@ -13,7 +13,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
-from dynamo_operator.api.models import ObjectMeta, _Model
+from dynamo_api.models import ObjectMeta, _Model
 
 __all__ = [
     "API_VERSION",

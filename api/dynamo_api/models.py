@@ -1,11 +1,11 @@
 """Pydantic models of ``nvidia.com/v1alpha1`` ``DynamoGraphDeployment``: the single source of truth.
 
 This is also the operator's one internal model: ``render`` works from it whichever version a graph was
-written in (:func:`dynamo_operator.api.conversion.load_graph` reads both; v1beta1 lives in
-:mod:`dynamo_operator.api.v1beta1`).
+written in (:func:`dynamo_api.conversion.load_graph` reads both; v1beta1 lives in
+:mod:`dynamo_api.v1beta1`).
 
 The shape follows NVIDIA Dynamo's CRD, so a manifest written for Dynamo's operator parses here and
-passes our generated schema (``crds/``, made by :mod:`dynamo_operator.api.crdgen`). Fields Dynamo
+passes our generated schema (``crds/``, made by :mod:`dynamo_api.crdgen`). Fields Dynamo
 accepts but this operator does not act on (``autoscaling``, ``ingress``, ``modelRef``,
 ``dynamoNamespace``, ...) are declared and accepted; the renderer states in a Notice that it ignores
 them. Unknown fields are ignored like the API server prunes them, except under ``extraPodSpec``,
@@ -72,7 +72,7 @@ __all__ = [
 GROUP: Final = "nvidia.com"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = "nvidia.com/v1alpha1"
-# The version the API server stores (dynamo_operator.api.v1beta1): what the operator watches and writes
+# The version the API server stores (dynamo_api.v1beta1): what the operator watches and writes
 # status to, and what ownerReferences name, so neither needs the conversion webhook.
 STORAGE_VERSION: Final = "v1beta1"
 STORAGE_API_VERSION: Final = "nvidia.com/v1beta1"
@@ -422,7 +422,7 @@ class ObjectMeta(_Open):
 
 class ServicePlacement(_Model):
     """What a v1beta1 component says that v1alpha1 has no place for, read by ``render`` (filled by
-    :func:`dynamo_operator.api.conversion.load_graph`; empty for a plain v1alpha1 manifest)."""
+    :func:`dynamo_api.conversion.load_graph`; empty for a plain v1alpha1 manifest)."""
 
     min_available: int | None = None  # replicas (groups, when multinode) started as one gang
     pack_domain: str | None = None  # topologyConstraint.packDomain

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from dynamo_operator.api.models import DynamoGraphDeployment, GraphStatus
+from dynamo_api.models import DynamoGraphDeployment, GraphStatus
 from pydantic import ValidationError
 
 # A manifest in the shape of NVIDIA Dynamo's SGLang examples, using fields we accept but ignore too.

@@ -5,7 +5,7 @@ webhook, by the operator to read what it watches, and by dynamo-run to read mani
 
 - :func:`convert` (``obj``, target apiVersion) -> ``obj`` in that version;
 - :func:`load_graph` (a raw manifest of either version) -> the one internal model the renderer works
-  from, :class:`dynamo_operator.api.models.DynamoGraphDeployment`.
+  from, :class:`dynamo_api.models.DynamoGraphDeployment`.
 
 How the fields map (the rules of NVIDIA Dynamo's conversion)::
 
@@ -58,7 +58,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from dynamo_operator.api import models, v1beta1
+from dynamo_api import models, v1beta1
 
 __all__ = [
     "ALPHA_FIELDS_ANNOTATION",
@@ -513,7 +513,7 @@ def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
     A v1beta1 manifest is validated against the v1beta1 model first, so errors name its own fields
     (``spec.components[1].replicas``); without ``apiVersion`` the manifest is read as v1alpha1. The
     v1beta1 fields v1alpha1 has no place for (priority class, minAvailable, topology, ...) travel in
-    ``.v1beta1`` (:class:`dynamo_operator.api.models.GraphPlacement`), also from a v1alpha1 object that
+    ``.v1beta1`` (:class:`dynamo_api.models.GraphPlacement`), also from a v1alpha1 object that
     keeps them in its ``nvidia.com/dgd-v1beta1-fields`` annotation. Raises ``pydantic.ValidationError``
     (with the field and what is wrong) for any invalid manifest."""
     version = raw.get("apiVersion", models.API_VERSION) if isinstance(raw, dict) else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from dynamo_operator.api import crdgen
+from dynamo_api import crdgen
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,9 +1,9 @@
-"""dynamo_operator.api.annotations: boolean annotation values are read leniently and refused otherwise."""
+"""dynamo_api.annotations: boolean annotation values are read leniently and refused otherwise."""
 
 from __future__ import annotations
 
 import pytest
-from dynamo_operator.api.annotations import parse_bool
+from dynamo_api.annotations import parse_bool
 
 
 def test_parse_bool():

@@ -1,12 +1,12 @@
-"""dynamo_operator.api.validation: every invalid graph is answered with a Problem naming the field, a
+"""dynamo_api.validation: every invalid graph is answered with a Problem naming the field, a
 one-word reason and the fix; render then renders nothing; valid Dynamo-shaped graphs pass.
 (dynamo-run reports the same Problems: tests/unit/local/test_manifest.py.)"""
 
 from __future__ import annotations
 
 import pytest
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.validation import Problem, validate
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.validation import Problem, validate
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 

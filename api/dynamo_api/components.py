@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dynamo_operator.api import contract
-from dynamo_operator.api.models import DynamoGraphDeployment, ServiceSpec
-from dynamo_operator.api.sglang_args import SglangArgs, parse_args
+from dynamo_api import contract
+from dynamo_api.models import DynamoGraphDeployment, ServiceSpec
+from dynamo_api.sglang_args import SglangArgs, parse_args
 
 __all__ = [
     "WORKER_TYPES",

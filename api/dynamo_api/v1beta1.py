@@ -9,10 +9,10 @@ not act on (``providerOverride``, ``topologyConstraint``, ``experimental``, ``re
 DynamoGraphDeploymentScalingAdapter by being there (Dynamo's v1beta1 marker, ``{}``); ``{enabled:
 false}``, the shape of earlier Dynamo releases, opts out.
 
-The status schema is the one of v1alpha1 (:class:`dynamo_operator.api.models.GraphStatus`): both
+The status schema is the one of v1alpha1 (:class:`dynamo_api.models.GraphStatus`): both
 versions share it, so status reads the same whichever version a client asks for.
 
-The operator renders from one internal model, the v1alpha1 one: :func:`dynamo_operator.api.conversion.
+The operator renders from one internal model, the v1alpha1 one: :func:`dynamo_api.conversion.
 load_graph` turns a raw manifest of either version into it.
 """
 
@@ -22,7 +22,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field
 
-from dynamo_operator.api.models import (
+from dynamo_api.models import (
     KIND,
     STORAGE_API_VERSION,
     STORAGE_VERSION,

@@ -9,8 +9,8 @@ import copy
 import json
 
 import pytest
-from dynamo_operator.api import models, v1beta1
-from dynamo_operator.api.conversion import (
+from dynamo_api import models, v1beta1
+from dynamo_api.conversion import (
     ALPHA_FIELDS_ANNOTATION,
     BETA_FIELDS_ANNOTATION,
     ConversionError,

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dynamo_operator.api.annotations import BOOL_ANNOTATIONS, MODULE_ANNOTATION, parse_bool
-from dynamo_operator.api.components import Component, components
-from dynamo_operator.api.models import DynamoGraphDeployment
-from dynamo_operator.api.sglang_args import SWAPPABLE_MODULES, argv, flag_value, parse_args
+from dynamo_api.annotations import BOOL_ANNOTATIONS, MODULE_ANNOTATION, parse_bool
+from dynamo_api.components import Component, components
+from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.sglang_args import SWAPPABLE_MODULES, argv, flag_value, parse_args
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo_operator.api import contract
+from dynamo_api import contract
 
 __all__ = [
     "DP_FLAGS",

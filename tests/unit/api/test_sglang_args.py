@@ -1,10 +1,10 @@
-"""dynamo_operator.api.sglang_args: SGLang flags read from every command form (exec, split between
+"""dynamo_api.sglang_args: SGLang flags read from every command form (exec, split between
 command and args, shell script), as validation, rendering and dynamo-run read them."""
 
 from __future__ import annotations
 
 import pytest
-from dynamo_operator.api.sglang_args import argv, flag_value, is_shell_form, parse_args
+from dynamo_api.sglang_args import argv, flag_value, is_shell_form, parse_args
 
 
 @pytest.mark.parametrize(
