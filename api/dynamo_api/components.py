@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dynamo_api import contract
+from dynamo_api import modules
 from dynamo_api.models import DynamoGraphDeployment, ServiceSpec
 from dynamo_api.sglang_args import SglangArgs, parse_args
 
@@ -75,7 +75,7 @@ def components(dgd: DynamoGraphDeployment) -> list[Component]:
         kind = _kind(spec.component_type)
         main = spec.extra_pod_spec.main_container if spec.extra_pod_spec else None
         user = main.model_dump(by_alias=True, exclude_none=True) if main else {}
-        default = {"frontend": contract.FRONTEND_COMMAND, "worker": contract.WORKER_COMMAND}.get(kind or "")
+        default = modules.DEFAULT_COMMANDS.get(kind or "")
         command = user.get("command") or (list(default) if default else [])
         view = {"command": list(command), "args": list(user.get("args") or [])}
         out.append(

@@ -2,6 +2,7 @@
 
 Every environment variable, port and command-line flag that the operator writes onto a pod and that
 ``dynamo_worker`` reads is declared here, once. Both sides import these names, so they cannot drift.
+Which module a pod runs, and NVIDIA Dynamo's names for them, is ``modules`` (the engine-swap table).
 """
 
 from __future__ import annotations
@@ -67,17 +68,3 @@ METRICS_PATH: Final = "/metrics"
 # --- the request plane ----------------------------------------------------------------------------
 DEFAULT_ENDPOINT: Final = "generate"
 DEFAULT_DISCOVERY_TTL_S: Final = 10.0
-
-# --- worker modules -----------------------------------------------------------------------------
-FRONTEND_MODULE: Final = "dynamo_worker.frontend"
-SGLANG_MODULE: Final = "dynamo_worker.sglang"
-MOCKER_MODULE: Final = "dynamo_worker.mocker"
-PLANNER_MODULE: Final = "dynamo_worker.planner"
-# NVIDIA Dynamo's module names, as found in manifests written for Dynamo's operator.
-DYNAMO_SGLANG_MODULE: Final = "dynamo.sglang"
-DYNAMO_FRONTEND_MODULE: Final = "dynamo.frontend"
-DYNAMO_MOCKER_MODULE: Final = "dynamo.mocker"
-DYNAMO_PLANNER_MODULE: Final = "dynamo.planner"
-# What a service runs when its extraPodSpec.mainContainer sets no command (its args are appended).
-FRONTEND_COMMAND: Final = ("python3", "-m", FRONTEND_MODULE)
-WORKER_COMMAND: Final = ("python3", "-m", SGLANG_MODULE)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo_api import contract
+from dynamo_api import modules
 
 __all__ = [
     "DP_FLAGS",
@@ -37,15 +37,16 @@ __all__ = [
     "shell_script_index",
 ]
 
-# Modules that run an SGLang engine (or our simulation of one) and take SGLang's flags.
+# Modules that run an SGLang engine (or our simulation of one) and take SGLang's flags. A manifest's
+# dynamo.mocker is written for NVIDIA Dynamo's mocker, whose flags are its own: not judged as SGLang's.
 SGLANG_MODULES = (
-    contract.SGLANG_MODULE,
-    contract.MOCKER_MODULE,
-    contract.DYNAMO_SGLANG_MODULE,
+    modules.SGLANG_MODULE,
+    modules.MOCKER_MODULE,
+    modules.DYNAMO_SGLANG_MODULE,
     "sglang.launch_server",
 )
-# Values the module annotation (``annotations.MODULE_ANNOTATION``) accepts.
-SWAPPABLE_MODULES = (contract.SGLANG_MODULE, contract.MOCKER_MODULE)
+# Values the module annotation (``annotations.MODULE_ANNOTATION``) accepts: the engines' modules.
+SWAPPABLE_MODULES = tuple(modules.ENGINES.values())
 TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size")
 PP_FLAGS = ("--pp", "--pp-size", "--pipeline-parallel-size")
 DP_FLAGS = ("--dp", "--dp-size", "--data-parallel-size")

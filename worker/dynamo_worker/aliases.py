@@ -14,8 +14,10 @@ call ``main`` here, which replaces the process with ours, same arguments, same P
   ``DYN_SGLANG_ENGINE=mocker``: the CPU image sets it, since it has no SGLang to run (a pod may set
   ``DYN_SGLANG_ENGINE=sglang`` to get the real worker's "SGLang is not installed" error instead).
 
-The ``dynamo`` package is not part of the ``dynamo-sglang`` wheel: installed next to NVIDIA's
-``ai-dynamo``, which owns that name, it would shadow it. ``resolve`` is pure; ``main`` execs.
+The table is ``dynamo_api.modules`` (``DYNAMO_ALIASES``, ``ENGINES``), which the operator's module
+annotation and dynamo-run read too. The ``dynamo`` package is not part of the ``dynamo-sglang`` wheel:
+installed next to NVIDIA's ``ai-dynamo``, which owns that name, it would shadow it. ``resolve`` is pure;
+``main`` execs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamo_api import contract
+from dynamo_api import contract, modules
 
 from dynamo_worker.runtime.settings import configure_logging
 
@@ -34,13 +36,8 @@ __all__ = ["ALIASES", "ENGINES", "Alias", "AliasError", "main", "resolve"]
 
 log = logging.getLogger(__name__)
 
-ENGINES: tuple[str, ...] = ("sglang", "mocker")
-ALIASES: dict[str, str] = {
-    contract.DYNAMO_FRONTEND_MODULE: contract.FRONTEND_MODULE,
-    contract.DYNAMO_SGLANG_MODULE: contract.SGLANG_MODULE,
-    contract.DYNAMO_MOCKER_MODULE: contract.MOCKER_MODULE,
-    contract.DYNAMO_PLANNER_MODULE: contract.PLANNER_MODULE,
-}
+ENGINES: tuple[str, ...] = tuple(modules.ENGINES)
+ALIASES = modules.DYNAMO_ALIASES
 
 
 class AliasError(ValueError):
@@ -63,15 +60,15 @@ def resolve(dynamo_module: str, env: Mapping[str, str]) -> Alias:
         )
     module = ALIASES[dynamo_module]
     reason = "this image's counterpart"
-    if dynamo_module == contract.DYNAMO_SGLANG_MODULE:
+    if dynamo_module == modules.DYNAMO_SGLANG_MODULE:
         engine = env.get(contract.ENV_SGLANG_ENGINE, "").strip() or "sglang"
         if engine not in ENGINES:
             raise AliasError(
                 f"{contract.ENV_SGLANG_ENGINE}={engine!r} is not an engine; set it to one of "
                 f"{', '.join(ENGINES)} (or unset it for sglang)"
             )
-        if engine == "mocker":
-            module = contract.MOCKER_MODULE
+        module = modules.ENGINES[engine]
+        if module == modules.MOCKER_MODULE:
             reason = (
                 f"{contract.ENV_SGLANG_ENGINE}=mocker, a simulated engine that loads no model; the CPU "
                 "image sets it, the CUDA image serves real models"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dynamo_api import contract
+from dynamo_api import contract, modules
 from dynamo_api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
 from dynamo_api.components import Component, components
 from dynamo_api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
@@ -231,11 +231,9 @@ def main_container(
             container.pop(key, None)
     module = _annotation(dgd, c, MODULE_ANNOTATION)
     if module is not None and c.kind in ("frontend", "worker"):
-        old, new = (
-            (contract.DYNAMO_FRONTEND_MODULE, contract.FRONTEND_MODULE)
-            if c.kind == "frontend"
-            else (contract.DYNAMO_SGLANG_MODULE, module)
-        )
+        # The annotation names the engine; a frontend runs our counterpart of Dynamo's.
+        old = modules.DYNAMO_FRONTEND_MODULE if c.kind == "frontend" else modules.DYNAMO_SGLANG_MODULE
+        new = modules.DYNAMO_ALIASES[old] if c.kind == "frontend" else module
         container, swapped = sglang.swap_module(container, old, new)
         if swapped:
             notices.append(

@@ -10,6 +10,7 @@ import re
 
 import yaml
 from dynamo_api import contract as c
+from dynamo_api import modules
 from dynamo_api.models import DynamoGraphDeployment
 from dynamo_api.validation import validate
 from dynamo_operator.render import render
@@ -54,7 +55,9 @@ def graphs(draw) -> dict:
             "envs": envs(draw),
             "extraPodSpec": {
                 "mainContainer": container(
-                    draw, draw(st.sampled_from([c.FRONTEND_MODULE, c.DYNAMO_FRONTEND_MODULE])), frontend_args
+                    draw,
+                    draw(st.sampled_from([modules.FRONTEND_MODULE, modules.DYNAMO_FRONTEND_MODULE])),
+                    frontend_args,
                 )
             },
         }
@@ -73,7 +76,7 @@ def graphs(draw) -> dict:
             "envs": envs(draw),
             "extraPodSpec": {
                 "mainContainer": container(
-                    draw, draw(st.sampled_from([c.SGLANG_MODULE, c.DYNAMO_SGLANG_MODULE])), args
+                    draw, draw(st.sampled_from([modules.SGLANG_MODULE, modules.DYNAMO_SGLANG_MODULE])), args
                 )
             },
         }
@@ -105,20 +108,20 @@ def expanded(text: str, env: dict[str, str]) -> str:
 
 def engine_words(words: list[str], engine: str) -> list[str]:
     """The rendered command with the engine substituted: modules, and the mocker's --model-dir."""
-    target = c.MOCKER_MODULE if engine == "mocker" else c.SGLANG_MODULE
+    target = modules.MOCKER_MODULE if engine == "mocker" else modules.SGLANG_MODULE
     swaps = {
-        c.DYNAMO_SGLANG_MODULE: target,
-        c.SGLANG_MODULE: target,
-        c.DYNAMO_FRONTEND_MODULE: c.FRONTEND_MODULE,
+        modules.DYNAMO_SGLANG_MODULE: target,
+        modules.SGLANG_MODULE: target,
+        modules.DYNAMO_FRONTEND_MODULE: modules.FRONTEND_MODULE,
     }
     pattern = r"(?<=-m )(" + "|".join(re.escape(m) for m in swaps) + r")(?![\w.])"
     if words[0] == "sh":
         script = re.sub(pattern, lambda m: swaps[m[1]], words[2])
-        if engine == "mocker" and f"-m {c.FRONTEND_MODULE}" not in script:
+        if engine == "mocker" and f"-m {modules.FRONTEND_MODULE}" not in script:
             script += " --model-dir /tiny"
         return [*words[:2], script]
     out = [swaps.get(w, w) if i and words[i - 1] == "-m" else w for i, w in enumerate(words)]
-    if engine == "mocker" and c.FRONTEND_MODULE not in out:
+    if engine == "mocker" and modules.FRONTEND_MODULE not in out:
         out += ["--model-dir", "/tiny"]
     return out
 

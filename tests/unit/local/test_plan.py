@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from dynamo_api import contract as c
+from dynamo_api import modules
 from dynamo_worker.local.manifest import parse_manifest
 from dynamo_worker.local.plan import PlanError, machine_env, plan_graph
 
@@ -101,7 +102,7 @@ def test_the_frontend_runs_the_manifests_command_on_the_port_asked_for():
     fe = plan(http_port=8123).processes[0]
     assert fe.kind == "frontend"
     # dynamo.frontend is ours; its --http-port refers to its declared http port, which is --port here
-    assert fe.argv == ("python3", "-m", c.FRONTEND_MODULE, "--router-mode", "kv", "--http-port", "8123")
+    assert fe.argv == ("python3", "-m", modules.FRONTEND_MODULE, "--router-mode", "kv", "--http-port", "8123")
     assert fe.env[c.ENV_HTTP_PORT] == "8123"
     assert fe.health_url == "http://127.0.0.1:8123/health"
     assert fe.metrics_url == "http://127.0.0.1:8123/metrics" and fe.expected_workers == 3
@@ -114,7 +115,7 @@ def test_a_prefill_replica_runs_the_mocker_with_the_rendered_args_and_its_own_po
     kv_port = prefill0.ports[c.KV_EVENTS_PORT]
     kv_events = f'{{"publisher":"zmq","endpoint":"tcp://*:{kv_port}"}}'
     assert prefill0.argv == (
-        "python3", "-m", c.MOCKER_MODULE, "--model-path", "Qwen/Qwen3-0.6B", "--served-model-name",
+        "python3", "-m", modules.MOCKER_MODULE, "--model-path", "Qwen/Qwen3-0.6B", "--served-model-name",
         "Qwen/Qwen3-0.6B", "--page-size", "16", "--tp", "1", "--skip-tokenizer-init",
         "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl",
         "--disaggregation-bootstrap-port", str(bootstrap), "--host", "127.0.0.1",
@@ -153,7 +154,7 @@ def test_sglang_assigns_gpus_in_order_and_keeps_our_sglang_module():
     assert [w.gpus for w in workers] == [("4",), ("5",), ("6",)]
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in workers] == ["4", "5", "6"]
     commands = [" ".join(w.argv) for w in workers]  # decode's is a shell script: sh -c "python3 -m ..."
-    assert all(f"-m {c.SGLANG_MODULE} " in x and "--model-dir" not in x for x in commands)
+    assert all(f"-m {modules.SGLANG_MODULE} " in x and "--model-dir" not in x for x in commands)
 
 
 def test_sglang_with_too_few_gpus_says_how_many_are_needed_and_what_to_do():
@@ -236,6 +237,15 @@ def test_a_command_dynamo_run_cannot_map_is_refused_with_the_field():
         plan(text)
     assert "spec.services.worker.extraPodSpec.mainContainer.command" in str(e.value)
     assert "dynamo.sglang" in str(e.value)
+
+
+def test_nvidia_dynamos_mocker_module_runs_ours_as_in_the_runtime_image():
+    """The engine-swap table (dynamo_api.modules) maps dynamo.mocker to our mocker for the image and for
+    dynamo-run alike: it stays the mocker whatever the engine."""
+    text = MULTINODE.replace("dynamo.sglang", "dynamo.mocker")
+    for engine in ("mocker", "sglang"):
+        workers = [x for x in plan(text, engine=engine).processes if x.kind == "worker"]
+        assert workers and all(x.argv[:3] == ("python3", "-m", modules.MOCKER_MODULE) for x in workers)
 
 
 PLANNER = (REPO / "examples" / "disagg-planner.yaml").read_text()
@@ -332,8 +342,8 @@ spec:
 
 def test_args_without_command_run_the_operators_default_command():
     p = plan(ARGS_ONLY)
-    assert p.processes[0].argv == ("python3", "-m", c.FRONTEND_MODULE, "--router-mode", "kv")
-    assert p.processes[1].argv[:5] == ("python3", "-m", c.MOCKER_MODULE, "--model-path", "m")
+    assert p.processes[0].argv == ("python3", "-m", modules.FRONTEND_MODULE, "--router-mode", "kv")
+    assert p.processes[1].argv[:5] == ("python3", "-m", modules.MOCKER_MODULE, "--model-path", "m")
     assert p.served_models == ("served",)
 
 

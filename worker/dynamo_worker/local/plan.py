@@ -5,21 +5,22 @@ is the embedded one and whose logs are text), takes the pods its Deployments and
 (``kubelet.pods_of``) and turns each into a process with ``kubelet.localize``. It builds no command and
 no environment of its own; what it decides is only what a cluster would, plus the engine:
 
-- which pods run: every pod whose main container runs a module dynamo-run knows (the frontend, the
-  SGLang worker, the mocker, or NVIDIA Dynamo's ``dynamo.frontend`` / ``dynamo.sglang``); one frontend
-  pod (it takes ``--port``); a planner that runs ``python3 -m dynamo_worker.planner`` (or NVIDIA
-  Dynamo's ``dynamo.planner``, which runs ours). Other services are skipped with a note; a worker that
-  runs anything else is refused (``UnsupportedCommand``). A multinode group runs as the processes of its
-  ranks (ranks above 0 of the mocker idle, as non-leader pods serve nothing).
+- which pods run: every pod whose main container runs a module of the engine-swap table
+  (``dynamo_api.modules``: the frontend, the SGLang worker, the mocker, or NVIDIA Dynamo's names for
+  them); one frontend pod (it takes ``--port``); a planner that runs ``python3 -m dynamo_worker.planner``
+  (or NVIDIA Dynamo's ``dynamo.planner``, which runs ours). Other services are skipped with a note; a
+  worker that runs anything else is refused (``UnsupportedCommand``). A multinode group runs as the
+  processes of its ranks (ranks above 0 of the mocker idle, as non-leader pods serve nothing).
 - a planner gets what a cluster would give it in place of the Kubernetes API: ``--graph-file`` (the
   manifest), ``--metrics-url`` (the local frontend's ``/metrics``) and ``--dry-run``, since nothing
   here changes the replicas of local processes: it decides and explains every interval (its log
   lines, ``planner_*`` on its system port) and scales nothing. One note says so.
 - ports: the frontend's ``http`` port is ``--port`` (what its Service publishes); every other declared
   containerPort of every pod gets a free local port.
-- the engine: ``-m dynamo_worker.sglang`` (or ``dynamo.sglang``) becomes ``-m dynamo_worker.mocker``
-  with ``--model-dir`` (the tokenizer it serves) appended, or stays our SGLang worker, with
-  ``--model-path`` replaced when ``--model-dir`` is given; ``dynamo.frontend`` becomes ours.
+- the engine: ``-m dynamo_worker.sglang`` (or ``dynamo.sglang``) becomes the module of the engine
+  (``modules.ENGINES``): ``-m dynamo_worker.mocker`` with ``--model-dir`` (the tokenizer it serves)
+  appended, or our SGLang worker, with ``--model-path`` replaced when ``--model-dir`` is given; the
+  mocker's pods stay the mocker; NVIDIA Dynamo's other names become ours (``modules.DYNAMO_ALIASES``).
 - GPUs: on SGLang each pod gets the ``*/gpu`` limit of its main container as ``CUDA_VISIBLE_DEVICES``,
   in order; too few visible GPUs is ``NotEnoughGpus``, naming what each pod needs.
 
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from dynamo_api import contract as c
+from dynamo_api import modules
 from dynamo_api.components import WORKER_TYPES
 from dynamo_api.models import DynamoGraphDeployment
 from dynamo_api.sglang_args import argv as container_argv
@@ -63,9 +65,10 @@ __all__ = [
 Engine = Literal["mocker", "sglang"]
 Kind = Literal["frontend", "worker", "planner"]
 
-ENGINE_MODULES = frozenset({c.SGLANG_MODULE, c.DYNAMO_SGLANG_MODULE})
-FRONTEND_MODULES = frozenset({c.FRONTEND_MODULE, c.DYNAMO_FRONTEND_MODULE})
-PLANNER_MODULES = frozenset({c.PLANNER_MODULE, c.DYNAMO_PLANNER_MODULE})
+# What a frontend or worker pod may run here: NVIDIA Dynamo's names first, then ours.
+_SERVING_MODULES = [
+    name for name in (*modules.DYNAMO_ALIASES, *modules.ROLES) if modules.role(name) in ("engine", "frontend")
+]
 
 
 def format_problems(problems: Sequence[Problem]) -> str:
@@ -143,7 +146,7 @@ def _with_engine(
 ) -> dict[str, Any]:
     """The container running ``engine_module`` where it ran ``module`` (the engine substitution)."""
     out, _ = flags.swap_module(dict(container), module, engine_module)
-    if model_dir is not None and engine_module == c.MOCKER_MODULE:
+    if model_dir is not None and engine_module == modules.MOCKER_MODULE:
         out = flags.append_flags(out, ["--model-dir", model_dir])
     elif model_dir is not None:
         out, _ = flags.ensure_flag(out, "--model-path", model_dir)
@@ -186,7 +189,7 @@ def plan_graph(
     rendered = render(dgd, local_config(nats_url))
     if rendered.problems:
         raise PlanError(rendered.problems)
-    model_dirs = {c.MOCKER_MODULE: mocker_model_dir, c.SGLANG_MODULE: sglang_model_path}
+    model_dirs = {modules.MOCKER_MODULE: mocker_model_dir, modules.SGLANG_MODULE: sglang_model_path}
     runs, problems, notes = _select(rendered, engine, model_dirs, graph_file is not None)
     problems += _gpu_problems(runs, gpus) or _shared_gpu_problems(runs, gpus)
     if problems:
@@ -249,16 +252,17 @@ def _select(
         component_type = pod.labels.get(labels.COMPONENT_TYPE, "")
         replica = replicas[service] = replicas.get(service, -1) + 1
         module = _module(pod.main)
-        if module in FRONTEND_MODULES:
+        ours, role = modules.ours(module), modules.role(module)
+        if module is not None and ours is not None and role == "frontend":
             if any(r.kind == "frontend" for r in runs):
                 notes.append(f"{pod.name}: one frontend runs locally (it takes --port); skipped")
                 continue
-            container = _with_engine(pod.main, module, c.FRONTEND_MODULE, None)
+            container = _with_engine(pod.main, module, ours, None)
             runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
-        elif module in ENGINE_MODULES or module == c.MOCKER_MODULE:
-            target = c.MOCKER_MODULE if engine == "mocker" or module == c.MOCKER_MODULE else c.SGLANG_MODULE
-            need = _gpus(pod.main) if target == c.SGLANG_MODULE else 0
-            if target == c.SGLANG_MODULE and need == 0:
+        elif module is not None and role == "engine":
+            target = modules.MOCKER_MODULE if ours == modules.MOCKER_MODULE else modules.ENGINES[engine]
+            need = _gpus(pod.main) if target == modules.SGLANG_MODULE else 0
+            if target == modules.SGLANG_MODULE and need == 0:
                 problems.append(
                     Problem(
                         f"spec.services.{service}.resources.limits.gpu",
@@ -275,24 +279,20 @@ def _select(
                 Problem(
                     f"spec.services.{service}.extraPodSpec.mainContainer.command",
                     "UnsupportedCommand",
-                    f"runs {shown!r}; dynamo-run runs services whose command is 'python3 -m "
-                    f"{c.DYNAMO_SGLANG_MODULE} ...' (or {c.SGLANG_MODULE}, {c.MOCKER_MODULE}, "
-                    f"{c.FRONTEND_MODULE}, {c.DYNAMO_FRONTEND_MODULE}); give the service such a command",
+                    f"runs {shown!r}; dynamo-run runs services whose command is 'python3 -m MODULE ...' "
+                    f"with MODULE one of {', '.join(_SERVING_MODULES)}; give the service such a command",
                 )
             )
-        elif component_type == "planner" and module in PLANNER_MODULES and planners:
-            container = _with_engine(pod.main, module, c.PLANNER_MODULE, None)
+        elif component_type == "planner" and module is not None and role == "planner" and planners:
+            container = _with_engine(pod.main, module, modules.PLANNER_MODULE, None)
             runs.append(_Run(pod, f"{service}-{replica}", service, "planner", container, 0))
         elif component_type == "planner":
             shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
-            why = (
-                f"it runs {shown!r}"
-                if module not in PLANNER_MODULES
-                else "no manifest file to read its graph from"
-            )
+            why = f"it runs {shown!r}" if role != "planner" else "no manifest file to read its graph from"
             notes.append(
-                f"{pod.name}: a planner runs here only as 'python3 -m {c.PLANNER_MODULE} ...' (or "
-                f"{c.DYNAMO_PLANNER_MODULE}) reading the manifest file ({why}); not run locally (skipped)"
+                f"{pod.name}: a planner runs here only as 'python3 -m {modules.PLANNER_MODULE} ...' (or "
+                f"{modules.DYNAMO_PLANNER_MODULE}) reading the manifest file ({why}); not run locally "
+                "(skipped)"
             )
         else:
             notes.append(

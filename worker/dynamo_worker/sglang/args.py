@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from dynamo_api import contract
+from dynamo_api import modules
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
@@ -57,12 +57,12 @@ __all__ = [
     "unknown_flag_message",
 ]
 
-PROG = f"python -m {contract.SGLANG_MODULE}"
+PROG = f"python -m {modules.SGLANG_MODULE}"
 OLDEST, NEWEST = SGLANG_WINDOW
 INSTALL_HINT = (
     "SGLang is not installed: install the worker's engine with pip install 'dynamo-sglang[sglang]' "
     f"(SGLang {OLDEST} to {NEWEST}; it needs a CUDA GPU), or run the simulated engine: "
-    f"python -m {contract.MOCKER_MODULE}"
+    f"python -m {modules.MOCKER_MODULE}"
 )
 
 
