@@ -52,7 +52,14 @@ SYSTEM_PORT: Final = 9090
 REQUEST_PORT: Final = 9100
 NATS_PORT: Final = 4222
 DIST_INIT_PORT: Final = 29500
+# A prefill worker's bootstrap server (decode workers fetch its KV cache through it). SGLang's own default,
+# which a rendered prefill pod always carries as BOOTSTRAP_PORT_FLAG (unless its manifest gives one) and
+# declares as container port "bootstrap", so that the port it binds is the port it declares, and anything
+# that remaps a pod's ports (dynamo-run on one host) remaps it too. A worker started without the flag
+# (by hand, not from a manifest) binds a free port and publishes it in discovery, the SGLang worker and
+# the mocker alike, so two of them on one host never collide.
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
+BOOTSTRAP_PORT_FLAG: Final = "--disaggregation-bootstrap-port"
 # SGLang's KV events publisher (ZMQ), wired by the operator when the graph's frontend routes on KV.
 # A data-parallel engine binds one port per rank: KV_EVENTS_PORT + rank.
 KV_EVENTS_PORT: Final = 5557

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynamo_api import modules
+from dynamo_api import contract, modules
 
 __all__ = [
     "DP_FLAGS",
@@ -148,7 +148,7 @@ def parse_args(container: dict[str, Any]) -> SglangArgs:
         page_size=flag_value(tokens, "--page-size"),
         disaggregation_mode=flag_value(tokens, "--disaggregation-mode"),
         transfer_backend=flag_value(tokens, "--disaggregation-transfer-backend"),
-        bootstrap_port=flag_value(tokens, "--disaggregation-bootstrap-port"),
+        bootstrap_port=flag_value(tokens, contract.BOOTSTRAP_PORT_FLAG),
         host=flag_value(tokens, "--host"),
         tp_given=flag_value(tokens, *TP_FLAGS) is not None,
         worker_role=flag_value(tokens, "--role")

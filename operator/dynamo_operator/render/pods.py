@@ -239,6 +239,9 @@ def main_container(
             notices.append(
                 Notice("ModuleSwapped", f"Service {c.name!r} runs -m {new} instead of -m {old}.", c.name)
             )
+    if c.kind == "worker" and c.role == "prefill" and not c.args.bootstrap_port:
+        # The port it binds is the port it declares: SGLang's default, made explicit (contract.py).
+        container, _ = sglang.ensure_flag(container, contract.BOOTSTRAP_PORT_FLAG, str(bootstrap_port(c)))
     if c.kind == "worker" and c.role in ("prefill", "decode"):
         container, previous = sglang.ensure_flag(container, "--host", "0.0.0.0")
         if previous is not None:

@@ -131,6 +131,17 @@ def test_replicas_never_share_a_port():
     assert all(proc.env[c.ENV_SYSTEM_PORT] == str(proc.ports[c.SYSTEM_PORT]) for proc in plan().processes[1:])
 
 
+def test_prefill_replicas_without_a_bootstrap_port_each_get_their_own():
+    """A manifest that sets no --disaggregation-bootstrap-port renders the contract's default on every
+    prefill pod, which dynamo-run remaps like any declared port: two replicas on one host never collide."""
+    text = DISAGG.replace('--disaggregation-bootstrap-port, "12345",\n                 ', "")
+    assert "12345" not in text
+    prefills = [x for x in plan(text).processes if x.service == "prefill"]
+    ports = [x.argv[x.argv.index("--disaggregation-bootstrap-port") + 1] for x in prefills]
+    assert len(prefills) == 2 and len(set(ports)) == 2
+    assert ports == [str(x.ports[c.DEFAULT_BOOTSTRAP_PORT]) for x in prefills]
+
+
 def test_a_worker_gets_the_operators_env_contract_and_the_manifests_envs():
     decode = plan().processes[1]
     assert decode.env[c.ENV_NAMESPACE] == "default-sglang-disagg"

@@ -30,6 +30,11 @@ def test_manifest_sglang_flags_are_accepted():
     assert runtime.namespace == "ns-graph"
 
 
+def test_a_prefill_mocker_without_a_bootstrap_port_picks_a_free_one_as_the_sglang_worker_does():
+    _, mocker, _ = parse_args(["--disaggregation-mode", "prefill"], env={})
+    assert mocker.role == "prefill" and mocker.disaggregation_bootstrap_port == 0  # 0: a free port
+
+
 def test_mocker_and_runtime_flags_mix():
     runtime, mocker, _ = parse_args(
         ["--speedup", "50", "--num-kv-blocks", "64", "--request-port", "0", "--tp-size", "2"], env={}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.sglang_args import flag_value
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 
@@ -286,12 +287,14 @@ def test_disaggregation_bootstrap_port_and_host():
 
 
 def test_prefill_default_bootstrap_port():
+    """A prefill worker whose manifest sets no bootstrap port binds SGLang's default, made explicit: the
+    port it binds is the port it declares (and what remaps a pod's ports remaps it too)."""
     rendered = _render(_disagg(["--disaggregation-mode", "prefill"], ["--disaggregation-mode", "decode"]))
-    assert _main(rendered, "g-prefill")["ports"][-1] == {
-        "name": "bootstrap",
-        "containerPort": 8998,
-        "protocol": "TCP",
-    }
+    prefill, decode = _main(rendered, "g-prefill"), _main(rendered, "g-decode")
+    assert prefill["ports"][-1] == {"name": "bootstrap", "containerPort": 8998, "protocol": "TCP"}
+    assert flag_value(prefill["args"], "--disaggregation-bootstrap-port") == "8998"
+    assert flag_value(decode["args"], "--disaggregation-bootstrap-port") is None
+    assert not [n for n in rendered.notices if n.service == "prefill"]
 
 
 def test_rdma_graph_annotation_wires_pods_and_states_transport():

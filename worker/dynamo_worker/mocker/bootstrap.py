@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 from aiohttp import web
+from dynamo_api import contract
 
 from dynamo_worker.protocol import BootstrapInfo
 from dynamo_worker.runtime.listening import serve
@@ -98,7 +99,7 @@ class BootstrapServer:
             self._host,
             self._port,
             what="the bootstrap server",
-            flag="--disaggregation-bootstrap-port",
+            flag=contract.BOOTSTRAP_PORT_FLAG,
             handler_cancellation=True,
         )
         return self.port

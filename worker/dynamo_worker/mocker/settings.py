@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from dynamo_api import contract
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -57,10 +56,11 @@ class MockerSettings(Settings):
         "null", description="null: aggregated; prefill or decode: one leg of disaggregated serving."
     )
     disaggregation_bootstrap_port: int = Field(
-        contract.DEFAULT_BOOTSTRAP_PORT,
+        0,
         ge=0,
         le=65535,
-        description="Prefill workers: rendezvous port decode legs connect to; 0 picks a free port.",
+        description="Prefill workers: rendezvous port decode legs connect to; 0 picks a free port, which "
+        "discovery publishes (as the SGLang worker does without the flag; a rendered pod always sets it).",
     )
     disaggregation_transfer_backend: str = Field("mooncake", description="KV transfer backend (accepted).")
     host: str = Field("127.0.0.1", description="SGLang HTTP host (accepted; the runtime serves requests).")

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from dynamo_api import modules
+from dynamo_api import contract, modules
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
@@ -194,7 +194,7 @@ def contract_overrides(
     if not _given(sglang_argv, "--host"):
         values["host"] = runtime.listen_host
         notes.append(f"Set --host {runtime.listen_host} (from --listen-host) for SGLang's bootstrap server")
-    if ns.disaggregation_mode == "prefill" and not _given(sglang_argv, "--disaggregation-bootstrap-port"):
+    if ns.disaggregation_mode == "prefill" and not _given(sglang_argv, contract.BOOTSTRAP_PORT_FLAG):
         values["disaggregation_bootstrap_port"] = 0
         notes.append("Chose a free --disaggregation-bootstrap-port (none given); discovery publishes it")
     return values, notes
