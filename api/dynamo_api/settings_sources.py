@@ -27,7 +27,7 @@ import inspect
 import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import ValidationError
@@ -39,7 +39,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-__all__ = ["FieldEnvSource", "Settings", "SettingsError", "add_model_arguments", "settings_from_args"]
+__all__ = [
+    "FieldEnvSource",
+    "Settings",
+    "SettingsError",
+    "add_model_arguments",
+    "env_value",
+    "settings_from_args",
+]
 
 S = TypeVar("S", bound="Settings")
 # help text of a field from its name, FieldInfo and environment variables
@@ -89,6 +96,16 @@ def flag_names(model: type[BaseSettings], name: str) -> list[str]:
     return ["--" + f for f in [flag, *([more] if isinstance(more, str) else more)]]
 
 
+def env_value(environ: Mapping[str, str | None], names: Sequence[str]) -> str | None:
+    """The value of the first of the variables ``names`` that is set and not empty, else None: how every
+    setting reads the environment (also where the operator reads a pod's env for a setting)."""
+    for env in names:
+        value = environ.get(env)
+        if value:
+            return value
+    return None
+
+
 class FieldEnvSource(PydanticBaseSettingsSource):
     """Each field's own environment variable(s) (``env_names``) from ``environ``, as raw strings."""
 
@@ -99,8 +116,9 @@ class FieldEnvSource(PydanticBaseSettingsSource):
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         """The value of the first of the field's variables that is set and not empty, else None."""
         for env in env_names(self.settings_cls, field_name):
-            if self.environ.get(env):
-                return self.environ[env], env, False
+            value = env_value(self.environ, [env])
+            if value is not None:
+                return value, env, False
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:

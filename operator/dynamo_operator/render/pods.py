@@ -8,8 +8,9 @@ from typing import Any
 from dynamo_api import contract, modules
 from dynamo_api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
 from dynamo_api.components import Component, components
+from dynamo_api.frontend_args import router_mode
 from dynamo_api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
-from dynamo_api.sglang_args import argv, flag_value
+from dynamo_api.sglang_args import argv
 
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
@@ -272,17 +273,16 @@ def main_container(
 
 
 def routes_on_kv(dgd: DynamoGraphDeployment) -> bool:
-    """Whether a frontend of the graph routes on KV cache (``--router-mode kv``, or the env var)."""
+    """Whether a frontend of the graph routes on KV cache: its command and env (the graph's, the
+    service's, then its mainContainer's, as ``main_container`` merges them; the contract's sets no router
+    mode) read as the frontend reads them (``frontend_args.router_mode``)."""
     for c in components(dgd):
         if c.kind != "frontend":
             continue
-        mode = flag_value(argv(c.command_view), contract.ROUTER_MODE_FLAG)
-        if mode is None:
-            envs = {e.name: e.value for e in [*dgd.spec.envs, *c.spec.envs]}
-            for item in c.user_container.get("env") or []:
-                envs[item.get("name")] = item.get("value")
-            mode = envs.get(contract.ENV_ROUTER_MODE)
-        if mode == "kv":
+        env = {e.name: e.value for e in [*dgd.spec.envs, *c.spec.envs]}
+        for item in c.user_container.get("env") or []:
+            env[item.get("name")] = item.get("value")
+        if router_mode(argv(c.command_view), env) == "kv":
             return True
     return False
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
 from dynamo_api import contract
+from dynamo_api.frontend_args import DEFAULT_ROUTER_MODE, RouterMode
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -65,8 +65,8 @@ class FrontendSettings(Settings):
         description="NATS URL (JetStream) for discovery, model cards, KV events and load metrics.",
         json_schema_extra={"env": contract.ENV_NATS_SERVER},
     )
-    router_mode: Literal["round-robin", "random", "kv"] = Field(
-        "round-robin",
+    router_mode: RouterMode = Field(
+        DEFAULT_ROUTER_MODE,
         description="How a worker is picked: round-robin, random, or kv (prefix-cache overlap + load).",
         json_schema_extra={"env": contract.ENV_ROUTER_MODE},
     )
