@@ -2,6 +2,8 @@
 
 Every environment variable, port and command-line flag that the operator writes onto a pod and that
 ``dynamo_worker`` reads is declared here, once. Both sides import these names, so they cannot drift.
+Every port default of both packages is here too (the ports section), also those of the operator's own
+pod and SGLang's that the mocker accepts: one place to look a port up.
 Which module a pod runs, and NVIDIA Dynamo's names for them, is ``modules`` (the engine-swap table).
 """
 
@@ -47,11 +49,11 @@ ENV_NUM_NODES: Final = "DYN_NUM_NODES"  # N, the pods of one group
 ENV_LEADER_HOST: Final = "DYN_LEADER_HOST"  # the stable DNS name of the group's leader pod
 
 # --- ports --------------------------------------------------------------------------------------
-FRONTEND_PORT: Final = 8000
-SYSTEM_PORT: Final = 9090
-REQUEST_PORT: Final = 9100
+FRONTEND_PORT: Final = 8000  # the OpenAI API (container port and Service port "http")
+SYSTEM_PORT: Final = 9090  # a worker's or planner's /live, /health, /metrics (container port "system")
+REQUEST_PORT: Final = 9100  # a worker's request-plane listener (container port "request")
 NATS_PORT: Final = 4222
-DIST_INIT_PORT: Final = 29500
+DIST_INIT_PORT: Final = 29500  # a multinode engine's --dist-init-addr on its leader ("dist-init")
 # A prefill worker's bootstrap server (decode workers fetch its KV cache through it). SGLang's own default,
 # which a rendered prefill pod always carries as BOOTSTRAP_PORT_FLAG (unless its manifest gives one) and
 # declares as container port "bootstrap", so that the port it binds is the port it declares, and anything
@@ -66,6 +68,12 @@ KV_EVENTS_PORT: Final = 5557
 KV_EVENTS_PORT_NAME: Final = "kv-events"  # rank r > 0: "kv-events-dp<r>"
 KV_EVENTS_FLAG: Final = "--kv-events-config"
 ROUTER_MODE_FLAG: Final = "--router-mode"
+# SGLang's own HTTP server (--port): the mocker accepts the flag and serves nothing on it.
+SGLANG_HTTP_PORT: Final = 30000
+# The operator's own pod (charts/dynamo-operator/values.yaml says the same: operator.healthPort and
+# operator.webhook.port).
+OPERATOR_LIVENESS_PORT: Final = 8080  # GET /healthz
+OPERATOR_WEBHOOK_PORT: Final = 9443  # HTTPS: conversion (POST /convert) and admission
 
 # --- HTTP paths of the system server ------------------------------------------------------------
 LIVE_PATH: Final = "/live"

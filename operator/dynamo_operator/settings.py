@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from dynamo_api import contract
 from dynamo_api.settings_sources import (
     Settings,
     SettingsError,
@@ -90,11 +91,14 @@ class OperatorSettings(Settings, OperatorConfig):
     )
     liveness_host: str = Field("0.0.0.0", description="Address of the liveness endpoint.")
     liveness_port: int = Field(
-        8080, ge=0, le=65535, description="Port of the liveness endpoint GET /healthz (0 disables it)."
+        contract.OPERATOR_LIVENESS_PORT,
+        ge=0,
+        le=65535,
+        description="Port of the liveness endpoint GET /healthz (0 disables it).",
     )
     # --- conversion webhook (v1alpha1 <-> v1beta1) ------------------------------------------------
     webhook_port: int = Field(
-        9443,
+        contract.OPERATOR_WEBHOOK_PORT,
         ge=0,
         le=65535,
         description="HTTPS port of the conversion webhook (POST /convert). 0 disables it: requests at "

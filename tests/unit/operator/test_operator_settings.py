@@ -2,7 +2,11 @@
 chosen explicitly, bad values name the flag and variable, and pod defaults come from OperatorConfig
 (`python -m dynamo_operator` as a process: tests/integration/operator/test_operator_settings.py)."""
 
+from pathlib import Path
+
 import pytest
+import yaml
+from dynamo_api import contract
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.settings import SettingsError, parse_settings
 
@@ -87,3 +91,13 @@ def test_help_lists_the_operator_process_flags_before_the_pod_defaults():
         assert process < text.index(f"\n  {flag} ") < pods, flag
     for flag in ("--nats-url", "--worker-image", "--ucx-tls", "--pod-log-format"):
         assert text.index(f"\n  {flag} ") > pods, flag
+
+
+def test_the_charts_operator_ports_are_the_contracts():
+    """The chart's values say the operator's own ports again (YAML cannot import them): kept equal."""
+    values = yaml.safe_load(
+        (Path(__file__).resolve().parents[3] / "charts/dynamo-operator/values.yaml").read_text()
+    )
+    s = parse_settings(["--all-namespaces"], {})
+    assert values["operator"]["healthPort"] == s.liveness_port == contract.OPERATOR_LIVENESS_PORT
+    assert values["operator"]["webhook"]["port"] == s.webhook_port == contract.OPERATOR_WEBHOOK_PORT

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from dynamo_api import contract
 from dynamo_api.settings_sources import Settings
 from pydantic import Field, field_validator
 
@@ -20,7 +21,9 @@ __all__ = ["BenchSettings"]
 class BenchSettings(Settings):
     """One load run against an OpenAI-compatible endpoint."""
 
-    url: str = Field("http://127.0.0.1:8000", description="Server root (with or without /v1).")
+    url: str = Field(
+        f"http://127.0.0.1:{contract.FRONTEND_PORT}", description="Server root (with or without /v1)."
+    )
     model: str = Field(..., description="Model name to request (see GET /v1/models).")
     api_key: str | None = Field(
         None, description="Sent as 'Authorization: Bearer'.", json_schema_extra={"env": "OPENAI_API_KEY"}

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+from dynamo_api import contract
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -64,7 +65,9 @@ class MockerSettings(Settings):
     )
     disaggregation_transfer_backend: str = Field("mooncake", description="KV transfer backend (accepted).")
     host: str = Field("127.0.0.1", description="SGLang HTTP host (accepted; the runtime serves requests).")
-    port: int = Field(30000, description="SGLang HTTP port (accepted; the runtime serves requests).")
+    port: int = Field(
+        contract.SGLANG_HTTP_PORT, description="SGLang HTTP port (accepted; the runtime serves requests)."
+    )
     trust_remote_code: bool = Field(False, description="Accepted.")
     skip_tokenizer_init: bool = Field(False, description="Accepted (the mocker always works on token ids).")
     mem_fraction_static: float | None = Field(None, gt=0, le=1, description="Accepted.")

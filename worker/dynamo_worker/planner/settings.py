@@ -83,7 +83,7 @@ class PlannerSettings(Settings):
     )
     model: str | None = Field(None, description="Count only this served model (default: all).")
     metrics_port: int = Field(
-        9090,
+        contract.SYSTEM_PORT,
         ge=0,
         le=65535,
         description="Port of the planner's own /metrics (planner_*); 0 picks a free one.",

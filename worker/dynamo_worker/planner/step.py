@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamo_api import contract
 from dynamo_api.components import components
 from dynamo_api.models import DynamoGraphDeployment
 from pydantic import ValidationError
@@ -26,8 +27,6 @@ from dynamo_worker.planner.settings import PlannerSettings
 from dynamo_worker.profile.model import Profile
 
 __all__ = ["Decision", "GraphError", "RoleDecision", "ScaledService", "decide", "scaled_services"]
-
-FRONTEND_PORT = 8000
 
 
 class GraphError(ValueError):
@@ -73,7 +72,7 @@ def scaled_services(
         c = found[0]
         out[role] = ScaledService(role, c.name, c.spec.replicas, _gpus(c.spec))
     urls = [
-        f"http://{dgd.name}-{c.name.lower()}.{dgd.namespace}.svc:{FRONTEND_PORT}/metrics"
+        f"http://{dgd.name}-{c.name.lower()}.{dgd.namespace}.svc:{contract.FRONTEND_PORT}/metrics"
         for c in comps
         if c.kind == "frontend"
     ]

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dynamo_api import contract
+
 from dynamo_worker.protocol import InstanceRecord, KvEventBatch, LoadMetrics, hash_token_blocks
 from dynamo_worker.router.index import KvIndex
 from dynamo_worker.router.policy import (
@@ -210,8 +212,9 @@ class Router:
                     "Worker publishes no KV events worker=%s component=%s address=%s finished_requests=%d: "
                     "this frontend routes on KV cache (--router-mode kv) but can only predict this worker's "
                     "cache, not see it. Start its SGLang engine with --kv-events-config "
-                    '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\' (the operator and dynamo-run add '
-                    "one when the graph's frontend runs --router-mode kv), or use --router-mode round-robin.",
+                    f'\'{{"publisher": "zmq", "endpoint": "tcp://*:{contract.KV_EVENTS_PORT}"}}\' '
+                    "(the operator and dynamo-run add one when the graph's frontend runs --router-mode kv), "
+                    "or use --router-mode round-robin.",
                     w,
                     choice.worker.component,
                     choice.worker.address,

@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 PROG = f"python -m {modules.SGLANG_MODULE}"
+_KV_EVENTS_ENDPOINT = f"tcp://*:{contract.KV_EVENTS_PORT}"  # SGLang's default publisher endpoint
 OLDEST, NEWEST = SGLANG_WINDOW
 INSTALL_HINT = (
     "SGLang is not installed: install the worker's engine with pip install 'dynamo-sglang[sglang]' "
@@ -220,11 +221,11 @@ def kv_event_endpoints(kv_events_config: str | None, dp_size: int) -> list[str]:
     except json.JSONDecodeError as e:
         raise WorkerArgsError(
             f"--kv-events-config is not JSON ({e}); pass e.g. "
-            '\'{"publisher": "zmq", "endpoint": "tcp://*:5557"}\''
+            f'\'{{"publisher": "zmq", "endpoint": "{_KV_EVENTS_ENDPOINT}"}}\''
         ) from None
     if config.get("publisher", "null") != "zmq":
         return []
-    endpoint = str(config.get("endpoint") or "tcp://*:5557")
+    endpoint = str(config.get("endpoint") or _KV_EVENTS_ENDPOINT)
     if not endpoint.startswith("tcp://"):  # ipc:// or inproc://: SGLang suffixes _dp<rank> for rank > 0
         return [f"{endpoint}_dp{rank}" if rank else endpoint for rank in range(dp_size)]
     host, port = endpoint[len("tcp://") :].rsplit(":", 1)
