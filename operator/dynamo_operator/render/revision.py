@@ -8,7 +8,7 @@ revision and a change of any of them (on either side) makes a new one. The opera
 those pods three ways:
 
 - the env var ``DYN_REVISION``, which the worker publishes in discovery; the frontend pairs a prefill
-  and a decode worker only within one revision (``dynamo_worker.frontend.pairing``);
+  and a decode worker only within one revision (``dynamo_worker.frontend.models.pairing``);
 - the label ``REVISION_LABEL``, by which the operator groups pods;
 - the readiness gate ``PAIRED_CONDITION``: a pod is Ready only once its revision has a prefill and a
   decode pod whose containers are ready, which the operator states on the pods

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from dynamo_worker.frontend.chat_output import AnswerParser, AnswerStream, tool_choice_schema
-from dynamo_worker.frontend.reasoning import REASONING_PARSERS
-from dynamo_worker.frontend.tools import TOOL_PARSERS, supported_tool_parsers
+from dynamo_worker.frontend.output.chat_output import AnswerParser, AnswerStream, tool_choice_schema
+from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS
+from dynamo_worker.frontend.output.tools import TOOL_PARSERS, supported_tool_parsers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -5,9 +5,9 @@ to decode-only workers)."""
 from __future__ import annotations
 
 import pytest
-from dynamo_worker.frontend.dispatch import plan_roles
 from dynamo_worker.frontend.errors import ServiceUnavailable
-from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.serving.dispatch import plan_roles
 from dynamo_worker.protocol import InstanceRecord
 
 

@@ -2,7 +2,7 @@
 budget shrinks by as many, and the request gets its own id, so the next worker continues the stream
 with no repeat and no gap."""
 
-from dynamo_worker.frontend.migration import DEFAULT_MIGRATION_LIMIT, continuation
+from dynamo_worker.frontend.serving.migration import DEFAULT_MIGRATION_LIMIT, continuation
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
+from dynamo_worker.frontend.requests.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.errors import ServiceUnavailable
-from dynamo_worker.frontend.pairing import newest_pair, no_pair_message, unpaired
-from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.frontend.models.pairing import newest_pair, no_pair_message, unpaired
+from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.request_plane import RequestClient

@@ -9,11 +9,9 @@ from __future__ import annotations
 import orjson
 import pytest
 from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, UpstreamError
-from dynamo_worker.frontend.job import build_job
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from dynamo_worker.frontend.preprocess import Preprocessor
-from dynamo_worker.frontend.registry import ModelEntry
-from dynamo_worker.frontend.responses import (
+from dynamo_worker.frontend.models.preprocess import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.output.responses import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
@@ -21,7 +19,9 @@ from dynamo_worker.frontend.responses import (
     CompletionChoice,
     dump,
 )
-from dynamo_worker.frontend.shaping import Head, PlainStream, finish_reason, health, sse, usage, whole
+from dynamo_worker.frontend.output.shaping import Head, PlainStream, finish_reason, health, sse, usage, whole
+from dynamo_worker.frontend.requests.job import build_job
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
 
 TEXTS = ["a", ' "quoted" \\ back', "line\nbreak", "\x00", "caf\u00e9 \U0001f600", "\u2028"]
 # Names that would break a template cut at the text's mark, or at the choice's bytes.

@@ -22,16 +22,16 @@ from pathlib import Path
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from dynamo_worker.frontend.admission import Admission
-from dynamo_worker.frontend.dispatch import Dispatcher
-from dynamo_worker.frontend.images import ImagesApi
+from dynamo_worker.frontend.http.server import OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.migration import MigratingDispatcher
-from dynamo_worker.frontend.multimodal import ImageFetcher, MultimodalProcessor
-from dynamo_worker.frontend.preprocess import ModelFiles, Preprocessor
-from dynamo_worker.frontend.quarantine import Quarantine
-from dynamo_worker.frontend.registry import ModelRegistry, UnpairedCounts, WorkerCounts
-from dynamo_worker.frontend.server import OpenAIServer
+from dynamo_worker.frontend.models.preprocess import ModelFiles, Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
+from dynamo_worker.frontend.requests.multimodal import ImageFetcher, MultimodalProcessor
+from dynamo_worker.frontend.serving.admission import Admission
+from dynamo_worker.frontend.serving.dispatch import Dispatcher
+from dynamo_worker.frontend.serving.images import ImagesApi
+from dynamo_worker.frontend.serving.migration import MigratingDispatcher
+from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router

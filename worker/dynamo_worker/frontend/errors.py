@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dynamo_worker.frontend.responses import ErrorDetail, ErrorResponse
+from dynamo_worker.frontend.output.responses import ErrorDetail, ErrorResponse
 
 __all__ = [
     "ApiError",

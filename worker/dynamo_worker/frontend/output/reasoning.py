@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynamo_worker.frontend.tools.base import held_back
+from dynamo_worker.frontend.output.tools.base import held_back
 
 __all__ = ["REASONING_PARSERS", "ReasoningParser"]
 

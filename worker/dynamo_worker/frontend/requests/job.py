@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
 from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions, Usage
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.embeddings import EmbeddingPlan
-    from dynamo_worker.frontend.features import FeaturePlan
-    from dynamo_worker.frontend.preprocess import Preprocessor
-    from dynamo_worker.frontend.registry import ModelEntry
+    from dynamo_worker.frontend.models.preprocess import Preprocessor
+    from dynamo_worker.frontend.models.registry import ModelEntry
+    from dynamo_worker.frontend.requests.embeddings import EmbeddingPlan
+    from dynamo_worker.frontend.requests.features import FeaturePlan
 
 __all__ = ["Job", "JobKind", "build_job", "with_plan"]
 

@@ -33,8 +33,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
-from dynamo_worker.frontend.pairing import Pair, newest_pair, unpaired
-from dynamo_worker.frontend.preprocess import Preprocessor
+from dynamo_worker.frontend.models.pairing import Pair, newest_pair, unpaired
+from dynamo_worker.frontend.models.preprocess import Preprocessor
 from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, Role
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent, InstanceRemoved

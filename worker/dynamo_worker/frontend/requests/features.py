@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from dynamo_worker.frontend.chat_output import AnswerParser, tool_choice_schema
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.featured_run import run_featured
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from dynamo_worker.frontend.reasoning import REASONING_PARSERS
-from dynamo_worker.frontend.request_features import NamedToolChoice, check_schema
-from dynamo_worker.frontend.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
+from dynamo_worker.frontend.output.chat_output import AnswerParser, tool_choice_schema
+from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS
+from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
+from dynamo_worker.frontend.requests.feature_fields import NamedToolChoice, check_schema
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
+from dynamo_worker.frontend.serving.featured_run import run_featured
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.job import Job
-    from dynamo_worker.frontend.server import OpenAIServer
+    from dynamo_worker.frontend.http.server import OpenAIServer
+    from dynamo_worker.frontend.requests.job import Job
 
 log = logging.getLogger(__name__)
 

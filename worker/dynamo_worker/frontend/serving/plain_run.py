@@ -20,15 +20,23 @@ from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
-from dynamo_worker.frontend.job import prompt_tokens
-from dynamo_worker.frontend.responses import FinishReason, Usage, dump
-from dynamo_worker.frontend.shaping import SSE_DONE, Head, PlainStream, finish_reason, sse, usage, whole
-from dynamo_worker.frontend.text import OutputText
+from dynamo_worker.frontend.output.responses import FinishReason, Usage, dump
+from dynamo_worker.frontend.output.shaping import (
+    SSE_DONE,
+    Head,
+    PlainStream,
+    finish_reason,
+    sse,
+    usage,
+    whole,
+)
+from dynamo_worker.frontend.output.text import OutputText
+from dynamo_worker.frontend.requests.job import prompt_tokens
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.dispatch import Dispatcher
-    from dynamo_worker.frontend.job import Job
     from dynamo_worker.frontend.metrics import FrontendMetrics
+    from dynamo_worker.frontend.requests.job import Job
+    from dynamo_worker.frontend.serving.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 

@@ -46,9 +46,9 @@ from dynamo_worker.frontend.errors import (
     UpstreamTimeout,
     WorkerLost,
 )
-from dynamo_worker.frontend.pairing import newest_pair, no_pair_message
-from dynamo_worker.frontend.quarantine import Quarantine
-from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.frontend.models.pairing import newest_pair, no_pair_message
+from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.protocol import (
     MAX_ROOM,
     BootstrapInfo,

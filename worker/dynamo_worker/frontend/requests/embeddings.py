@@ -30,11 +30,11 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, UpstreamError
-from dynamo_worker.frontend.features import check_endpoint, serving
 from dynamo_worker.frontend.httpio import json_response
-from dynamo_worker.frontend.job import Job
-from dynamo_worker.frontend.openai_models import NvExt
-from dynamo_worker.frontend.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
+from dynamo_worker.frontend.output.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
+from dynamo_worker.frontend.requests.features import check_endpoint, serving
+from dynamo_worker.frontend.requests.job import Job
+from dynamo_worker.frontend.requests.openai_models import NvExt
 from dynamo_worker.protocol import (
     EmbedOptions,
     GenerateRequest,
@@ -44,9 +44,9 @@ from dynamo_worker.protocol import (
 )
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.dispatch import Dispatcher
-    from dynamo_worker.frontend.registry import ModelEntry, ModelRegistry
-    from dynamo_worker.frontend.server import OpenAIServer
+    from dynamo_worker.frontend.http.server import OpenAIServer
+    from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry
+    from dynamo_worker.frontend.serving.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 

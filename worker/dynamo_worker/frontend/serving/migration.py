@@ -24,9 +24,9 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
 
-from dynamo_worker.frontend.dispatch import Dispatcher
 from dynamo_worker.frontend.errors import ApiError, WorkerLost
-from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, Usage
 
 __all__ = ["DEFAULT_MIGRATION_LIMIT", "MigratingDispatcher", "continuation"]

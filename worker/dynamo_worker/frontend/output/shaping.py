@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import orjson
 
 from dynamo_worker.frontend.errors import UpstreamError
-from dynamo_worker.frontend.responses import (
+from dynamo_worker.frontend.output.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -22,10 +22,10 @@ from dynamo_worker.frontend.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
-from dynamo_worker.frontend.multimodal import Unreachable, post_to_worker
-from dynamo_worker.frontend.openai_models import _Body, parse_request
-from dynamo_worker.frontend.registry import ModelRegistry
-from dynamo_worker.frontend.responses import GeneratedImages, ImageData
+from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.output.responses import GeneratedImages, ImageData
+from dynamo_worker.frontend.requests.multimodal import Unreachable, post_to_worker
+from dynamo_worker.frontend.requests.openai_models import _Body, parse_request
 from dynamo_worker.multimodal.wire import (
     IMAGES_PATH,
     MAX_GENERATED_IMAGES,

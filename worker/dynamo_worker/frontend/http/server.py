@@ -26,11 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
-from dynamo_worker.frontend.admission import Admission, request_hints
-from dynamo_worker.frontend.dispatch import Dispatcher
-from dynamo_worker.frontend.embeddings import EmbeddingBatcher, EmbeddingRequest, prepare_embeddings
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable
-from dynamo_worker.frontend.generation import prepare_chat, prepare_completion
+from dynamo_worker.frontend.http.info_endpoints import InfoEndpoints
 from dynamo_worker.frontend.httpio import (
     MAX_BODY_BYTES,
     error_response,
@@ -38,15 +35,22 @@ from dynamo_worker.frontend.httpio import (
     openai_errors,
     read_body,
 )
-from dynamo_worker.frontend.images import ImagesApi
-from dynamo_worker.frontend.info_endpoints import InfoEndpoints
-from dynamo_worker.frontend.job import Job
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.multimodal import MultimodalProcessor
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest, parse_request
-from dynamo_worker.frontend.plain_run import PlainRun
-from dynamo_worker.frontend.registry import ModelRegistry
-from dynamo_worker.frontend.responses import GeneratedImages, dump
+from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.output.responses import GeneratedImages, dump
+from dynamo_worker.frontend.requests.embeddings import EmbeddingBatcher, EmbeddingRequest, prepare_embeddings
+from dynamo_worker.frontend.requests.generation import prepare_chat, prepare_completion
+from dynamo_worker.frontend.requests.job import Job
+from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
+from dynamo_worker.frontend.requests.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
+from dynamo_worker.frontend.serving.admission import Admission, request_hints
+from dynamo_worker.frontend.serving.dispatch import Dispatcher
+from dynamo_worker.frontend.serving.images import ImagesApi
+from dynamo_worker.frontend.serving.plain_run import PlainRun
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.features import chat_messages, plan_chat, plan_completion, serving
-from dynamo_worker.frontend.job import Job, build_job, with_plan
-from dynamo_worker.frontend.multimodal import MultimodalProcessor, has_images
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from dynamo_worker.frontend.registry import ModelRegistry
+from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.requests.features import chat_messages, plan_chat, plan_completion, serving
+from dynamo_worker.frontend.requests.job import Job, build_job, with_plan
+from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor, has_images
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "THREAD_TOKENIZE_CHARS", "prepare_chat", "prepare_completion"]
 

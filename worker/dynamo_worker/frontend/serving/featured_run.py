@@ -24,19 +24,19 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from dynamo_worker.frontend import shaping
-from dynamo_worker.frontend.chat_output import AnswerStream
 from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
-from dynamo_worker.frontend.job import prompt_tokens
-from dynamo_worker.frontend.shaping import SSE_DONE, finish_reason, sse
-from dynamo_worker.frontend.text import OutputText
+from dynamo_worker.frontend.output import shaping
+from dynamo_worker.frontend.output.chat_output import AnswerStream
+from dynamo_worker.frontend.output.shaping import SSE_DONE, finish_reason, sse
+from dynamo_worker.frontend.output.text import OutputText
+from dynamo_worker.frontend.requests.job import prompt_tokens
 from dynamo_worker.protocol import TokenLogprob
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.features import FeaturePlan
-    from dynamo_worker.frontend.job import Job
-    from dynamo_worker.frontend.server import OpenAIServer
+    from dynamo_worker.frontend.http.server import OpenAIServer
+    from dynamo_worker.frontend.requests.features import FeaturePlan
+    from dynamo_worker.frontend.requests.job import Job
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Callable
 
-from dynamo_worker.frontend.tools.base import (
+from dynamo_worker.frontend.output.tools.base import (
     Parsed,
     ToolCall,
     ToolParser,

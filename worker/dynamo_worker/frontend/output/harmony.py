@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from dynamo_worker.frontend.tools.base import Parsed, ToolCall, held_back
+from dynamo_worker.frontend.output.tools.base import Parsed, ToolCall, held_back
 
 __all__ = ["HARMONY_TOKENS", "HarmonyMessage", "harmony_messages", "parse_harmony"]
 

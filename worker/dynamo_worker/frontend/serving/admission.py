@@ -50,7 +50,7 @@ from prometheus_client import Histogram
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, TooManyRequests
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.registry import ModelEntry, ModelRegistry
+from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry
 from dynamo_worker.protocol import InstanceRecord
 
 __all__ = [

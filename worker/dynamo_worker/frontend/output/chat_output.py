@@ -25,9 +25,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dynamo_worker.frontend.harmony import HARMONY_TOKENS, Open, parse_harmony
-from dynamo_worker.frontend.reasoning import ReasoningParser
-from dynamo_worker.frontend.tools import HARMONY_PARSER, TOOL_PARSERS, Parsed, ToolCall
+from dynamo_worker.frontend.output.harmony import HARMONY_TOKENS, Open, parse_harmony
+from dynamo_worker.frontend.output.reasoning import ReasoningParser
+from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, Parsed, ToolCall
 
 log = logging.getLogger(__name__)
 

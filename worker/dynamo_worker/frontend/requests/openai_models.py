@@ -35,7 +35,12 @@ from pydantic import (
 )
 
 from dynamo_worker.frontend.errors import InvalidRequest, from_validation_error
-from dynamo_worker.frontend.request_features import MessageToolCall, NamedToolChoice, ResponseFormat, Tool
+from dynamo_worker.frontend.requests.feature_fields import (
+    MessageToolCall,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+)
 
 __all__ = [
     "ChatCompletionRequest",

@@ -39,9 +39,9 @@ from aiohttp.resolver import DefaultResolver
 from pydantic import ValidationError
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
-from dynamo_worker.frontend.openai_models import ChatCompletionRequest, ImageUrlPart
-from dynamo_worker.frontend.preprocess import Preprocessor
-from dynamo_worker.frontend.registry import ModelEntry
+from dynamo_worker.frontend.models.preprocess import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, ImageUrlPart
 from dynamo_worker.multimodal.images import BadImage, content_hash, sniff
 from dynamo_worker.multimodal.wire import ENCODE_PATH, EncodeRequest, EncodeResponse, ImageInput
 from dynamo_worker.protocol import ImageSpan, InstanceRecord, image_pad_id

@@ -4,8 +4,8 @@ its model card. ``TOOL_PARSERS`` maps every supported name to its parser; ``gpt-
 
 from __future__ import annotations
 
-from dynamo_worker.frontend.tools.base import Parsed, ToolCall, ToolParser
-from dynamo_worker.frontend.tools.formats import (
+from dynamo_worker.frontend.output.tools.base import Parsed, ToolCall, ToolParser
+from dynamo_worker.frontend.output.tools.formats import (
     DeepSeekV3Parser,
     DeepSeekV31Parser,
     HermesParser,
