@@ -241,7 +241,7 @@ class InstanceRecord(_Wire):
     dp_size: Annotated[int, Field(ge=1)] = 1
     model_card_checksum: str | None = None  # key of the ModelCard in the object store
     # What fixes the KV layout and the model (``runtime.worker.worker_revision``): a prefill and a
-    # decode worker are paired only when their revisions are equal (``frontend.pairing``).
+    # decode worker are paired only when their revisions are equal (``frontend.models.pairing``).
     revision: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     started_at: float | None = None  # unix time the worker started: orders revisions, newest first
     version: Literal[1] = PROTOCOL_VERSION

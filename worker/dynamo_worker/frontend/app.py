@@ -169,7 +169,7 @@ class Frontend:
         )
         self.server = OpenAIServer(
             self.registry,
-            migrating,  # type: ignore[arg-type]  # Dispatcher's interface, with migration
+            migrating,
             self.metrics,
             max_inflight=s.max_inflight,
             embedding_batch_window_s=s.embedding_batch_window_ms / 1000,

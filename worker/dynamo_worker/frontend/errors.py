@@ -16,19 +16,21 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
                              KV handoff of a disaggregated request, code kv_transfer_timeout)
 
 Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
-event once a stream has started).
+event once a stream has started). The body's models (``ErrorResponse``) are here, not with the other
+bodies in ``output.responses``: every room of the frontend raises these, and none needs the output room
+for it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
-from dynamo_worker.frontend.output.responses import ErrorDetail, ErrorResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
     "ApiError",
+    "ErrorDetail",
+    "ErrorResponse",
     "InvalidRequest",
     "ModelNotFound",
     "RequestTimeout",
@@ -39,6 +41,23 @@ __all__ = [
     "WorkerLost",
     "from_validation_error",
 ]
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error's body, and the last SSE event of a stream that failed after it started."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
 
 
 class ApiError(Exception):
@@ -108,7 +127,7 @@ class UpstreamTimeout(UpstreamError):
 
 class WorkerLost(UpstreamError):
     """A worker stopped serving a request it had taken (or never answered): not the request's fault,
-    so another worker of ``role`` may continue it (``frontend.migration``)."""
+    so another worker of ``role`` may continue it (``serving.migration``)."""
 
     def __init__(self, message: str, *, code: str, instance_id: str, role: str) -> None:
         super().__init__(message, code=code)

@@ -12,7 +12,7 @@ Each side knows its KV layout (``kv_layout``: the served model and the page size
 its own with the fetch, and a prefill worker whose layout differs refuses it (HTTP 409): both legs end
 with ``bootstrap_failed`` at once, naming both layouts. SGLang would not refuse: a decode engine reading
 KV blocks of another page size or model produces garbage or hangs, which is why the frontend pairs a
-prefill and a decode worker only within one revision (``frontend.pairing``); the refusal makes a pair
+prefill and a decode worker only within one revision (``frontend.models.pairing``); the refusal makes a pair
 that slipped through visible in tests.
 """
 

@@ -1,7 +1,7 @@
 """``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live`` and ``/metrics``: what this
 frontend serves and how it is doing, read from the model registry and the metrics registry.
 
-``/v1/models`` lists the models served now and those kept (``frontend.registry``: a graph's models at 0
+``/v1/models`` lists the models served now and those kept (``models.registry``: a graph's models at 0
 replicas, a model whose workers left within the retention), whose requests wait for a worker.
 ``/health`` is ready while it lists one: a frontend whose models scale from zero must stay in its
 Service, or the requests that signal the demand never reach it."""

@@ -3,15 +3,17 @@ once, waiting ones included) and the per-endpoint metrics; thin handlers over th
 work.
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
-  (``openai_models``), the request waits for a slot of its model (``admission``: priority, deadline,
-  429/503, scale from zero), then ``generation`` tokenizes it into a ``job.Job``; ``plain_run`` serves
-  it, or ``featured_run`` when it uses tools, reasoning, structured output or logprobs (a
-  ``FeaturePlan`` on the job).
-- ``POST /v1/embeddings``: ``embeddings`` (its requests batched across clients).
-- ``POST /v1/images/generations``: ``images`` (diffusion workers).
+  (``requests.openai_models``), the request waits for a slot of its model (``serving.admission``:
+  priority, deadline, 429/503, scale from zero), then ``requests.generation`` tokenizes it into a
+  ``requests.job.Job``; ``serving.plain_run`` serves it, or ``serving.featured_run`` when it uses tools,
+  reasoning, structured output or logprobs (a ``FeaturePlan`` on the job).
+- ``POST /v1/embeddings``: ``requests.embeddings``, then ``serving.embeddings`` (its requests batched
+  across clients).
+- ``POST /v1/images/generations``: ``serving.images`` (diffusion workers).
 - ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
 
-Bodies are ``responses`` models shaped by ``shaping``; errors are OpenAI's (``errors``, ``httpio``).
+Bodies are ``output.responses`` models shaped by ``output.shaping``; errors are OpenAI's (``errors``,
+``httpio``).
 A client that goes away cancels the handler (``handler_cancellation``), which closes the worker
 streams, which cancels the request on the workers.
 """
@@ -38,9 +40,10 @@ from dynamo_worker.frontend.httpio import (
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.output.responses import GeneratedImages, dump
-from dynamo_worker.frontend.requests.embeddings import EmbeddingBatcher, EmbeddingRequest, prepare_embeddings
+from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
+from dynamo_worker.frontend.requests.features import FeaturePlan
 from dynamo_worker.frontend.requests.generation import prepare_chat, prepare_completion
-from dynamo_worker.frontend.requests.job import Job
+from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
 from dynamo_worker.frontend.requests.openai_models import (
     ChatCompletionRequest,
@@ -48,7 +51,9 @@ from dynamo_worker.frontend.requests.openai_models import (
     parse_request,
 )
 from dynamo_worker.frontend.serving.admission import Admission, request_hints
-from dynamo_worker.frontend.serving.dispatch import Dispatcher
+from dynamo_worker.frontend.serving.dispatch import Dispatch
+from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher, run_embedding
+from dynamo_worker.frontend.serving.featured_run import run_featured
 from dynamo_worker.frontend.serving.images import ImagesApi
 from dynamo_worker.frontend.serving.plain_run import PlainRun
 
@@ -64,7 +69,7 @@ class OpenAIServer:
     def __init__(
         self,
         registry: ModelRegistry,
-        dispatcher: Dispatcher,
+        dispatcher: Dispatch,
         metrics: FrontendMetrics,
         *,
         max_inflight: int,
@@ -126,7 +131,7 @@ class OpenAIServer:
         return await prepare_completion(self.registry, req)
 
     async def _embeddings(self, req: Any) -> Job:
-        return await prepare_embeddings(self.registry, self.embedder, req)
+        return await prepare_embeddings(self.registry, req)
 
     def _endpoint(
         self,
@@ -175,8 +180,12 @@ class OpenAIServer:
         return handler
 
     async def _run(self, http_request: web.Request, job: Job, started: float) -> web.StreamResponse:
-        if job.plan is not None:
-            return await job.plan.run(self, http_request, job, started)
+        """Serve ``job``: the run its plan calls for, each given what it uses."""
+        plan = job.plan
+        if isinstance(plan, FeaturePlan):
+            return await run_featured(self.dispatcher, self.metrics, http_request, job, plan, started)
+        if isinstance(plan, EmbeddingPlan):
+            return await run_embedding(self.embedder, self.metrics, job, plan)
         return await PlainRun(self.dispatcher, self.metrics, http_request, job, started).run()
 
     # --- admission and failures ---------------------------------------------------------------

@@ -1,12 +1,12 @@
 """Which models are served, by which workers: discovery events in, a lookup for each request out.
 
 A model is *served* while its registered workers can complete a request (an aggregated worker, or a
-prefill and a decode worker of one revision, ``frontend.pairing``) and its tokenizer is loaded (from
+prefill and a decode worker of one revision, ``models.pairing``) and its tokenizer is loaded (from
 the worker's model card). The first worker of a model triggers one card fetch. A worker that registers
 with a different model card (an updated tokenizer) makes the frontend load that card; requests use the
 previous one until it is loaded.
 
-A model is *kept* (listed by ``/v1/models``, and its requests held by ``frontend.admission`` until a
+A model is *kept* (listed by ``/v1/models``, and its requests held by ``serving.admission`` until a
 worker can take them) while it is served, and also when nobody serves it now but
 
 - it is one of the graph's models (``--graph-models``, which the operator sets from the graph's workers:
@@ -70,7 +70,7 @@ class ModelEntry:
         return [w for w in self.workers.values() if w.role == role]
 
     def pair(self) -> Pair | None:
-        """The prefill and decode workers disaggregated requests go to (``frontend.pairing``)."""
+        """The prefill and decode workers disaggregated requests go to (``models.pairing``)."""
         if not self._pair_known:
             self._pair = newest_pair(self.by_role("prefill"), self.by_role("decode"))
             self._pair_known = True
@@ -82,7 +82,7 @@ class ModelEntry:
 
     def can_serve(self) -> bool:
         """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker of
-        one revision (``frontend.pairing``; ``dispatch`` answers 503 for any other mix)."""
+        one revision (``models.pairing``; ``dispatch`` answers 503 for any other mix)."""
         if self._can_serve is None:
             roles = {w.role for w in self.workers.values()}
             self._can_serve = "agg" in roles or "diffusion" in roles or self.pair() is not None
@@ -143,7 +143,7 @@ class ModelRegistry:
         self._changed_now()
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every change of workers or model cards (``frontend.admission``)."""
+        """Call ``listener`` after every change of workers or model cards (``serving.admission``)."""
         self._listeners.append(listener)
 
     def _changed_now(self) -> None:
@@ -294,7 +294,7 @@ class ModelRegistry:
 
     def admissible(self, model: str) -> bool:
         """True when a request for ``model`` may go ahead now; False when it is to be held until the model
-        is served again (``frontend.admission``): a kept model that nobody serves now, or one whose
+        is served again (``serving.admission``): a kept model that nobody serves now, or one whose
         tokenizer is still loading. Raises the error that answers the request at once otherwise."""
         entry = self._models.get(model)
         if entry is not None and entry.preprocessor is not None and entry.can_serve():

@@ -8,7 +8,7 @@
 - with ``tool_choice`` ``auto`` the tool-call parser of the model (``--tool-call-parser``) finds calls;
 - with ``tool_choice`` ``required`` or a named function, decoding was constrained to JSON
   (``tool_choice_schema``): ``[{"name", "parameters"}, ...]`` or the named function's arguments;
-- ``gpt-oss`` reads harmony for both (``frontend.harmony``).
+- ``gpt-oss`` reads harmony for both (``output.harmony``).
 
 ``AnswerStream`` splits reasoning as it streams (``reasoning.ReasoningSplitter``), then re-parses
 the rest from the last point the tool-call parser *settled* (parsers are prefix-stable, see

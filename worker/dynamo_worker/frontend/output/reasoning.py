@@ -7,7 +7,7 @@ Written for this project; the names are SGLang's ``--reasoning-parser`` values:
   all reasoning.
 - ``qwen3``: reasoning only when the output starts with ``<think>`` (Qwen3 with thinking enabled);
   otherwise all of it is content.
-- ``gpt-oss``: harmony's ``analysis`` channel (``frontend.harmony``).
+- ``gpt-oss``: harmony's ``analysis`` channel (``output.harmony``).
 
 ``ReasoningParser.splitter()`` splits one answer as it streams (``ReasoningSplitter``); the rest then
 goes to the tool-call parser.

@@ -1,4 +1,4 @@
-"""OpenAI response bodies as pydantic models: the counterpart of ``openai_models`` (the requests).
+"""OpenAI response bodies as pydantic models: the counterpart of ``requests.openai_models`` (the requests).
 
 Field order is declaration order, and it is OpenAI's (``id``, ``object``, ``created``, ``model``,
 ``choices``, ``usage``); clients and golden files may compare it. What a model leaves out rather
@@ -6,7 +6,7 @@ than sending as ``null`` is said on the model: a chat ``delta`` sends only the f
 chunk's ``usage`` is ``null`` only when the client asked for usage (``stream_options``), and ``/health``
 gives a ``reason`` only when unhealthy.
 
-These models are pure data: no aiohttp, no clock. ``frontend.shaping`` builds them from a job's
+These models are pure data: no aiohttp, no clock. ``output.shaping`` builds them from a job's
 results; ``dump`` renders one as JSON bytes.
 """
 
@@ -28,8 +28,6 @@ __all__ = [
     "Embedding",
     "EmbeddingList",
     "EmbeddingUsage",
-    "ErrorDetail",
-    "ErrorResponse",
     "FinishReason",
     "GeneratedImages",
     "Health",
@@ -63,22 +61,6 @@ def _omitted_if_none() -> Any:
 def dump(body: BaseModel, *, exclude: set[str] | None = None) -> bytes:
     """``body`` as compact JSON bytes (UTF-8, nothing escaped but what JSON must)."""
     return body.__pydantic_serializer__.to_json(body, exclude=exclude)
-
-
-# --- errors (``frontend.errors``) ----------------------------------------------------------------
-
-
-class ErrorDetail(_Wire):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(_Wire):
-    """Every error's body, and the last SSE event of a stream that failed after it started."""
-
-    error: ErrorDetail
 
 
 # --- usage ----------------------------------------------------------------------------------------

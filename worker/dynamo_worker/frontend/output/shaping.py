@@ -1,4 +1,4 @@
-"""Response shaping: pure functions from results to the bodies of ``frontend.responses``, and the SSE
+"""Response shaping: pure functions from results to the bodies of ``output.responses``, and the SSE
 events of a plain (featureless) chat or completion stream.
 
 Nothing here does I/O or reads a clock; the same input gives the same bytes.
@@ -87,7 +87,7 @@ def model_list(cards: list[ModelCard]) -> ModelList:
 
 def health(served: list[str], namespace: str) -> tuple[int, Health]:
     """(HTTP status, body) of ``/health``: healthy while some model is listed (served, or kept while it
-    scales up: ``frontend.registry``)."""
+    scales up: ``models.registry``)."""
     if served:
         return 200, Health(status="healthy", models=served)
     reason = (

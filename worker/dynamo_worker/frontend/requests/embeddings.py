@@ -1,4 +1,4 @@
-"""``POST /v1/embeddings``: OpenAI's request and response, and the batching of small requests.
+"""``POST /v1/embeddings`` up to the job: OpenAI's request, checked and tokenized.
 
 Input forms (OpenAI's four): a string, a list of strings, a list of token ids, a list of lists of token
 ids. Strings are tokenized with the model's tokenizer (special tokens added, as SGLang does); ids are
@@ -11,46 +11,25 @@ Only models whose card says ``model_type: embedding`` (SGLang ``--is-embedding``
 ``--is-embedding``) serve this endpoint; the others answer 400, and embedding models answer 400 to
 chat and completions (``features.check_endpoint``).
 
-Batching (``EmbeddingBatcher``): requests of the same model and ``dimensions`` that arrive within
-``window_s`` of each other are sent to one worker as one request (SGLang batches a list of inputs in
-one forward pass), up to ``max_inputs`` inputs and ``max_tokens`` tokens; a request that alone reaches
-a bound goes by itself at once. A client that goes away leaves its batch running for the others.
+Serving the job (batched with other clients' requests, and answered) is ``serving.embeddings``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from dynamo_worker.frontend.errors import ApiError, InvalidRequest, UpstreamError
-from dynamo_worker.frontend.httpio import json_response
-from dynamo_worker.frontend.output.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
-from dynamo_worker.frontend.requests.features import check_endpoint, serving
-from dynamo_worker.frontend.requests.job import Job
+from dynamo_worker.frontend.errors import InvalidRequest
+from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.requests.features import check_endpoint, served_features
+from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.requests.openai_models import NvExt
-from dynamo_worker.protocol import (
-    EmbedOptions,
-    GenerateRequest,
-    ServingFeatures,
-    StopConditions,
-    unpack_vector,
-)
+from dynamo_worker.protocol import EmbedOptions, GenerateRequest, ServingFeatures, StopConditions
 
-if TYPE_CHECKING:
-    from dynamo_worker.frontend.http.server import OpenAIServer
-    from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry
-    from dynamo_worker.frontend.serving.dispatch import Dispatcher
-
-log = logging.getLogger(__name__)
-
-__all__ = ["EmbeddingBatcher", "EmbeddingRequest", "prepare_embeddings"]
+__all__ = ["EmbeddingRequest", "prepare_embeddings"]
 
 MAX_INPUTS = 2048  # OpenAI's bounds: inputs per request, and tokens over all of them
 MAX_TOTAL_TOKENS = 300_000
@@ -111,40 +90,11 @@ def _check_dimensions(features: ServingFeatures, dimensions: int, model: str) ->
         )
 
 
-@dataclass
-class EmbeddingPlan:
-    batcher: EmbeddingBatcher
-    encoding_format: str
-
-    async def run(
-        self, server: OpenAIServer, http_request: web.Request, job: Job, started: float
-    ) -> web.StreamResponse:
-        assert job.generate.embed is not None
-        vectors = await self.batcher.embed(job.entry, job.generate)
-        tokens = sum(len(i) for i in job.generate.embed.inputs)
-        server.metrics.input_tokens.labels(job.model).inc(tokens)
-        body = EmbeddingList(
-            data=[
-                Embedding(index=i, embedding=_encode(v, self.encoding_format)) for i, v in enumerate(vectors)
-            ],
-            model=job.model,
-            usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
-        )
-        return json_response(dump(body))
-
-
-def _encode(packed: str, encoding_format: str) -> list[float] | str:
-    """The wire already carries OpenAI's base64 form; ``float`` unpacks it."""
-    return packed if encoding_format == "base64" else unpack_vector(packed)
-
-
-async def prepare_embeddings(
-    registry: ModelRegistry, batcher: EmbeddingBatcher, req: EmbeddingRequest
-) -> Job:
+async def prepare_embeddings(registry: ModelRegistry, req: EmbeddingRequest) -> Job:
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
-    features = serving(pre)
+    features = served_features(pre)
     check_endpoint(features, "embedding", req.model)
     dimensions = req.dimensions
     if dimensions is not None:
@@ -203,105 +153,5 @@ async def prepare_embeddings(
         stream=False,
         include_usage=False,
         id="embd-" + request_id,
-        plan=EmbeddingPlan(batcher, req.encoding_format),
+        plan=EmbeddingPlan(req.encoding_format),
     )
-
-
-@dataclass
-class _Waiting:
-    inputs: list[list[int]]
-    future: asyncio.Future[list[str]]
-
-
-class EmbeddingBatcher:
-    def __init__(
-        self, dispatcher: Dispatcher, *, window_s: float = 0.002, max_inputs: int = 64, max_tokens: int = 8192
-    ) -> None:
-        self._dispatcher = dispatcher
-        self.window_s = window_s
-        self.max_inputs = max_inputs
-        self.max_tokens = max_tokens
-        self._queues: dict[tuple[str, int | None], list[_Waiting]] = {}
-        self._timers: dict[tuple[str, int | None], asyncio.TimerHandle] = {}
-        self._batches: set[asyncio.Task[None]] = set()
-
-    async def embed(self, entry: ModelEntry, request: GenerateRequest) -> list[str]:
-        """One vector per input of ``request.embed``, in order (``protocol.pack_vector``); raises
-        ``ApiError``."""
-        assert request.embed is not None
-        inputs = request.embed.inputs
-        if len(inputs) >= self.max_inputs or sum(map(len, inputs)) >= self.max_tokens:
-            return await self._send(entry, request)
-        key = (entry.name, request.embed.dimensions)
-        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        queue = self._queues.setdefault(key, [])
-        queue.append(_Waiting(inputs, future))
-        full = (
-            sum(len(w.inputs) for w in queue) >= self.max_inputs
-            or sum(len(i) for w in queue for i in w.inputs) >= self.max_tokens
-        )
-        if full:
-            self._flush(key, entry)
-        elif key not in self._timers:
-            self._timers[key] = asyncio.get_running_loop().call_later(self.window_s, self._flush, key, entry)
-        return await future
-
-    def _flush(self, key: tuple[str, int | None], entry: ModelEntry) -> None:
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.cancel()
-        waiting = [w for w in self._queues.pop(key, []) if not w.future.done()]
-        if waiting:
-            task = asyncio.create_task(self._batch(entry, key[1], waiting), name=f"embed-batch-{key[0]}")
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
-
-    async def _batch(self, entry: ModelEntry, dimensions: int | None, waiting: list[_Waiting]) -> None:
-        inputs = [i for w in waiting for i in w.inputs]
-        request = GenerateRequest(
-            request_id=uuid.uuid4().hex,
-            model=entry.name,
-            token_ids=inputs[0],
-            stop=StopConditions(max_tokens=1),
-            embed=EmbedOptions(inputs=inputs, dimensions=dimensions),
-        )
-        try:
-            vectors = await self._send(entry, request)
-        except ApiError as e:
-            for w in waiting:
-                if not w.future.done():
-                    w.future.set_exception(e)
-            return
-        pos = 0
-        for w in waiting:
-            if not w.future.done():
-                w.future.set_result(vectors[pos : pos + len(w.inputs)])
-            pos += len(w.inputs)
-        if len(waiting) > 1:
-            log.debug("Batched embeddings model=%s requests=%d inputs=%d", entry.name, len(waiting), pos)
-
-    async def _send(self, entry: ModelEntry, request: GenerateRequest) -> list[str]:
-        assert request.embed is not None
-        expected = len(request.embed.inputs)
-        vectors: list[str] = []
-        async with contextlib.aclosing(self._dispatcher.generate(entry, request)) as chunks:
-            async for chunk in chunks:
-                vectors += chunk.embeddings or []
-                if chunk.finish_reason is None:
-                    continue
-                if len(vectors) != expected:
-                    raise UpstreamError(
-                        f"The worker returned {len(vectors)} embeddings for {expected} inputs; is it an "
-                        "embedding worker (--is-embedding)?",
-                        code="bad_worker_answer",
-                    )
-                return vectors
-        raise UpstreamError("The worker ended the stream without embeddings.", code="bad_worker_answer")
-
-    async def close(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        for task in list(self._batches):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task

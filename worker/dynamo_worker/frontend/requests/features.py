@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from aiohttp import web
+from typing import Any
 
 from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.output.chat_output import AnswerParser, tool_choice_schema
@@ -31,23 +29,26 @@ from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS
 from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
 from dynamo_worker.frontend.requests.feature_fields import NamedToolChoice, check_schema
 from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
-from dynamo_worker.frontend.serving.featured_run import run_featured
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
-
-if TYPE_CHECKING:
-    from dynamo_worker.frontend.http.server import OpenAIServer
-    from dynamo_worker.frontend.requests.job import Job
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FeaturePlan", "chat_messages", "check_endpoint", "plan_chat", "plan_completion", "serving"]
+__all__ = [
+    "FeaturePlan",
+    "chat_messages",
+    "check_endpoint",
+    "plan_chat",
+    "plan_completion",
+    "served_features",
+]
 
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
 
 
 @dataclass
 class FeaturePlan:
-    """What the server does differently for this request (``None`` from ``plan_*``: nothing)."""
+    """What serving does differently for this request (``None`` from ``plan_*``: nothing); a job with
+    one is served by ``serving.featured_run``."""
 
     structured: StructuredOutput | None = None
     logprobs: int | None = None  # None: off; k: each token's logprob and k alternatives
@@ -57,13 +58,9 @@ class FeaturePlan:
     def generate_update(self) -> dict[str, Any]:
         return {"structured": self.structured, "logprobs": self.logprobs}
 
-    async def run(
-        self, server: OpenAIServer, http_request: web.Request, job: Job, started: float
-    ) -> web.StreamResponse:
-        return await run_featured(server, http_request, job, self, started)
 
-
-def serving(preprocessor: Any) -> ServingFeatures:
+def served_features(preprocessor: Any) -> ServingFeatures:
+    """What the model's workers serve (its model card's ``ServingFeatures``)."""
     return getattr(preprocessor, "features", None) or ServingFeatures()
 
 

@@ -1,8 +1,8 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions`` up to the job, from the parsed and
 validated body (``openai_models.parse_request``; the server holds it for a slot in between,
-``frontend.admission``): look the model up (404 unknown, 503 nobody serving it), plan the features it
-uses, tokenize (the chat template for chat; images through ``frontend.multimodal``) and check the
-context length (``job.build_job``). Serving the job is ``plain_run`` or ``featured_run``.
+``serving.admission``): look the model up (404 unknown, 503 nobody serving it), plan the features it
+uses, tokenize (the chat template for chat; images through ``requests.multimodal``) and check the
+context length (``job.build_job``). Serving the job is ``serving.plain_run`` or ``serving.featured_run``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from typing import Any
 
 from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.models.registry import ModelRegistry
-from dynamo_worker.frontend.requests.features import chat_messages, plan_chat, plan_completion, serving
+from dynamo_worker.frontend.requests.features import (
+    chat_messages,
+    plan_chat,
+    plan_completion,
+    served_features,
+)
 from dynamo_worker.frontend.requests.job import Job, build_job, with_plan
 from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor, has_images
 from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
@@ -46,7 +51,7 @@ async def prepare_chat(
         job = build_job("chat", req, entry, ids, prompt_param="messages", default_max=None)
         job.generate = job.generate.model_copy(update={"images": spans})
         return job
-    plan = plan_chat(req, serving(pre))
+    plan = plan_chat(req, served_features(pre))
     messages = chat_messages(req)
     kwargs = (plan.template_kwargs,) if plan is not None and plan.template_kwargs else ()
     ids = await _tokenize(
@@ -63,7 +68,7 @@ async def prepare_completion(registry: ModelRegistry, req: CompletionRequest) ->
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
-    plan = plan_completion(req, serving(pre))
+    plan = plan_completion(req, served_features(pre))
     prompt = req.prompt_text_or_ids()
     if isinstance(prompt, str):
         ids = await _tokenize(len(prompt), pre.encode_prompt, prompt)

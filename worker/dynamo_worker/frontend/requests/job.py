@@ -19,12 +19,18 @@ from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditi
 if TYPE_CHECKING:
     from dynamo_worker.frontend.models.preprocess import Preprocessor
     from dynamo_worker.frontend.models.registry import ModelEntry
-    from dynamo_worker.frontend.requests.embeddings import EmbeddingPlan
     from dynamo_worker.frontend.requests.features import FeaturePlan
 
-__all__ = ["Job", "JobKind", "build_job", "with_plan"]
+__all__ = ["EmbeddingPlan", "Job", "JobKind", "build_job", "with_plan"]
 
 JobKind = Literal["chat", "completion", "embedding"]
+
+
+@dataclass(frozen=True)
+class EmbeddingPlan:
+    """An embedding job's answer: its vectors as lists of floats or as OpenAI's base64."""
+
+    encoding_format: Literal["float", "base64"]
 
 
 @dataclass
@@ -43,7 +49,9 @@ class Job:
     include_usage: bool
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
-    plan: FeaturePlan | EmbeddingPlan | None = None  # tools, reasoning, logprobs, ...; embeddings
+    # How serving differs from a plain job's: tools, reasoning, logprobs, ... (``serving.featured_run``);
+    # an embedding's answer (``serving.embeddings``). None: plain (``serving.plain_run``).
+    plan: FeaturePlan | EmbeddingPlan | None = None
 
 
 def prompt_tokens(job: Job, worker_usage: Usage | None) -> int:
@@ -155,7 +163,7 @@ def build_job(
 
 
 def with_plan(job: Job, plan: FeaturePlan | None) -> Job:
-    """``job`` served through ``featured_run`` when ``plan`` changes the answer; template-only plans
+    """``job`` served through ``serving.featured_run`` when ``plan`` changes the answer; template-only plans
     (``chat_template_kwargs``) already did their part in tokenizing."""
     if plan is not None and (plan.structured or plan.logprobs is not None or plan.answer):
         job.plan = plan

@@ -11,12 +11,12 @@ wants several samples sends several requests (which the router then spreads over
 Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, a message's ``tool_calls`` and
 ``tool_call_id``), structured output (``response_format``), ``logprobs``/``top_logprobs`` and
 ``reasoning_effort`` are accepted here and checked against what the model serves in
-``frontend.features``.
+``requests.features``.
 
 Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``regex``, ``ebnf`` (and ``json_schema`` as text for completions) for constrained
 decoding, ``chat_template_kwargs`` and ``separate_reasoning`` for chat. ``nvext`` (NVIDIA Dynamo's
-extension object, ``NvExt``) carries what the wait queue reads (``frontend.admission``):
+extension object, ``NvExt``) carries what the wait queue reads (``serving.admission``):
 ``agent_hints.priority`` and ``request_ttl``; its other fields are accepted and ignored.
 """
 
@@ -65,7 +65,7 @@ class AgentHints(_Body):
 
 
 class NvExt(_Body):
-    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``frontend.admission``)."""
+    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``serving.admission``)."""
 
     agent_hints: AgentHints | None = None
     # How long the request may wait for a worker: seconds, or a Go duration ("2s", "1m30s").
@@ -91,7 +91,7 @@ class ImageUrl(_Body):
 
 
 class ImageUrlPart(_Body):
-    """An image in a user message (``frontend.multimodal`` fetches, encodes and places it)."""
+    """An image in a user message (``requests.multimodal`` fetches, encodes and places it)."""
 
     type: Literal["image_url"]
     image_url: ImageUrl

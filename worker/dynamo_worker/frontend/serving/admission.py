@@ -7,7 +7,7 @@ registered none). A request takes a slot from admission to its last byte (a migr
 it back when it ends. This frontend counts its own requests only: with several frontends, each may fill
 the workers' slots, and the rest waits in the engines.
 
-A request that finds no free slot, or finds its model kept but not served now (``frontend.registry``:
+A request that finds no free slot, or finds its model kept but not served now (``models.registry``:
 scaling from zero, workers restarting, the gap of a rollout, its tokenizer loading), waits in the
 model's queue:
 

@@ -3,7 +3,7 @@
 Serving mode per model, decided from the workers discovery knows now (``plan_roles``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
-  are chosen (the newest revision that has both roles, ``frontend.pairing``), a random 63-bit
+  are chosen (the newest revision that has both roles, ``models.pairing``), a random 63-bit
   ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
   ``bootstrap_info`` (the prefill worker's bootstrap host/port): waiting for the prefill before starting
   the decode can deadlock SGLang's KV handshake. The decode leg is streamed back; the prefill leg
@@ -23,10 +23,10 @@ else a worker did wrong (died mid-stream, timed out, engine error) -> 502 (``Wor
 worker itself is gone). A worker that cannot be reached, or refuses before doing any work, is retried
 once on another worker of the same role.
 
-A worker that cannot be reached, breaks a stream or stalls it is quarantined (``frontend.quarantine``):
+A worker that cannot be reached, breaks a stream or stalls it is quarantined (``serving.quarantine``):
 no request is routed to it until it answers again or leaves discovery. When a role has no live worker
 left, the answer is 503 naming the role (never a 502 for a worker already known dead). Failures that
-lose a worker raise ``WorkerLost``, which ``frontend.migration`` continues on another worker.
+lose a worker raise ``WorkerLost``, which ``serving.migration`` continues on another worker.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import logging
 import secrets
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from dynamo_worker.frontend.errors import (
     ApiError,
@@ -71,7 +72,7 @@ from dynamo_worker.runtime.request_plane import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatcher", "Plan", "plan_roles"]
+__all__ = ["Dispatch", "Dispatcher", "Plan", "plan_roles"]
 
 _RETRYABLE_REJECTIONS = {"overloaded", "shutting_down"}
 # How long a prefill leg may still run after its decode leg finished before it is cancelled (_let_end).
@@ -131,6 +132,16 @@ def _from_plane_error(e: RequestPlaneError, role: str, worker: InstanceRecord) -
     if code is None:
         return UpstreamError(f"The {role} worker failed: {e}", code="upstream_error")
     return WorkerLost(f"The {role} worker failed: {e}", code=code, instance_id=worker.instance_id, role=role)
+
+
+class Dispatch(Protocol):
+    """What serving a job needs of the workers: a request's chunks (the runs, the embedding batcher).
+    ``Dispatcher`` is one, and ``migration.MigratingDispatcher`` around it the one the frontend uses."""
+
+    def generate(self, entry: ModelEntry, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
+        """Chunks of the (decode) stream; raises ``ApiError`` on failure. Closing it cancels the request
+        on the workers."""
+        ...
 
 
 class Dispatcher:

@@ -1,7 +1,7 @@
-"""Serving a request that uses features (``frontend.features``): the same worker stream as plain
+"""Serving a request that uses features (``requests.features``): the same worker stream as plain
 requests, shaped with reasoning, tool calls and logprobs.
 
-The plain path (``plain_run.PlainRun``) stays as it is; a job with a ``FeaturePlan`` comes here
+The plain path (``serving.plain_run.PlainRun``) stays as it is; a job with a ``FeaturePlan`` comes here
 instead. The text still goes through ``OutputText`` (incremental detokenization, stop strings), then
 through ``AnswerStream`` for chat; logprobs come with the worker's chunks, one per token, and ride on
 the next event sent (so a parser holding text back never separates a token from its logprob for
@@ -34,9 +34,10 @@ from dynamo_worker.frontend.requests.job import prompt_tokens
 from dynamo_worker.protocol import TokenLogprob
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.http.server import OpenAIServer
+    from dynamo_worker.frontend.metrics import FrontendMetrics
     from dynamo_worker.frontend.requests.features import FeaturePlan
     from dynamo_worker.frontend.requests.job import Job
+    from dynamo_worker.frontend.serving.dispatch import Dispatch
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,12 @@ class _Logprobs:
 
 
 async def run_featured(
-    server: OpenAIServer, http_request: web.Request, job: Job, plan: FeaturePlan, started: float
+    dispatcher: Dispatch,
+    metrics: FrontendMetrics,
+    http_request: web.Request,
+    job: Job,
+    plan: FeaturePlan,
+    started: float,
 ) -> web.StreamResponse:
     pre = job.preprocessor
     chat = job.kind == "chat"
@@ -120,7 +126,6 @@ async def run_featured(
         decoder, prompt_ids=job.prompt_ids, stop_strings=job.stop_strings, stop_token_ids=job.stop_token_ids
     )
     logprobs = _Logprobs(pre, chat) if plan.logprobs is not None else None
-    metrics = server.metrics
     ttft, itl = metrics.ttft.labels(job.model), metrics.itl.labels(job.model)
     metrics.input_tokens.labels(job.model).inc(len(job.prompt_ids))
     base = {"id": job.id, "created": job.created, "model": job.model}
@@ -165,7 +170,7 @@ async def run_featured(
             await response.write(b"".join(events))
 
     try:
-        async with contextlib.aclosing(server.dispatcher.generate(job.entry, job.generate)) as chunks:
+        async with contextlib.aclosing(dispatcher.generate(job.entry, job.generate)) as chunks:
             async for c in chunks:
                 if c.token_ids:
                     now = time.monotonic()

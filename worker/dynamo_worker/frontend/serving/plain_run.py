@@ -36,7 +36,7 @@ from dynamo_worker.frontend.requests.job import prompt_tokens
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
     from dynamo_worker.frontend.requests.job import Job
-    from dynamo_worker.frontend.serving.dispatch import Dispatcher
+    from dynamo_worker.frontend.serving.dispatch import Dispatch
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class PlainRun:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Dispatch,
         metrics: FrontendMetrics,
         http_request: web.Request,
         job: Job,

@@ -1,6 +1,6 @@
 """Tool-call parsers, chosen by the worker's ``--tool-call-parser`` (SGLang's names), published in
 its model card. ``TOOL_PARSERS`` maps every supported name to its parser; ``gpt-oss`` is handled by
-``frontend.harmony`` together with reasoning."""
+``output.harmony`` together with reasoning."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ content and the complete tool calls found in it. While ``final`` is False, the r
 extend this list. Parsers achieve that by holding back what is still ambiguous: the beginning of a
 marker at the end of the text, and a call whose end has not arrived. With ``final`` True the text is
 complete and whatever is held is decided (an unterminated call that parses is a call, else content).
-The streaming layer (``frontend.chat_output``) turns successive results into OpenAI deltas, re-parsing
+The streaming layer (``output.chat_output``) turns successive results into OpenAI deltas, re-parsing
 only from the last *settled* point a parser reports (``Parsed.settled``).
 """
 

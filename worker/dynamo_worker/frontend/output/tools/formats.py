@@ -12,7 +12,7 @@ Each class parses one family's format; ``names`` are SGLang's ``--tool-call-pars
   <|tool_call_end|>...<|tool_calls_end|>``; ``deepseekv31``: ``<|tool_call_begin|>f<|tool_sep|>{...}
   <|tool_call_end|>`` inside the same outer markers. (DeepSeek writes these markers with a fullwidth
   bar U+FF5C and U+2581 for the underscore; the constants below spell them so.)
-- ``gpt-oss`` (harmony): ``frontend.harmony``.
+- ``gpt-oss`` (harmony): ``output.harmony``.
 """
 
 from __future__ import annotations
