@@ -10,6 +10,7 @@ the client gets a 400 naming the place instead of an engine error.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -36,49 +37,72 @@ class _Body(BaseModel):
 
 
 def check_schema(schema: Any, where: str = "schema", depth: int = 0) -> None:
-    """Raise ``ValueError`` naming the first malformed part of a JSON schema."""
+    """Raise ``ValueError`` naming the first malformed part of a JSON schema: its ``type``, then its
+    subschemas (depth first), then its other keywords."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
         raise ValueError(f"{where} must be a JSON schema object, got {type(schema).__name__}")
     if depth > MAX_SCHEMA_DEPTH:
         raise ValueError(f"{where} nests deeper than {MAX_SCHEMA_DEPTH} levels")
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    for k in kinds:
+    _check_type(schema.get("type"), where)
+    for sub, sub_where in _subschemas(schema, where):
+        check_schema(sub, sub_where, depth + 1)
+    _check_keywords(schema, where)
+
+
+def _check_type(kind: Any, where: str) -> None:
+    for k in kind if isinstance(kind, list) else [kind] if kind is not None else []:
         if k not in _JSON_TYPES:
             raise ValueError(f"{where}.type is {k!r}; use one of {', '.join(sorted(_JSON_TYPES))}")
+
+
+def _subschemas(schema: dict[str, Any], where: str) -> Iterator[tuple[Any, str]]:
+    """Each subschema with its place, in order; raises for a keyword that cannot hold schemas."""
     for key in _SCHEMA_MAPS:
         if key in schema:
             value = schema[key]
             if not isinstance(value, dict):
                 raise ValueError(f"{where}.{key} must be an object mapping names to schemas")
-            for name, sub in value.items():
-                check_schema(sub, f"{where}.{key}.{name}", depth + 1)
+            yield from ((sub, f"{where}.{key}.{name}") for name, sub in value.items())
     for key in _SCHEMA_LISTS:
         if key in schema:
             value = schema[key]
             if not isinstance(value, list) or not value:
                 raise ValueError(f"{where}.{key} must be a non-empty list of schemas")
-            for i, sub in enumerate(value):
-                check_schema(sub, f"{where}.{key}[{i}]", depth + 1)
+            yield from ((sub, f"{where}.{key}[{i}]") for i, sub in enumerate(value))
     for key in _SCHEMA_ONE:
         if key in schema:
-            check_schema(schema[key], f"{where}.{key}", depth + 1)
-    required = schema.get("required")
-    if required is not None and (
-        not isinstance(required, list) or not all(isinstance(r, str) for r in required)
-    ):
-        raise ValueError(f"{where}.required must be a list of property names")
-    enum = schema.get("enum")
-    if enum is not None and (not isinstance(enum, list) or not enum):
-        raise ValueError(f"{where}.enum must be a non-empty list")
-    for key in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"):
-        value = schema.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise ValueError(f"{where}.{key} must be a number")
-    if "$ref" in schema and not isinstance(schema["$ref"], str):
-        raise ValueError(f"{where}.$ref must be a string")
+            yield schema[key], f"{where}.{key}"
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (not isinstance(value, bool) and isinstance(value, int | float))
+
+
+# The other keywords a grammar compiler reads: (keyword, whether a value is well-formed, the rule).
+# ``null`` counts as unset, except for ``$ref``.
+_KEYWORD_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    (
+        "required",
+        lambda v: v is None or (isinstance(v, list) and all(isinstance(r, str) for r in v)),
+        "must be a list of property names",
+    ),
+    ("enum", lambda v: v is None or (isinstance(v, list) and bool(v)), "must be a non-empty list"),
+    *(
+        (key, _is_number, "must be a number")
+        for key in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems")
+    ),
+    ("$ref", lambda v: isinstance(v, str), "must be a string"),
+)
+_ABSENT = object()
+
+
+def _check_keywords(schema: dict[str, Any], where: str) -> None:
+    for key, well_formed, rule in _KEYWORD_RULES:
+        value = schema.get(key, _ABSENT)
+        if value is not _ABSENT and not well_formed(value):
+            raise ValueError(f"{where}.{key} {rule}")
 
 
 class FunctionDef(_Body):
