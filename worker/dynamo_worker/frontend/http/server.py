@@ -4,9 +4,10 @@ work.
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
   (``requests.openai_models``), the request waits for a slot of its model (``serving.admission``:
-  priority, deadline, 429/503, scale from zero), then ``requests.generation`` tokenizes it into a
-  ``requests.job.Job``; ``serving.plain_run`` serves it, or ``serving.featured_run`` when it uses tools,
-  reasoning, structured output or logprobs (a ``FeaturePlan`` on the job).
+  priority, deadline, 429/503, scale from zero), then ``requests.chat`` or ``requests.completions``
+  tokenizes it into a ``requests.job.Job``; ``serving.plain_run`` serves it, or
+  ``serving.featured_run`` when it uses tools, reasoning, structured output or logprobs (a
+  ``FeaturePlan`` on the job).
 - ``POST /v1/embeddings``: ``requests.embeddings``, then ``serving.embeddings`` (its requests batched
   across clients).
 - ``POST /v1/images/generations``: ``serving.images`` (diffusion workers).
@@ -40,9 +41,10 @@ from dynamo_worker.frontend.httpio import (
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.output.responses import GeneratedImages, dump
+from dynamo_worker.frontend.requests.chat import prepare_chat
+from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
 from dynamo_worker.frontend.requests.features import FeaturePlan
-from dynamo_worker.frontend.requests.generation import prepare_chat, prepare_completion
 from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
 from dynamo_worker.frontend.requests.openai_models import (

@@ -11,9 +11,10 @@ adding special tokens again (the template places them); a completions prompt is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,10 +30,20 @@ from dynamo_worker.protocol import ServingFeatures
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelFiles", "Preprocessor", "TemplateError"]
+__all__ = ["THREAD_TOKENIZE_CHARS", "ModelFiles", "Preprocessor", "TemplateError", "encode_off_loop"]
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 DEFAULT_CONTEXT_LENGTH = 8192
+# Prompts at least this long (characters) are tokenized in a thread: a few milliseconds of tokenizing
+# would otherwise stall every stream this frontend relays. Shorter ones cost less than the hop.
+THREAD_TOKENIZE_CHARS = 4096
+
+
+async def encode_off_loop(chars: int, encode: Callable[..., list[int]], *args: Any) -> list[int]:
+    """``encode(*args)``, in a thread when the text is ``chars`` >= ``THREAD_TOKENIZE_CHARS`` long."""
+    if chars < THREAD_TOKENIZE_CHARS:
+        return encode(*args)
+    return await asyncio.to_thread(encode, *args)
 
 
 class TemplateError(Exception):

@@ -1,41 +1,43 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions`` up to the job, from the parsed and
-validated body (``openai_models.parse_request``; the server holds it for a slot in between,
-``serving.admission``): look the model up (404 unknown, 503 nobody serving it), plan the features it
-uses, tokenize (the chat template for chat; images through ``requests.multimodal``) and check the
-context length (``job.build_job``). Serving the job is ``serving.plain_run`` or ``serving.featured_run``.
+"""``POST /v1/chat/completions`` up to the job, from the parsed and validated body
+(``openai_models.parse_request``; the server holds it for a slot in between, ``serving.admission``):
+look the model up (404 unknown, 503 nobody serving it), plan the features it uses (``plan_chat``: tools,
+a grammar, reasoning, logprobs, template variables), render the chat template and tokenize (images
+through ``requests.multimodal``), and check the context length (``job.build_job``).
+
+What each feature means and when it is refused: ``requests.features``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
+import json
+import logging
 from typing import Any
 
 from dynamo_worker.frontend.errors import InvalidRequest
+from dynamo_worker.frontend.models.preprocess import encode_off_loop
 from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.output.chat_output import AnswerParser, tool_choice_schema
+from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS, ReasoningParser
+from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
+from dynamo_worker.frontend.requests.feature_fields import NamedToolChoice, ResponseFormat
 from dynamo_worker.frontend.requests.features import (
-    chat_messages,
-    plan_chat,
-    plan_completion,
+    FeaturePlan,
+    Grammar,
+    check_endpoint,
+    constraint,
+    extension_grammars,
     served_features,
 )
 from dynamo_worker.frontend.requests.job import Job, build_job, with_plan
-from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor, has_images
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
+from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest
+from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
-__all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "THREAD_TOKENIZE_CHARS", "prepare_chat", "prepare_completion"]
+log = logging.getLogger(__name__)
 
-# Prompts at least this long (characters) are tokenized in a thread: a few milliseconds of tokenizing
-# would otherwise stall every stream this frontend relays. Shorter ones cost less than the hop.
-THREAD_TOKENIZE_CHARS = 4096
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+__all__ = ["chat_messages", "plan_chat", "prepare_chat"]
 
-
-async def _tokenize(chars: int, encode: Callable[..., list[int]], *args: Any) -> list[int]:
-    """``encode(*args)``, in a thread when the text is ``chars`` >= ``THREAD_TOKENIZE_CHARS`` long."""
-    if chars < THREAD_TOKENIZE_CHARS:
-        return encode(*args)
-    return await asyncio.to_thread(encode, *args)
+_RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
 
 
 async def prepare_chat(
@@ -44,7 +46,7 @@ async def prepare_chat(
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
-    if has_images(req):  # processor -> encode worker -> language worker (frontend.multimodal)
+    if req.has_images():  # processor -> encode worker -> language worker (requests.multimodal)
         if multimodal is None:
             raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
         ids, spans, _ = await multimodal.prepare(entry, req, pre)
@@ -54,7 +56,7 @@ async def prepare_chat(
     plan = plan_chat(req, served_features(pre))
     messages = chat_messages(req)
     kwargs = (plan.template_kwargs,) if plan is not None and plan.template_kwargs else ()
-    ids = await _tokenize(
+    ids = await encode_off_loop(
         sum(len(m["content"]) for m in messages),
         pre.encode_chat,
         messages,
@@ -64,18 +66,134 @@ async def prepare_chat(
     return with_plan(build_job("chat", req, entry, ids, prompt_param="messages", default_max=None), plan)
 
 
-async def prepare_completion(registry: ModelRegistry, req: CompletionRequest) -> Job:
-    entry = registry.lookup(req.model)
-    pre = entry.preprocessor
-    assert pre is not None
-    plan = plan_completion(req, served_features(pre))
-    prompt = req.prompt_text_or_ids()
-    if isinstance(prompt, str):
-        ids = await _tokenize(len(prompt), pre.encode_prompt, prompt)
-    else:
-        pre.check_ids(prompt)
-        ids = prompt
-    job = build_job(
-        "completion", req, entry, ids, prompt_param="prompt", default_max=COMPLETIONS_DEFAULT_MAX_TOKENS
+def plan_chat(req: ChatCompletionRequest, features: ServingFeatures) -> FeaturePlan | None:
+    """What serving does differently for ``req`` on a model that serves ``features``; ``None``:
+    nothing (a plain request). Raises ``InvalidRequest`` for what the model cannot do."""
+    check_endpoint(features, "chat", req.model)
+    answer = AnswerParser(parallel=req.parallel_tool_calls)
+    tools, tool_grammar = _plan_tools(req, features, answer)
+    grammars = [*_response_format_grammar(req.response_format), *extension_grammars(req), *tool_grammar]
+    structured = constraint(grammars, features, req.model)
+    reasoning = _reasoning_parser(features)
+    if reasoning is not None and req.separate_reasoning and structured is None:
+        answer.reasoning = reasoning  # a grammar constrains the output from its first token
+    plan = FeaturePlan(
+        structured=structured,
+        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        answer=answer if answer.reasoning is not None or answer.tool_mode != "off" else None,
+        template_kwargs=_template_kwargs(req, tools),
     )
-    return with_plan(job, plan)
+    return plan if plan.shapes_answer() or plan.template_kwargs else None
+
+
+def _response_format_grammar(rf: ResponseFormat | None) -> list[Grammar]:
+    """``response_format`` as the grammar it constrains decoding to (``text``: none)."""
+    if rf is None:
+        return []
+    if rf.type == "json_object":
+        grammar = StructuredOutput(json_schema='{"type": "object"}')
+    elif rf.type == "json_schema" and rf.json_schema is not None:
+        grammar = StructuredOutput(json_schema=json.dumps(rf.json_schema.schema_))
+    elif rf.type == "structural_tag":
+        grammar = StructuredOutput(structural_tag=rf.structural_tag())
+    else:
+        return []
+    return [("response_format", grammar)]
+
+
+def _plan_tools(
+    req: ChatCompletionRequest, features: ServingFeatures, answer: AnswerParser
+) -> tuple[list[dict[str, Any]], list[Grammar]]:
+    """The tools the chat template shows, and the grammar ``tool_choice`` constrains decoding to; sets
+    how ``answer`` reads tool calls. ``none`` drops the tools; ``auto`` (the default with tools) parses
+    calls with the model's tool-call parser; ``required`` and a named function constrain to JSON."""
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    if not tools or choice == "none":
+        return [], []
+    if choice == "auto":
+        answer.tool_mode, answer.tool_parser = "auto", _tool_parser(features, req.model)
+        return tools, []
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    answer.tool_mode, answer.named = ("named" if named else "required"), named
+    schema = tool_choice_schema(tools, named)
+    return tools, [("tool_choice", StructuredOutput(json_schema=json.dumps(schema)))]
+
+
+def _tool_parser(features: ServingFeatures, model: str) -> str:
+    """The model's tool-call parser, or a 400 when its workers run none this frontend parses."""
+    parser = features.tool_call_parser
+    if parser is not None and (parser in TOOL_PARSERS or parser == HARMONY_PARSER):
+        return parser
+    why = (
+        "run without --tool-call-parser"
+        if parser is None
+        else f"run --tool-call-parser {parser}, which this frontend does not parse"
+    )
+    raise InvalidRequest(
+        f"The workers of model '{model}' {why}, so tool calls cannot be recognized. Start "
+        f"them with --tool-call-parser (one of {', '.join(supported_tool_parsers())}), or use "
+        "tool_choice 'required' or a named function (constrained decoding), or drop 'tools'.",
+        param="tools",
+        code="no_tool_parser",
+    )
+
+
+def _reasoning_parser(features: ServingFeatures) -> ReasoningParser | None:
+    """The model's reasoning parser (``--reasoning-parser``); an unknown one leaves reasoning in the
+    content, with a warning."""
+    reasoning = REASONING_PARSERS.get(features.reasoning_parser or "")
+    if features.reasoning_parser and reasoning is None:
+        log.warning("Unknown reasoning parser %s: reasoning stays in content", features.reasoning_parser)
+    return reasoning
+
+
+def _template_kwargs(req: ChatCompletionRequest, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat template's variables beyond the messages: the tools it shows, ``reasoning_effort``
+    (gpt-oss reads it) and ``chat_template_kwargs``, which may not set what the request's own fields
+    set."""
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+    for key, value in (req.chat_template_kwargs or {}).items():
+        if key in _RESERVED_TEMPLATE_VARS:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set '{key}'; the request's own fields set it.",
+                param=f"chat_template_kwargs.{key}",
+                code="invalid_value",
+            )
+        kwargs[key] = value
+    return kwargs
+
+
+def _arguments(text: str) -> Any:
+    """Templates read a replayed call's arguments as a mapping (``tool_call.arguments | tojson``)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as chat templates expect them (HF's ``apply_chat_template`` shape)."""
+    out: list[dict[str, Any]] = []
+    for m in req.messages:
+        msg: dict[str, Any] = {"role": m.role, "content": m.text() or ""}
+        if m.name:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": c.id or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+                }
+                for i, c in enumerate(m.tool_calls)
+            ]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            msg["reasoning_content"] = m.reasoning_content
+        out.append(msg)
+    return out

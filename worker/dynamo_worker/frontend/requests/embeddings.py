@@ -16,13 +16,13 @@ Serving the job (batched with other clients' requests, and answered) is ``servin
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.frontend.errors import InvalidRequest
+from dynamo_worker.frontend.models.preprocess import encode_off_loop
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.requests.features import check_endpoint, served_features
 from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
@@ -105,8 +105,7 @@ async def prepare_embeddings(registry: ModelRegistry, req: EmbeddingRequest) -> 
     for i, item in enumerate(req.inputs()):
         param = "input" if isinstance(req.input, str) or isinstance(req.input[0], int) else f"input[{i}]"
         if isinstance(item, str):
-            long = len(item) >= 4096
-            ids = await asyncio.to_thread(pre.encode_prompt, item) if long else pre.encode_prompt(item)
+            ids = await encode_off_loop(len(item), pre.encode_prompt, item)
         else:
             try:
                 pre.check_ids(item)

@@ -165,7 +165,7 @@ def build_job(
 def with_plan(job: Job, plan: FeaturePlan | None) -> Job:
     """``job`` served through ``serving.featured_run`` when ``plan`` changes the answer; template-only plans
     (``chat_template_kwargs``) already did their part in tokenizing."""
-    if plan is not None and (plan.structured or plan.logprobs is not None or plan.answer):
+    if plan is not None and plan.shapes_answer():
         job.plan = plan
         job.generate = job.generate.model_copy(update=plan.generate_update())
     return job

@@ -46,17 +46,10 @@ from dynamo_worker.multimodal.images import BadImage, content_hash, sniff
 from dynamo_worker.multimodal.wire import ENCODE_PATH, EncodeRequest, EncodeResponse, ImageInput
 from dynamo_worker.protocol import ImageSpan, InstanceRecord, image_pad_id
 
-__all__ = ["ImageFetcher", "MultimodalProcessor", "Unreachable", "has_images", "post_to_worker"]
+__all__ = ["ImageFetcher", "MultimodalProcessor", "Unreachable", "post_to_worker"]
 
 MAX_REDIRECTS = 3
 PLACEHOLDER = "<|dynamo-image|>"  # stands for one image while the chat template renders
-
-
-def has_images(req: ChatCompletionRequest) -> bool:
-    return any(
-        isinstance(m.content, list) and any(isinstance(p, ImageUrlPart) for p in m.content)
-        for m in req.messages
-    )
 
 
 def _public(address: str) -> bool:
