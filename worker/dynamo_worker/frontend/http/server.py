@@ -55,7 +55,7 @@ from dynamo_worker.frontend.requests.openai_models import (
 from dynamo_worker.frontend.serving.admission import Admission, request_hints
 from dynamo_worker.frontend.serving.dispatch import Dispatch
 from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher, run_embedding
-from dynamo_worker.frontend.serving.featured_run import run_featured
+from dynamo_worker.frontend.serving.featured_run import FeaturedRun
 from dynamo_worker.frontend.serving.images import ImagesApi
 from dynamo_worker.frontend.serving.plain_run import PlainRun
 
@@ -185,7 +185,7 @@ class OpenAIServer:
         """Serve ``job``: the run its plan calls for, each given what it uses."""
         plan = job.plan
         if isinstance(plan, FeaturePlan):
-            return await run_featured(self.dispatcher, self.metrics, http_request, job, plan, started)
+            return await FeaturedRun(self.dispatcher, self.metrics, http_request, job, plan, started).run()
         if isinstance(plan, EmbeddingPlan):
             return await run_embedding(self.embedder, self.metrics, job, plan)
         return await PlainRun(self.dispatcher, self.metrics, http_request, job, started).run()

@@ -13,13 +13,15 @@ it is not (or ends the stream).
 decoder that keeps the special tokens a tool-call parser needs) by decoding a small window twice per
 chunk; ``OutputText`` uses ``IncrementalDetokenizer`` for a ``tokenizers.Tokenizer`` and it otherwise.
 
+``KeepSpecialDecoder`` decodes like the preprocessor but keeps the special tokens a parser needs.
+
 ``OutputText`` combines them with stop token ids; it is pure (no I/O) and fed chunk by chunk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -28,6 +30,7 @@ __all__ = [
     "Decoder",
     "Delta",
     "IncrementalDetokenizer",
+    "KeepSpecialDecoder",
     "OutputText",
     "StopStringMatcher",
     "WindowDetokenizer",
@@ -130,6 +133,19 @@ class WindowDetokenizer:
         full_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+
+
+class KeepSpecialDecoder:
+    """Decodes like the preprocessor, but keeps the special tokens a parser needs (``<|channel|>``,
+    ``<|python_tag|>``, ...) while still skipping every other special token."""
+
+    def __init__(self, preprocessor: Any, keep: frozenset[str]) -> None:
+        self._pre = preprocessor
+        added = preprocessor.tokenizer.get_added_tokens_decoder()
+        self._drop = frozenset(i for i, t in added.items() if t.special and t.content not in keep)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._pre.decode([i for i in ids if i not in self._drop], skip_special_tokens=False)
 
 
 class StopStringMatcher:
