@@ -53,6 +53,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -213,35 +215,80 @@ def _resources_from_k8s(res: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # --- one component -----------------------------------------------------------------------------------
+#
+# The two mappings mirror each other block by block: the type, the fields both versions have, shared
+# memory, the scaling adapter, then the pod (metadata, and the main container: env, envFrom, resources,
+# probes).
+
+_SAME_FIELDS = ("replicas", "multinode", "modelRef", "globalDynamoNamespace")
+_PROBES = ("livenessProbe", "readinessProbe")
 
 
-def _service_to_component(name: str, svc: dict[str, Any]) -> dict[str, Any]:
-    """The mapping from a v1alpha1 service to a v1beta1 component (no annotations involved)."""
-    svc = copy.deepcopy(svc)
-    comp: dict[str, Any] = {"name": name}
-    ctype, sub = svc.get("componentType"), svc.get("subComponentType")
+def _copy_set(src: dict[str, Any], dst: dict[str, Any], keys: tuple[str, ...], *, pop: bool = False) -> None:
+    """``dst[k] = src[k]`` for each of ``keys`` set (not ``None``) in ``src``; ``pop``: and remove it."""
+    for key in keys:
+        if src.get(key) is not None:
+            dst[key] = src.pop(key) if pop else src[key]
+
+
+def _pod_metadata(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The pod metadata both versions carry: annotations and labels."""
+    meta = meta or {}
+    return {k: meta[k] for k in ("annotations", "labels") if meta.get(k)}
+
+
+def _beta_type(ctype: Any, sub: Any) -> dict[str, Any]:
+    """v1alpha1's componentType (+ subComponentType of a worker) as v1beta1's type; none outside its enum."""
     if ctype == "worker" and sub in _SPLIT_TYPES:
-        comp["type"] = sub
-    elif ctype in _BETA_TYPES:
-        comp["type"] = ctype
-    for key in ("replicas", "multinode", "modelRef", "globalDynamoNamespace"):
-        if svc.get(key) is not None:
-            comp[key] = svc[key]
-    shm = svc.get("sharedMemory") or {}
+        return {"type": sub}
+    return {"type": ctype} if ctype in _BETA_TYPES else {}
+
+
+def _alpha_type(ctype: Any) -> dict[str, Any]:
+    """v1beta1's type as v1alpha1's componentType (+ subComponentType for prefill and decode)."""
+    if ctype in _SPLIT_TYPES:
+        return {"componentType": "worker", "subComponentType": ctype}
+    return {"componentType": ctype} if ctype is not None else {}
+
+
+def _shm_size(shm: dict[str, Any] | None) -> dict[str, Any]:
+    """v1alpha1's sharedMemory as v1beta1's sharedMemorySize ("0": disabled)."""
+    shm = shm or {}
     if shm.get("disabled"):
-        comp["sharedMemorySize"] = "0"
-    elif shm.get("size") is not None:
-        comp["sharedMemorySize"] = shm["size"]
-    if (svc.get("scalingAdapter") or {}).get("enabled"):
-        comp["scalingAdapter"] = {}
-    for mount in svc.get("volumeMounts") or []:
+        return {"sharedMemorySize": "0"}
+    return {"sharedMemorySize": shm["size"]} if shm.get("size") is not None else {}
+
+
+def _shm(size: Any) -> dict[str, Any]:
+    """v1beta1's sharedMemorySize as v1alpha1's sharedMemory."""
+    if size is None:
+        return {}
+    return {"sharedMemory": {"disabled": True} if str(size) == "0" else {"size": size}}
+
+
+def _beta_adapter(adapter: dict[str, Any] | None) -> dict[str, Any]:
+    """v1alpha1's scalingAdapter {enabled: true} as v1beta1's (present: enabled)."""
+    return {"scalingAdapter": {}} if (adapter or {}).get("enabled") else {}
+
+
+def _alpha_adapter(adapter: Any) -> dict[str, Any]:
+    """v1beta1's scalingAdapter (present, and not enabled: false) as v1alpha1's."""
+    enabled = isinstance(adapter, dict) and adapter.get("enabled") is not False
+    return {"scalingAdapter": {"enabled": True}} if enabled else {}
+
+
+def _compilation_cache(mounts: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The first volume mount used as compilation cache, as v1beta1's compilationCache."""
+    for mount in mounts or []:
         if mount.get("useAsCompilationCache"):
             cache = {"pvcName": mount.get("name"), "mountPath": mount.get("mountPoint")}
-            comp["compilationCache"] = {k: v for k, v in cache.items() if v is not None}
-            break
+            return {"compilationCache": {k: v for k, v in cache.items() if v is not None}}
+    return {}
 
-    spec = dict(svc.get("extraPodSpec") or {})
-    main = dict(spec.pop("mainContainer", None) or {})
+
+def _main_container(svc: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:
+    """v1beta1's main container: v1alpha1's mainContainer with the service's env (before the
+    container's own), envFromSecret (first), resources and probes."""
     main.pop("name", None)
     container: dict[str, Any] = {"name": v1beta1.MAIN_CONTAINER, **main}
     env = [*(svc.get("envs") or []), *(main.get("env") or [])]
@@ -253,126 +300,242 @@ def _service_to_component(name: str, svc: dict[str, Any]) -> dict[str, Any]:
     resources = {**(main.get("resources") or {}), **_resources_to_k8s(svc.get("resources"))}
     if resources:
         container["resources"] = resources
-    for probe in ("livenessProbe", "readinessProbe"):
-        if svc.get(probe) is not None:
-            container[probe] = svc[probe]
-    spec["containers"] = [container, *(spec.get("containers") or [])]
+    _copy_set(svc, container, _PROBES)
+    return container
+
+
+def _just_a_secret(env_from: dict[str, Any]) -> bool:
+    """Whether an envFrom entry is just ``{secretRef: {name}}``: what v1alpha1's envFromSecret says."""
+    return set(env_from) == {"secretRef"} and set(env_from["secretRef"] or {}) == {"name"}
+
+
+def _main_to_service(main: dict[str, Any], svc: dict[str, Any]) -> dict[str, Any]:
+    """Move what v1alpha1 has fields for (env, envFromSecret, resources, probes) from v1beta1's main
+    container into ``svc``; what is left is v1alpha1's mainContainer."""
+    main = {k: v for k, v in main.items() if k != "name"}
+    if main.get("env"):
+        svc["envs"] = main.pop("env")
+    env_from = main.pop("envFrom", None) or []
+    if env_from and _just_a_secret(env_from[0]):
+        svc["envFromSecret"] = env_from[0]["secretRef"]["name"]
+        env_from = env_from[1:]
+    if env_from:
+        main["envFrom"] = env_from
+    if main.get("resources") is not None:
+        svc["resources"] = _resources_from_k8s(main.pop("resources"))
+    _copy_set(main, svc, _PROBES, pop=True)
+    return {k: v for k, v in main.items() if v is not None}
+
+
+def _service_to_component(name: str, svc: dict[str, Any]) -> dict[str, Any]:
+    """The mapping from a v1alpha1 service to a v1beta1 component (no annotations involved)."""
+    svc = copy.deepcopy(svc)
+    comp: dict[str, Any] = {"name": name, **_beta_type(svc.get("componentType"), svc.get("subComponentType"))}
+    _copy_set(svc, comp, _SAME_FIELDS)
+    comp.update(_shm_size(svc.get("sharedMemory")))
+    comp.update(_beta_adapter(svc.get("scalingAdapter")))
+    comp.update(_compilation_cache(svc.get("volumeMounts")))
+
+    spec = dict(svc.get("extraPodSpec") or {})
+    main = dict(spec.pop("mainContainer", None) or {})
+    spec["containers"] = [_main_container(svc, main), *(spec.get("containers") or [])]
     template: dict[str, Any] = {"spec": spec}
-    pod_meta = svc.get("extraPodMetadata") or {}
-    meta = {k: pod_meta[k] for k in ("annotations", "labels") if pod_meta.get(k)}
+    meta = _pod_metadata(svc.get("extraPodMetadata"))
     if meta:
         template["metadata"] = meta
     comp["podTemplate"] = template
     return comp
 
 
+def _main_and_others(containers: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """v1beta1's main container (``None``: none), and the pod's other containers."""
+    main = next((c for c in containers if c.get("name") == v1beta1.MAIN_CONTAINER), None)
+    return main, [c for c in containers if c is not main]
+
+
 def _component_to_service(comp: dict[str, Any]) -> dict[str, Any]:
     """The mapping from a v1beta1 component to a v1alpha1 service (no annotations involved)."""
     comp = copy.deepcopy(comp)
-    svc: dict[str, Any] = {}
-    ctype = comp.get("type")
-    if ctype in _SPLIT_TYPES:
-        svc["componentType"], svc["subComponentType"] = "worker", ctype
-    elif ctype is not None:
-        svc["componentType"] = ctype
-    for key in ("replicas", "multinode", "modelRef", "globalDynamoNamespace"):
-        if comp.get(key) is not None:
-            svc[key] = comp[key]
-    adapter = comp.get("scalingAdapter")
-    if isinstance(adapter, dict) and adapter.get("enabled") is not False:
-        svc["scalingAdapter"] = {"enabled": True}
-    shm = comp.get("sharedMemorySize")
-    if shm is not None:
-        svc["sharedMemory"] = {"disabled": True} if str(shm) == "0" else {"size": shm}
+    svc: dict[str, Any] = _alpha_type(comp.get("type"))
+    _copy_set(comp, svc, _SAME_FIELDS)
+    svc.update(_alpha_adapter(comp.get("scalingAdapter")))
+    svc.update(_shm(comp.get("sharedMemorySize")))
 
     template = comp.get("podTemplate") or {}
-    pod_meta = template.get("metadata") or {}
-    meta = {k: pod_meta[k] for k in ("annotations", "labels") if pod_meta.get(k)}
+    meta = _pod_metadata(template.get("metadata"))
     if meta:
         svc["extraPodMetadata"] = meta
     spec = dict(template.get("spec") or {})
-    containers = list(spec.pop("containers", None) or [])
-    main = next((c for c in containers if c.get("name") == v1beta1.MAIN_CONTAINER), None)
-    others = [c for c in containers if c is not main]
+    main, others = _main_and_others(spec.pop("containers", None) or [])
     if others:
         spec["containers"] = others
-    if main is not None:
-        main = {k: v for k, v in main.items() if k != "name"}
-        if main.get("env"):
-            svc["envs"] = main.pop("env")
-        env_from = main.pop("envFrom", None) or []
-        if env_from and set(env_from[0]) == {"secretRef"} and set(env_from[0]["secretRef"] or {}) == {"name"}:
-            svc["envFromSecret"] = env_from[0]["secretRef"]["name"]
-            env_from = env_from[1:]
-        if env_from:
-            main["envFrom"] = env_from
-        if main.get("resources") is not None:
-            svc["resources"] = _resources_from_k8s(main.pop("resources"))
-        for probe in ("livenessProbe", "readinessProbe"):
-            if main.get(probe) is not None:
-                svc[probe] = main.pop(probe)
-        main = {k: v for k, v in main.items() if v is not None}
-        if main:
-            spec["mainContainer"] = main
+    main = _main_to_service(main, svc) if main is not None else {}
+    if main:
+        spec["mainContainer"] = main
     if spec:
         svc["extraPodSpec"] = spec
     return svc
 
 
+# --- what one version keeps of the other -------------------------------------------------------------
+
+
+def _alpha_only(svc: dict[str, Any], _regenerated: dict[str, Any]) -> dict[str, Any]:
+    """A v1alpha1 service's fields v1beta1 has no place for (a componentType outside its enum too)."""
+    keep = {k: svc[k] for k in _ALPHA_ONLY_SERVICE if svc.get(k) is not None}
+    ctype, sub = svc.get("componentType"), svc.get("subComponentType")
+    if ctype is not None and ctype not in _BETA_TYPES:
+        keep["componentType"] = ctype
+    if sub is not None and ctype != "worker":
+        keep["subComponentType"] = sub
+    return keep
+
+
+def _beta_only(comp: dict[str, Any], regenerated: dict[str, Any]) -> dict[str, Any]:
+    """A v1beta1 component's fields v1alpha1 has no place for, unless the mapping back makes them
+    again (``regenerated``: e.g. compilationCache from a volume mount)."""
+    return {
+        k: comp[k] for k in _BETA_ONLY_COMPONENT if comp.get(k) is not None and regenerated.get(k) != comp[k]
+    }
+
+
+@dataclass(frozen=True)
+class _Version:
+    """One served version, as converting from or into it needs it."""
+
+    api_version: str
+    part: str  # what a service or component is called in the records: "service" | "component"
+    parts: str  # where the spec holds them: "services" (a map) | "components" (a list)
+    model: type[models._Model]  # of one part
+    env: str  # the graph's env: "envs" | "env"
+    only_spec: tuple[str, ...]  # graph fields only this version has
+    # The annotation that keeps this version's fields on an object of the other version.
+    annotation: str
+    # The mapping of the other version's part (with its name) into this version's.
+    to_part: Callable[[str, dict[str, Any]], dict[str, Any]]
+    # A part's fields the other version has no place for, given what the mapping back makes of it.
+    only_part: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+
+
+_ALPHA = _Version(
+    api_version=models.API_VERSION,
+    part="service",
+    parts="services",
+    model=models.ServiceSpec,
+    env="envs",
+    only_spec=_ALPHA_ONLY_SPEC,
+    annotation=ALPHA_FIELDS_ANNOTATION,
+    to_part=lambda _name, comp: _component_to_service(comp),
+    only_part=_alpha_only,
+)
+_BETA = _Version(
+    api_version=v1beta1.API_VERSION,
+    part="component",
+    parts="components",
+    model=v1beta1.ComponentSpec,
+    env="env",
+    only_spec=_BETA_ONLY_SPEC,
+    annotation=BETA_FIELDS_ANNOTATION,
+    to_part=_service_to_component,
+    only_part=_beta_only,
+)
+
+
+def _convert_part(
+    name: str, part: dict[str, Any], saved: dict[str, Any], source: _Version, target: _Version
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One service or component of ``source`` in ``target``, and the record that brings it back.
+
+    ``saved`` is the record an earlier conversion left: the original (restored when ``part`` is what
+    that original was converted to), or the fields ``target`` alone has (restored whatever else
+    changed)."""
+    converted = target.to_part(name, part)
+    if saved.get(target.part) and saved.get("fingerprint") == _fingerprint(source.model, part):
+        converted = saved[target.part]
+    else:
+        converted.update(saved.get("keep") or {})
+    regenerated = source.to_part(name, converted)
+    keep = source.only_part(part, regenerated)
+    record: dict[str, Any] = {"keep": keep} if keep else {}
+    if _normal(source.model, {**regenerated, **keep}) != _normal(source.model, part):
+        record[source.part] = part  # the mapping is not one-to-one here: keep the original
+        record["fingerprint"] = _fingerprint(target.model, converted)
+    return converted, record
+
+
+def _convert_parts(
+    parts: list[tuple[str, dict[str, Any]]], restore: dict[str, Any], source: _Version, target: _Version
+) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+    """Every part, converted, and the records of those that need one (by name)."""
+    saved: dict[str, Any] = restore.get(target.parts) or {}
+    converted, records = [], {}
+    for name, part in parts:
+        new, record = _convert_part(name, part, saved.get(name) or {}, source, target)
+        converted.append((name, new))
+        if record:
+            records[name] = record
+    return converted, records
+
+
 # --- whole objects -----------------------------------------------------------------------------------
+
+
+def _open(
+    obj: dict[str, Any], source: _Version, target: _Version
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A copy of ``obj`` without its spec, its metadata, its spec, and the record of ``target``'s fields
+    an earlier conversion left on it (a stale record of ``source``'s own fields is dropped)."""
+    out = copy.deepcopy(obj)
+    meta = out.setdefault("metadata", {})
+    restore = _pop_record(meta, target.annotation)
+    _pop_record(meta, source.annotation)
+    spec = out.pop("spec", None) or {}
+    return out, meta, spec, restore
+
+
+def _graph_spec(
+    spec: dict[str, Any], restore: dict[str, Any], source: _Version, target: _Version
+) -> dict[str, Any]:
+    """``target``'s graph fields: those only it has (restored), backendFramework, the graph's env."""
+    new_spec = {k: v for k, v in (restore.get("spec") or {}).items() if k in target.only_spec}
+    if spec.get("backendFramework") is not None:
+        new_spec["backendFramework"] = spec["backendFramework"]
+    if spec.get(source.env):
+        new_spec[target.env] = spec[source.env]
+    return new_spec
+
+
+def _close(
+    out: dict[str, Any],
+    meta: dict[str, Any],
+    spec: dict[str, Any],
+    target: _Version,
+    source: _Version,
+    record: dict[str, Any],
+) -> dict[str, Any]:
+    out["apiVersion"] = target.api_version
+    out["spec"] = spec
+    _put_record(meta, source.annotation, {k: v for k, v in record.items() if v})
+    return _reorder(out)
+
+
+def _component_order(services: dict[str, Any], saved: list[str]) -> list[str]:
+    """The order of the v1beta1 components: the one an earlier conversion saved, then by name."""
+    order = [n for n in saved if n in services]
+    return order + sorted(n for n in services if n not in order)
 
 
 def to_v1beta1(obj: dict[str, Any]) -> dict[str, Any]:
     """A v1alpha1 ``DynamoGraphDeployment`` (raw dict) as v1beta1."""
-    out = copy.deepcopy(obj)
-    meta = out.setdefault("metadata", {})
-    restore = _pop_record(meta, BETA_FIELDS_ANNOTATION)
-    _pop_record(meta, ALPHA_FIELDS_ANNOTATION)
-    spec = out.pop("spec", None) or {}
+    out, meta, spec, restore = _open(obj, _ALPHA, _BETA)
     services: dict[str, Any] = spec.get("services") or {}
-    saved_components: dict[str, Any] = restore.get("components") or {}
-    order = [n for n in restore.get("order") or [] if n in services]
-    order += sorted(n for n in services if n not in order)
-
-    keep_spec = {k: spec[k] for k in _ALPHA_ONLY_SPEC if spec.get(k) is not None}
-    keep_services: dict[str, Any] = {}
-    components = []
-    for name in order:
-        svc = services[name] or {}
-        comp = _service_to_component(name, svc)
-        saved = saved_components.get(name) or {}
-        if saved.get("component") and saved.get("fingerprint") == _fingerprint(models.ServiceSpec, svc):
-            comp = saved["component"]
-        else:
-            comp.update(saved.get("keep") or {})
-        components.append(comp)
-
-        keep = {k: svc[k] for k in _ALPHA_ONLY_SERVICE if svc.get(k) is not None}
-        ctype, sub = svc.get("componentType"), svc.get("subComponentType")
-        if ctype is not None and ctype not in _BETA_TYPES:
-            keep["componentType"] = ctype
-        if sub is not None and ctype != "worker":
-            keep["subComponentType"] = sub
-        record: dict[str, Any] = {"keep": keep} if keep else {}
-        back = {**_component_to_service(comp), **keep}
-        if _normal(models.ServiceSpec, back) != _normal(models.ServiceSpec, svc):
-            record["service"] = svc
-            record["fingerprint"] = _fingerprint(v1beta1.ComponentSpec, comp)
-        if record:
-            keep_services[name] = record
-
-    new_spec: dict[str, Any] = {k: v for k, v in (restore.get("spec") or {}).items() if k in _BETA_ONLY_SPEC}
-    if spec.get("backendFramework") is not None:
-        new_spec["backendFramework"] = spec["backendFramework"]
-    if spec.get("envs"):
-        new_spec["env"] = spec["envs"]
+    order = _component_order(services, restore.get("order") or [])
+    components, records = _convert_parts([(n, services[n] or {}) for n in order], restore, _ALPHA, _BETA)
+    new_spec = _graph_spec(spec, restore, _ALPHA, _BETA)
     if components:
-        new_spec["components"] = components
-    out["apiVersion"] = v1beta1.API_VERSION
-    out["spec"] = new_spec
-    record = {k: v for k, v in (("spec", keep_spec), ("services", keep_services)) if v}
-    _put_record(meta, ALPHA_FIELDS_ANNOTATION, record)
-    return _reorder(out)
+        new_spec["components"] = [c for _, c in components]
+    kept = {k: spec[k] for k in _ALPHA_ONLY_SPEC if spec.get(k) is not None}
+    return _close(out, meta, new_spec, _BETA, _ALPHA, {"spec": kept, "services": records})
 
 
 def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
@@ -381,11 +544,7 @@ def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
     Every component has a name (the CRD schema and the v1beta1 model require one). Raises
     :class:`ConversionError` when two components share a name (the API server refuses such an object; a
     manifest file may still hold one)."""
-    out = copy.deepcopy(obj)
-    meta = out.setdefault("metadata", {})
-    restore = _pop_record(meta, ALPHA_FIELDS_ANNOTATION)
-    _pop_record(meta, BETA_FIELDS_ANNOTATION)
-    spec = out.pop("spec", None) or {}
+    out, meta, spec, restore = _open(obj, _BETA, _ALPHA)
     components: list[dict[str, Any]] = spec.get("components") or []
     names: list[str] = [c["name"] for c in components]
     for name in names:
@@ -394,47 +553,13 @@ def to_v1alpha1(obj: dict[str, Any]) -> dict[str, Any]:
                 f"spec.components has {names.count(name)} components named {name!r}; give each component "
                 "a unique name"
             )
-    saved_services: dict[str, Any] = restore.get("services") or {}
-
-    services: dict[str, Any] = {}
-    keep_components: dict[str, Any] = {}
-    for comp, name in zip(components, names, strict=True):
-        svc = _component_to_service(comp)
-        saved = saved_services.get(name) or {}
-        if saved.get("service") and saved.get("fingerprint") == _fingerprint(v1beta1.ComponentSpec, comp):
-            svc = saved["service"]
-        else:
-            svc.update(saved.get("keep") or {})
-        services[name] = svc
-
-        regenerated = _service_to_component(name, svc)  # e.g. compilationCache from volumeMounts
-        keep = {
-            k: comp[k]
-            for k in _BETA_ONLY_COMPONENT
-            if comp.get(k) is not None and regenerated.get(k) != comp[k]
-        }
-        record: dict[str, Any] = {"keep": keep} if keep else {}
-        back = {**_service_to_component(name, svc), **keep}
-        if _normal(v1beta1.ComponentSpec, back) != _normal(v1beta1.ComponentSpec, comp):
-            record["component"] = comp
-            record["fingerprint"] = _fingerprint(models.ServiceSpec, svc)
-        if record:
-            keep_components[name] = record
-
-    new_spec: dict[str, Any] = {k: v for k, v in (restore.get("spec") or {}).items() if k in _ALPHA_ONLY_SPEC}
-    if spec.get("backendFramework") is not None:
-        new_spec["backendFramework"] = spec["backendFramework"]
-    if spec.get("env"):
-        new_spec["envs"] = spec["env"]
+    services, records = _convert_parts(list(zip(names, components, strict=True)), restore, _BETA, _ALPHA)
+    new_spec = _graph_spec(spec, restore, _BETA, _ALPHA)
     if services:
-        new_spec["services"] = services
-    keep_spec = {k: spec[k] for k in _BETA_ONLY_SPEC if spec.get(k) is not None}
+        new_spec["services"] = dict(services)
+    kept = {k: spec[k] for k in _BETA_ONLY_SPEC if spec.get(k) is not None}
     order = names if names != sorted(names) else []
-    out["apiVersion"] = models.API_VERSION
-    out["spec"] = new_spec
-    record = {k: v for k, v in (("spec", keep_spec), ("order", order), ("components", keep_components)) if v}
-    _put_record(meta, BETA_FIELDS_ANNOTATION, record)
-    return _reorder(out)
+    return _close(out, meta, new_spec, _ALPHA, _BETA, {"spec": kept, "order": order, "components": records})
 
 
 def _reorder(obj: dict[str, Any]) -> dict[str, Any]:
