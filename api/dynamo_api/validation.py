@@ -247,6 +247,7 @@ def _check_parallelism(c: Component, gpus: str) -> list[Problem]:
 
 
 def _check_worker(c: Component) -> list[Problem]:
+    """A worker's engine: where it runs, where its weights come from, its GPUs, its role, its flags."""
     sidecar = _engine_sidecar(c)
     if sidecar is not None:
         return [
@@ -261,6 +262,10 @@ def _check_worker(c: Component) -> list[Problem]:
                 "the service) and drop the engine container.",
             )
         ]
+    return [*_check_load_format(c), *_check_gpus(c), *_check_roles(c), *_check_flags(c)]
+
+
+def _check_load_format(c: Component) -> list[Problem]:
     problems = []
     if flag_value(argv(c.command_view), "--load-format") == "gms":
         problems.append(
@@ -272,6 +277,12 @@ def _check_worker(c: Component) -> list[Problem]:
                 "provide and SGLang cannot load from: remove --load-format gms (and gpuMemoryService).",
             )
         )
+    return problems
+
+
+def _check_gpus(c: Component) -> list[Problem]:
+    """The GPU limit: set, a whole number, equal to any request, and what the engine's parallelism needs."""
+    problems = []
     gpus = gpu_count(c)
     resources = c.spec.resources
     if gpus is None:
@@ -310,6 +321,12 @@ def _check_worker(c: Component) -> list[Problem]:
         )
     else:
         problems += _check_parallelism(c, gpus)
+    return problems
+
+
+def _check_roles(c: Component) -> list[Problem]:
+    """The worker's role (``--role``, prefill or decode) said the same way everywhere it is said."""
+    problems = []
     args = c.args
     mode = args.disaggregation_mode
     declared = c.spec.sub_component_type or (
@@ -355,6 +372,13 @@ def _check_worker(c: Component) -> list[Problem]:
                 f"{c.spec.sub_component_type}; make them agree.",
             )
         )
+    return problems
+
+
+def _check_flags(c: Component) -> list[Problem]:
+    """The engine flags the operator reads: parallelism sizes and the bootstrap port."""
+    problems = []
+    args = c.args
     for name, value in (("--tp", args.tp), ("--pp-size", args.pp), ("--dp-size", args.dp)):
         if value is None or value < 1:
             problems.append(
