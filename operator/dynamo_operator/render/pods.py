@@ -205,9 +205,23 @@ def _annotation(dgd: DynamoGraphDeployment, c: Component, key: str) -> str | Non
 def main_container(
     dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, revision: str | None = None
 ) -> tuple[dict[str, Any], list[Notice]]:
-    """The ``main`` container before multinode flags: ours, the user's mainContainer merged over it.
+    """The ``main`` container before multinode flags: ours, the user's mainContainer merged over it,
+    then the engine's command made to fit the graph (each step may say so in a notice).
     ``revision``: the graph's prefill/decode revision (``render.revision``)."""
+    container = _merge_user(c, _our_container(dgd, c, config, revision))
     notices: list[Notice] = []
+    for step in (_swap_module, _declare_bootstrap_port, _listen_for_peers, _publish_kv_events):
+        container, notice = step(dgd, c, container)
+        if notice is not None:
+            notices.append(notice)
+    return container, notices
+
+
+def _our_container(
+    dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, revision: str | None
+) -> dict[str, Any]:
+    """The container the operator writes: image, the component's command, the env contract (then the
+    graph's env, then the service's), ports, resources, mounts, probes, the env secret."""
     image = config.frontend_image if c.kind == "frontend" else config.worker_image
     ours: dict[str, Any] = {
         "name": "main",
@@ -225,51 +239,78 @@ def main_container(
     }
     if c.spec.env_from_secret:
         ours["envFrom"] = [{"secretRef": {"name": c.spec.env_from_secret}}]
+    return ours
+
+
+def _merge_user(c: Component, ours: dict[str, Any]) -> dict[str, Any]:
+    """The user's mainContainer merged over ``ours``; an empty command, args or resources left out."""
     user = {k: v for k, v in c.user_container.items() if k != "name"}
     container = merge(ours, user)
     for key in ("command", "args", "resources"):
         if not container.get(key):
             container.pop(key, None)
+    return container
+
+
+# The steps that fit the engine's command to the graph: each takes the container and gives it back,
+# with a notice when it changed what the user wrote.
+_Step = tuple[dict[str, Any], Notice | None]
+
+
+def _swap_module(dgd: DynamoGraphDeployment, c: Component, container: dict[str, Any]) -> _Step:
+    """The module annotation names the engine a worker runs; a frontend runs our counterpart of Dynamo's."""
     module = _annotation(dgd, c, MODULE_ANNOTATION)
-    if module is not None and c.kind in ("frontend", "worker"):
-        # The annotation names the engine; a frontend runs our counterpart of Dynamo's.
-        old = modules.DYNAMO_FRONTEND_MODULE if c.kind == "frontend" else modules.DYNAMO_SGLANG_MODULE
-        new = modules.DYNAMO_ALIASES[old] if c.kind == "frontend" else module
-        container, swapped = sglang.swap_module(container, old, new)
-        if swapped:
-            notices.append(
-                Notice("ModuleSwapped", f"Service {c.name!r} runs -m {new} instead of -m {old}.", c.name)
-            )
+    if module is None or c.kind not in ("frontend", "worker"):
+        return container, None
+    old = modules.DYNAMO_FRONTEND_MODULE if c.kind == "frontend" else modules.DYNAMO_SGLANG_MODULE
+    new = modules.DYNAMO_ALIASES[old] if c.kind == "frontend" else module
+    container, swapped = sglang.swap_module(container, old, new)
+    if not swapped:
+        return container, None
+    return container, Notice(
+        "ModuleSwapped", f"Service {c.name!r} runs -m {new} instead of -m {old}.", c.name
+    )
+
+
+def _declare_bootstrap_port(dgd: DynamoGraphDeployment, c: Component, container: dict[str, Any]) -> _Step:
+    """A prefill worker binds the port it declares: SGLang's default, made explicit (contract.py)."""
     if c.kind == "worker" and c.role == "prefill" and not c.args.bootstrap_port:
-        # The port it binds is the port it declares: SGLang's default, made explicit (contract.py).
         container, _ = sglang.ensure_flag(container, contract.BOOTSTRAP_PORT_FLAG, str(bootstrap_port(c)))
-    if c.kind == "worker" and c.role in ("prefill", "decode"):
-        container, previous = sglang.ensure_flag(container, "--host", "0.0.0.0")
-        if previous is not None:
-            notices.append(
-                Notice(
-                    "HostOverridden",
-                    f"Service {c.name!r} listened on --host {previous}; it now uses --host 0.0.0.0 so its "
-                    "disaggregation peers can reach it.",
-                    c.name,
-                    warning=True,
-                )
-            )
-    if c.kind == "worker" and routes_on_kv(dgd):
-        container, problem = sglang.wire_kv_events(container, c.args.dp or 1)
-        if problem is not None:
-            notices.append(
-                Notice(
-                    "NoKvEvents",
-                    f"Service {c.name!r} sets {contract.KV_EVENTS_FLAG} that {problem}, while the graph's "
-                    f"frontend routes on KV cache ({contract.ROUTER_MODE_FLAG} kv): the router cannot see "
-                    f"this worker's cache. Remove the flag (the operator then wires a publisher) or set "
-                    f'"publisher": "zmq".',
-                    c.name,
-                    warning=True,
-                )
-            )
-    return container, notices
+    return container, None
+
+
+def _listen_for_peers(dgd: DynamoGraphDeployment, c: Component, container: dict[str, Any]) -> _Step:
+    """A prefill or decode worker listens on every address, so that its disaggregation peers reach it."""
+    if c.kind != "worker" or c.role not in ("prefill", "decode"):
+        return container, None
+    container, previous = sglang.ensure_flag(container, "--host", "0.0.0.0")
+    if previous is None:
+        return container, None
+    return container, Notice(
+        "HostOverridden",
+        f"Service {c.name!r} listened on --host {previous}; it now uses --host 0.0.0.0 so its "
+        "disaggregation peers can reach it.",
+        c.name,
+        warning=True,
+    )
+
+
+def _publish_kv_events(dgd: DynamoGraphDeployment, c: Component, container: dict[str, Any]) -> _Step:
+    """A worker of a graph whose frontend routes on KV cache publishes its KV events."""
+    if c.kind != "worker" or not routes_on_kv(dgd):
+        return container, None
+    container, problem = sglang.wire_kv_events(container, c.args.dp or 1)
+    if problem is None:
+        return container, None
+    return container, Notice(
+        "NoKvEvents",
+        f"Service {c.name!r} sets {contract.KV_EVENTS_FLAG} that {problem}, while the graph's "
+        f"frontend routes on KV cache ({contract.ROUTER_MODE_FLAG} kv): the router cannot see "
+        f"this worker's cache. Remove the flag (the operator then wires a publisher) or set "
+        f'"publisher": "zmq".',
+        c.name,
+        warning=True,
+    )
 
 
 def routes_on_kv(dgd: DynamoGraphDeployment) -> bool:
