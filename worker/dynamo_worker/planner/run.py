@@ -44,7 +44,7 @@ from dynamo_worker.planner.observe import (
     scrape,
 )
 from dynamo_worker.planner.settings import PlannerSettings
-from dynamo_worker.planner.step import GraphError, ScaledService, decide, scaled_services
+from dynamo_worker.planner.step import Decision, GraphError, ScaledService, decide, scaled_services
 from dynamo_worker.profile.model import Profile, load_profile
 from dynamo_worker.runtime.listening import serve
 
@@ -113,41 +113,18 @@ class Planner:
     # --- one step ----------------------------------------------------------------------------------
 
     async def step(self, kube: GraphSource, http: aiohttp.ClientSession) -> None:
+        """One interval: read the graph, observe the traffic, decide, apply, explain."""
         s = self.settings
-        try:
-            graph = await kube.get_graph()
-            services, discovered = scaled_services(graph, s.roles)
-            services = _with_gpu_overrides(s, services)
-        except (KubeError, GraphError) as e:
-            self.metrics.errors.labels("graph").inc()
-            log.warning("Skipped a planning step: %s", e)
-            await self._event(kube, {}, "PlannerGraphError", f"Skipped a planning step: {e}", "Warning")
+        read = await self._read_graph(kube)
+        if read is None:
             return
-        urls = self._urls(discovered)
+        graph, services, urls = read
         self.at_zero = any(v.replicas == 0 for v in services.values())
         now = self.clock()
-        try:
-            totals, problem = await self._totals(http, urls)
-        except (aiohttp.ClientError, TimeoutError, ScrapeError, ValueError, KeyError) as e:
-            totals, problem = {}, str(e) or type(e).__name__
-        if problem:
-            self.metrics.errors.labels("scrape").inc()
-            msg = (
-                f"Could not read frontend metrics ({problem}); pass --metrics-url or --prometheus-url "
-                "if the frontends are elsewhere"
-            )
-            log.warning(msg)
-            await self._event(kube, graph, "MetricsUnavailable", msg, "Warning")
+        totals = await self._observe(kube, graph, http, urls)
         if not totals:
             return
-        observation: Observation | None = None
-        if self._previous is not None:
-            then, before = self._previous
-            observation = interval(before, totals, now - then)
-            self.forecaster.observe(
-                observation.load, isl_known=observation.isl_known, osl_known=observation.osl_known
-            )
-        self._previous = (now, totals)
+        observation = self._interval(now, totals)
         demand = any(t.queued > 0 for t in totals.values())
         if observation is None and s.mode == "sla" and not (demand and self.at_zero):
             log.info("First scrape of sources=%s; deciding from the next interval", len(totals))
@@ -166,31 +143,90 @@ class Planner:
         self.states = decision.states
         self.decisions += 1
         gpus_used = sum(d.replicas * services[d.role].gpus for d in decision.roles.values())
-        changes = decision.changes
-        message = decision.message()
-        if changes and not s.dry_run:
-            try:
-                await kube.set_replicas({d.service: d.replicas for d in decision.roles.values()})
-            except KubeError as e:
-                self.metrics.errors.labels("patch").inc()
-                log.warning("Could not apply a decision: %s", e)
-                await self._event(kube, graph, "ScaleFailed", f"{e} (decision: {message})", "Warning")
-                return
+        if not await self._apply(kube, graph, decision):
+            return
         self.metrics.record(observation, decision, gpus_used)
+        await self._explain(kube, graph, decision, observation)
+
+    async def _read_graph(
+        self, kube: GraphSource
+    ) -> tuple[dict[str, Any], dict[str, ScaledService], list[str]] | None:
+        """The graph, its scaled services (with the GPU overrides) and the frontends' metrics URLs;
+        ``None`` (step skipped, said in a Warning Event) when the graph cannot be read."""
+        s = self.settings
+        try:
+            graph = await kube.get_graph()
+            services, discovered = scaled_services(graph, s.roles)
+            services = _with_gpu_overrides(s, services)
+        except (KubeError, GraphError) as e:
+            self.metrics.errors.labels("graph").inc()
+            log.warning("Skipped a planning step: %s", e)
+            await self._event(kube, {}, "PlannerGraphError", f"Skipped a planning step: {e}", "Warning")
+            return None
+        return graph, services, self._urls(discovered)
+
+    async def _observe(
+        self, kube: GraphSource, graph: dict[str, Any], http: aiohttp.ClientSession, urls: list[str]
+    ) -> dict[str, Totals]:
+        """The counters of every source that answered; the ones that did not are named in a Warning."""
+        try:
+            totals, problem = await self._totals(http, urls)
+        except (aiohttp.ClientError, TimeoutError, ScrapeError, ValueError, KeyError) as e:
+            totals, problem = {}, str(e) or type(e).__name__
+        if problem:
+            self.metrics.errors.labels("scrape").inc()
+            msg = (
+                f"Could not read frontend metrics ({problem}); pass --metrics-url or --prometheus-url "
+                "if the frontends are elsewhere"
+            )
+            log.warning(msg)
+            await self._event(kube, graph, "MetricsUnavailable", msg, "Warning")
+        return totals
+
+    def _interval(self, now: float, totals: dict[str, Totals]) -> Observation | None:
+        """The traffic since the last step (fed to the forecaster); ``None`` at the first."""
+        observation: Observation | None = None
+        if self._previous is not None:
+            then, before = self._previous
+            observation = interval(before, totals, now - then)
+            self.forecaster.observe(
+                observation.load, isl_known=observation.isl_known, osl_known=observation.osl_known
+            )
+        self._previous = (now, totals)
+        return observation
+
+    async def _apply(self, kube: GraphSource, graph: dict[str, Any], decision: Decision) -> bool:
+        """Set the changed replicas (not in dry-run); False (said in a Warning Event) when that failed."""
+        if not decision.changes or self.settings.dry_run:
+            return True
+        try:
+            await kube.set_replicas({d.service: d.replicas for d in decision.roles.values()})
+        except KubeError as e:
+            self.metrics.errors.labels("patch").inc()
+            log.warning("Could not apply a decision: %s", e)
+            await self._event(kube, graph, "ScaleFailed", f"{e} (decision: {decision.message()})", "Warning")
+            return False
+        return True
+
+    async def _explain(
+        self, kube: GraphSource, graph: dict[str, Any], decision: Decision, observation: Observation | None
+    ) -> None:
+        """Count the scalings, log the decision, and post it: ``Scaled`` when replicas changed, else a
+        ``PlannerDecision`` every ``QUIET_EVENTS`` intervals."""
         for d in decision.roles.values():
             if d.replicas != d.current:
                 self.metrics.scalings.labels(d.role, "up" if d.replicas > d.current else "down").inc()
-        observed = _observed_text(observation)
-        if changes:
-            verb = "Would scale" if s.dry_run else "Scaled"
+        message, observed = decision.message(), _observed_text(observation)
+        if decision.changes:
+            verb = "Would scale" if self.settings.dry_run else "Scaled"
             log.info("%s %s; %s", verb, message, observed)
             await self._event(kube, graph, "Scaled", f"{verb}: {message}; {observed}")
             self._quiet = 0
-        else:
-            self._quiet += 1
-            log.info("Decision: %s; %s", message, observed)
-            if self._quiet % QUIET_EVENTS == 1:
-                await self._event(kube, graph, "PlannerDecision", f"{message}; {observed}")
+            return
+        self._quiet += 1
+        log.info("Decision: %s; %s", message, observed)
+        if self._quiet % QUIET_EVENTS == 1:
+            await self._event(kube, graph, "PlannerDecision", f"{message}; {observed}")
 
     async def _event(
         self, kube: GraphSource, graph: dict, reason: str, message: str, type_: str = "Normal"
