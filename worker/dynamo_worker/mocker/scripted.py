@@ -21,7 +21,7 @@ import json
 import math
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,52 +73,99 @@ _WORDS = ("alpha", "bravo", "delta", "echo", "lima", "oscar", "tango", "zulu")
 
 
 def json_for_schema(schema: Any, seed: int, depth: int = 0, root: Any = None) -> Any:
-    """A JSON value that satisfies the common subset of ``schema`` (see module doc)."""
+    """A JSON value that satisfies the common subset of ``schema`` (see module doc): a local ``$ref``
+    followed, then ``const``, ``enum``, the first branch of ``anyOf``/``oneOf``/``allOf``, else a value
+    of its type."""
     root = schema if root is None else root
-    rng = _rng(seed, depth)
     if not isinstance(schema, dict) or depth > 16:
         return None
+    rng = _rng(seed, depth)
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return json_for_schema(target, seed, depth + 1, root)
+        return json_for_schema(_resolve(root, ref), seed, depth + 1, root)
     if "const" in schema:
         return schema["const"]
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return schema["enum"][rng.randrange(len(schema["enum"]))]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[rng.randrange(len(enum))]
     for key in ("anyOf", "oneOf", "allOf"):
-        if isinstance(schema.get(key), list) and schema[key]:
-            return json_for_schema(schema[key][0], seed, depth + 1, root)
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            return json_for_schema(branches[0], seed, depth + 1, root)
+    kind = _kind(schema)
+    make = _BY_TYPE.get(kind, _string) if isinstance(kind, str) else _string
+    return make(schema, seed, depth, root, rng)
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The schema a local ``$ref`` (``#/$defs/name``) points at; ``{}`` when nothing is there."""
+    target: Any = root
+    for part in ref[2:].split("/"):
+        target = target.get(part, {}) if isinstance(target, dict) else {}
+    return target
+
+
+def _kind(schema: dict[str, Any]) -> Any:
+    """The schema's type (the first that is not ``null`` of a list); by default ``object`` when it has
+    properties, else ``string``."""
     kind = schema.get("type", "object" if "properties" in schema else "string")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
-    if kind == "object":
-        props = schema.get("properties") or {}
-        required = schema.get("required") or list(props)
-        return {
-            name: json_for_schema(props.get(name, {}), seed * 31 + i, depth + 1, root)
-            for i, name in enumerate(required)
-        }
-    if kind == "array":
-        count = max(int(schema.get("minItems") or 1), 1)
-        items = schema.get("items") or {}
-        return [json_for_schema(items, seed * 17 + i, depth + 1, root) for i in range(count)]
-    if kind == "integer":
-        low, high = int(schema.get("minimum", 0)), int(schema.get("maximum", 100))
-        return rng.randint(low, max(low, high))
-    if kind == "number":
-        least, most = float(schema.get("minimum", 0)), float(schema.get("maximum", 100))
-        return round(rng.uniform(least, max(least, most)), 3)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "null":
-        return None
+    return kind
+
+
+def _object(schema: dict[str, Any], seed: int, depth: int, root: Any, _rng: random.Random) -> Any:
+    """The required properties (all of them when none is), each from its schema."""
+    props = schema.get("properties") or {}
+    required = schema.get("required") or list(props)
+    return {
+        name: json_for_schema(props.get(name, {}), seed * 31 + i, depth + 1, root)
+        for i, name in enumerate(required)
+    }
+
+
+def _array(schema: dict[str, Any], seed: int, depth: int, root: Any, _rng: random.Random) -> Any:
+    """``minItems`` items (at least one), each from the ``items`` schema."""
+    count = max(int(schema.get("minItems") or 1), 1)
+    items = schema.get("items") or {}
+    return [json_for_schema(items, seed * 17 + i, depth + 1, root) for i in range(count)]
+
+
+def _integer(schema: dict[str, Any], _seed: int, _depth: int, _root: Any, rng: random.Random) -> Any:
+    low, high = int(schema.get("minimum", 0)), int(schema.get("maximum", 100))
+    return rng.randint(low, max(low, high))
+
+
+def _number(schema: dict[str, Any], _seed: int, _depth: int, _root: Any, rng: random.Random) -> Any:
+    least, most = float(schema.get("minimum", 0)), float(schema.get("maximum", 100))
+    return round(rng.uniform(least, max(least, most)), 3)
+
+
+def _boolean(_schema: dict[str, Any], _seed: int, _depth: int, _root: Any, rng: random.Random) -> Any:
+    return rng.random() < 0.5
+
+
+def _null(_schema: dict[str, Any], _seed: int, _depth: int, _root: Any, _rng: random.Random) -> Any:
+    return None
+
+
+def _string(schema: dict[str, Any], _seed: int, _depth: int, _root: Any, rng: random.Random) -> Any:
+    """A word, repeated up to ``minLength`` and cut at ``maxLength``."""
     word = _WORDS[rng.randrange(len(_WORDS))]
     shortest, longest = int(schema.get("minLength", 0)), schema.get("maxLength")
     word = (word * (shortest // len(word) + 1))[: max(shortest, len(word))]
     return word[: int(longest)] if longest is not None else word
+
+
+# A value of each JSON type (any other type: a string).
+_BY_TYPE: dict[str, Callable[[dict[str, Any], int, int, Any, random.Random], Any]] = {
+    "object": _object,
+    "array": _array,
+    "integer": _integer,
+    "number": _number,
+    "boolean": _boolean,
+    "null": _null,
+}
 
 
 def embedding(
