@@ -190,40 +190,14 @@ def plan_graph(
     if rendered.problems:
         raise PlanError(rendered.problems)
     model_dirs = {modules.MOCKER_MODULE: mocker_model_dir, modules.SGLANG_MODULE: sglang_model_path}
-    runs, problems, notes = _select(rendered, engine, model_dirs, graph_file is not None)
+    runs, problems, notes = _Selector(rendered, engine, model_dirs, graph_file is not None).select()
     problems += _gpu_problems(runs, gpus) or _shared_gpu_problems(runs, gpus)
     if problems:
         raise PlanError(problems)
-    ports = {
-        r.pod.name: {
-            number: http_port if r.kind == "frontend" and name == "http" else free_port()
-            for name, number in r.pod.declared_ports.items()
-        }
-        for r in runs
-    }
-    peers = {r.pod.dns_name: ports[r.pod.name] for r in runs if r.pod.dns_name}
     url_host = LOOPBACK if http_host in ("0.0.0.0", "::", "") else http_host
-    free_gpus = list(gpus)
-    processes = []
-    for r in runs:
-        assigned = tuple(free_gpus[: r.gpus])
-        del free_gpus[: r.gpus]
-        process, process_notes = _process(r, ports[r.pod.name], peers, machine, assigned, url_host)
-        processes.append(process)
-        notes += process_notes
-    workers = sum(1 for p in processes if p.kind == "worker" and p.health_url)
+    processes = _processes(runs, _local_ports(runs, http_port, free_port), machine, gpus, url_host, notes)
     frontend_metrics = f"http://{url_host}:{http_port}{c.METRICS_PATH}"
-    processes = [
-        replace(
-            p,
-            expected_workers=workers,
-            metrics_url=frontend_metrics,
-            waiting_for=f"{p.waiting_for}, seeing all {workers} workers",
-        )
-        if p.kind == "frontend"
-        else p
-        for p in processes
-    ]
+    processes = _frontends_wait_for_workers(processes, frontend_metrics)
     if graph_file is not None:
         processes = [_local_planner(p, graph_file, frontend_metrics) for p in processes]
         notes += _planner_note([p for p in processes if p.kind == "planner"], frontend_metrics)
@@ -237,69 +211,165 @@ def plan_graph(
     )
 
 
-def _select(
-    rendered: Rendered, engine: Engine, model_dirs: Mapping[str, str | None], planners: bool
-) -> tuple[list[_Run], list[Problem], list[str]]:
+def _local_ports(
+    runs: Sequence[_Run], http_port: int, free_port: Callable[[], int]
+) -> dict[str, dict[int, int]]:
+    """Per pod, each declared containerPort's local port: ``http_port`` for the frontend's ``http``
+    (what its Service publishes), a free one for every other."""
+    return {
+        r.pod.name: {
+            number: http_port if r.kind == "frontend" and name == "http" else free_port()
+            for name, number in r.pod.declared_ports.items()
+        }
+        for r in runs
+    }
+
+
+def _processes(
+    runs: Sequence[_Run],
+    ports: Mapping[str, Mapping[int, int]],
+    machine: Mapping[str, str],
+    gpus: Sequence[str],
+    url_host: str,
+    notes: list[str],
+) -> list[ProcessSpec]:
+    """One process per run, given its GPUs in order; the kubelet's notes are added to ``notes``."""
+    peers = {r.pod.dns_name: ports[r.pod.name] for r in runs if r.pod.dns_name}
+    free_gpus = list(gpus)
+    processes = []
+    for r in runs:
+        assigned = tuple(free_gpus[: r.gpus])
+        del free_gpus[: r.gpus]
+        process, process_notes = _process(r, ports[r.pod.name], peers, machine, assigned, url_host)
+        processes.append(process)
+        notes += process_notes
+    return processes
+
+
+def _frontends_wait_for_workers(processes: list[ProcessSpec], frontend_metrics: str) -> list[ProcessSpec]:
+    """A frontend is ready once it sees every worker that has a readiness probe (on its /metrics)."""
+    workers = sum(1 for p in processes if p.kind == "worker" and p.health_url)
+    return [
+        replace(
+            p,
+            expected_workers=workers,
+            metrics_url=frontend_metrics,
+            waiting_for=f"{p.waiting_for}, seeing all {workers} workers",
+        )
+        if p.kind == "frontend"
+        else p
+        for p in processes
+    ]
+
+
+def _shown(pod: Pod) -> str:
+    return " ".join(container_argv(dict(pod.main))) or "(no command)"
+
+
+class _Selector:
     """The pods that run here, each with its engine substituted; the problems and notes found.
     ``planners``: whether pods running our planner run (they need the manifest's file)."""
-    groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
-    problems: list[Problem] = []
-    notes = [f"{name}: replicas=0; nothing to run" for name, s in rendered.services.items() if not s.replicas]
-    runs: list[_Run] = []
-    replicas: dict[str, int] = {}
-    for pod in pods_of(rendered.objects):
-        service = pod.labels[labels.COMPONENT]
+
+    def __init__(
+        self, rendered: Rendered, engine: Engine, model_dirs: Mapping[str, str | None], planners: bool
+    ) -> None:
+        self.rendered = rendered
+        self.engine = engine
+        self.model_dirs = model_dirs
+        self.planners = planners
+        self.groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
+        self.runs: list[_Run] = []
+        self.problems: list[Problem] = []
+        self.notes = [
+            f"{n}: replicas=0; nothing to run" for n, s in rendered.services.items() if not s.replicas
+        ]
+
+    def select(self) -> tuple[list[_Run], list[Problem], list[str]]:
+        replicas: dict[str, int] = {}
+        for pod in pods_of(self.rendered.objects):
+            service = pod.labels[labels.COMPONENT]
+            replica = replicas[service] = replicas.get(service, -1) + 1
+            module = _module(pod.main)
+            self._treatment(pod, module)(pod, service, replica, module)
+        return self.runs, self.problems, self.notes
+
+    def _treatment(self, pod: Pod, module: str | None) -> Callable[[Pod, str, int, str | None], None]:
+        """Which of the methods below treats this pod: by the module its main container runs (ours or
+        NVIDIA Dynamo's name for it), else by its componentType."""
+        role = modules.role(module)
         component_type = pod.labels.get(labels.COMPONENT_TYPE, "")
-        replica = replicas[service] = replicas.get(service, -1) + 1
-        module = _module(pod.main)
-        ours, role = modules.ours(module), modules.role(module)
-        if module is not None and ours is not None and role == "frontend":
-            if any(r.kind == "frontend" for r in runs):
-                notes.append(f"{pod.name}: one frontend runs locally (it takes --port); skipped")
-                continue
-            container = _with_engine(pod.main, module, ours, None)
-            runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
-        elif module is not None and role == "engine":
-            target = modules.MOCKER_MODULE if ours == modules.MOCKER_MODULE else modules.ENGINES[engine]
-            need = _gpus(pod.main) if target == modules.SGLANG_MODULE else 0
-            if target == modules.SGLANG_MODULE and need == 0:
-                problems.append(
-                    Problem(
-                        f"spec.services.{service}.resources.limits.gpu",
-                        "MissingGpuLimit",
-                        "an SGLang worker needs GPUs: set resources.limits.gpu, or run with --engine mocker",
-                    )
-                )
-                continue
-            container = _with_engine(pod.main, module, target, model_dirs[target])
-            runs.append(_Run(pod, _label(pod, service, groups, replica), service, "worker", container, need))
-        elif component_type in WORKER_TYPES or component_type == "frontend":
-            shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
-            problems.append(
+        if role == "frontend":
+            return self._frontend
+        if role == "engine":
+            return self._engine
+        if component_type in WORKER_TYPES or component_type == "frontend":
+            return self._unsupported
+        if component_type == "planner":
+            return self._planner if role == "planner" and self.planners else self._no_planner
+        return self._skipped
+
+    def _frontend(self, pod: Pod, service: str, replica: int, module: str | None) -> None:
+        """One frontend runs (it takes --port)."""
+        if any(r.kind == "frontend" for r in self.runs):
+            self.notes.append(f"{pod.name}: one frontend runs locally (it takes --port); skipped")
+            return
+        ours = modules.ours(module)
+        assert module is not None and ours is not None
+        container = _with_engine(pod.main, module, ours, None)
+        self.runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
+
+    def _engine(self, pod: Pod, service: str, replica: int, module: str | None) -> None:
+        """A worker runs the engine asked for (the mocker's pods stay the mocker); SGLang needs GPUs."""
+        assert module is not None
+        ours = modules.ours(module)
+        target = modules.MOCKER_MODULE if ours == modules.MOCKER_MODULE else modules.ENGINES[self.engine]
+        need = _gpus(pod.main) if target == modules.SGLANG_MODULE else 0
+        if target == modules.SGLANG_MODULE and need == 0:
+            self.problems.append(
                 Problem(
-                    f"spec.services.{service}.extraPodSpec.mainContainer.command",
-                    "UnsupportedCommand",
-                    f"runs {shown!r}; dynamo-run runs services whose command is 'python3 -m MODULE ...' "
-                    f"with MODULE one of {', '.join(_SERVING_MODULES)}; give the service such a command",
+                    f"spec.services.{service}.resources.limits.gpu",
+                    "MissingGpuLimit",
+                    "an SGLang worker needs GPUs: set resources.limits.gpu, or run with --engine mocker",
                 )
             )
-        elif component_type == "planner" and module is not None and role == "planner" and planners:
-            container = _with_engine(pod.main, module, modules.PLANNER_MODULE, None)
-            runs.append(_Run(pod, f"{service}-{replica}", service, "planner", container, 0))
-        elif component_type == "planner":
-            shown = " ".join(container_argv(dict(pod.main))) or "(no command)"
-            why = f"it runs {shown!r}" if role != "planner" else "no manifest file to read its graph from"
-            notes.append(
-                f"{pod.name}: a planner runs here only as 'python3 -m {modules.PLANNER_MODULE} ...' (or "
-                f"{modules.DYNAMO_PLANNER_MODULE}) reading the manifest file ({why}); not run locally "
-                "(skipped)"
+            return
+        container = _with_engine(pod.main, module, target, self.model_dirs[target])
+        label = _label(pod, service, self.groups, replica)
+        self.runs.append(_Run(pod, label, service, "worker", container, need))
+
+    def _unsupported(self, pod: Pod, service: str, _replica: int, _module: str | None) -> None:
+        self.problems.append(
+            Problem(
+                f"spec.services.{service}.extraPodSpec.mainContainer.command",
+                "UnsupportedCommand",
+                f"runs {_shown(pod)!r}; dynamo-run runs services whose command is 'python3 -m MODULE ...' "
+                f"with MODULE one of {', '.join(_SERVING_MODULES)}; give the service such a command",
             )
-        else:
-            notes.append(
-                f"{pod.name}: componentType {component_type or '(unset)'} runs as given in Kubernetes; "
-                "not run locally (skipped)"
-            )
-    return runs, problems, notes
+        )
+
+    def _planner(self, pod: Pod, service: str, replica: int, module: str | None) -> None:
+        assert module is not None
+        container = _with_engine(pod.main, module, modules.PLANNER_MODULE, None)
+        self.runs.append(_Run(pod, f"{service}-{replica}", service, "planner", container, 0))
+
+    def _no_planner(self, pod: Pod, _service: str, _replica: int, module: str | None) -> None:
+        why = (
+            f"it runs {_shown(pod)!r}"
+            if modules.role(module) != "planner"
+            else "no manifest file to read its graph from"
+        )
+        self.notes.append(
+            f"{pod.name}: a planner runs here only as 'python3 -m {modules.PLANNER_MODULE} ...' (or "
+            f"{modules.DYNAMO_PLANNER_MODULE}) reading the manifest file ({why}); not run locally "
+            "(skipped)"
+        )
+
+    def _skipped(self, pod: Pod, _service: str, _replica: int, _module: str | None) -> None:
+        component_type = pod.labels.get(labels.COMPONENT_TYPE, "")
+        self.notes.append(
+            f"{pod.name}: componentType {component_type or '(unset)'} runs as given in Kubernetes; "
+            "not run locally (skipped)"
+        )
 
 
 def _local_planner(p: ProcessSpec, graph_file: str, frontend_metrics: str) -> ProcessSpec:
