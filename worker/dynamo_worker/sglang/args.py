@@ -316,6 +316,45 @@ def help_text() -> str:
         return f"{text}\n{sglang_flags}:\n{INSTALL_HINT}\n"
 
 
+def _our_settings(
+    ours: argparse.Namespace, env: Mapping[str, str] | None
+) -> tuple[RuntimeSettings, SglangSettings]:
+    """Our own flags (and env): the runtime's settings, and the worker's."""
+    given = {k: v for k, v in vars(ours).items() if k != "help"}
+    runtime_keys = RuntimeSettings.model_fields.keys()
+    runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_keys}, env)
+    own = {k: v for k, v in given.items() if k not in runtime_keys}
+    return runtime, settings_from_args(SglangSettings, own, {})
+
+
+def _merge_config(cli: SglangCli, parser: argparse.ArgumentParser, rest: list[str]) -> list[str]:
+    """SGLang's flags with a ``--config FILE`` merged in by SGLang's own merger."""
+    # SGLang's merger finds only "--config FILE"; "--config=FILE" would be parsed and ignored.
+    rest = [
+        p for a in rest for p in (["--config", a[len("--config=") :]] if a.startswith("--config=") else [a])
+    ]
+    if "--config" not in rest:
+        return rest
+    if cli.config_merger is None:
+        raise WorkerArgsError(
+            f"SGLang {cli.version} has no config file merger (looked for "
+            f"{' and '.join(CONFIG_PARSER_MODULES)}); give the flags on the command line, not --config"
+        )
+    try:
+        return cli.config_merger(parser).merge_config_with_args(rest)
+    except (OSError, ValueError) as e:
+        raise WorkerArgsError(f"--config: {e}; pass a readable YAML file of SGLang flags") from None
+
+
+def _embedding(embedding_worker: bool, model_path: str) -> str | None:
+    """Why the worker serves embeddings (None: it generates)."""
+    if embedding_worker:
+        return "--embedding-worker (NVIDIA Dynamo's flag)"
+    if is_embedding_model(model_path):
+        return f"{model_path}'s sentence-transformers modules pool its output (an embedding model)"
+    return None
+
+
 def parse_worker_args(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, sglang: SglangCli | None = None
 ) -> WorkerPlan:
@@ -327,38 +366,14 @@ def parse_worker_args(
     if ours.help:
         print(help_text())
         raise SystemExit(0)
-    given = {k: v for k, v in vars(ours).items() if k != "help"}
-    runtime_keys = RuntimeSettings.model_fields.keys()
-    runtime = RuntimeSettings.from_args({k: v for k, v in given.items() if k in runtime_keys}, env)
-    own = {k: v for k, v in given.items() if k not in runtime_keys}
-    settings = settings_from_args(SglangSettings, own, {})
+    runtime, settings = _our_settings(ours, env)
     cli = sglang or load_sglang_cli()
     parser = _sglang_parser(cli)
-    # SGLang's merger finds only "--config FILE"; "--config=FILE" would be parsed and ignored.
-    rest = [
-        p for a in rest for p in (["--config", a[len("--config=") :]] if a.startswith("--config=") else [a])
-    ]
-    if "--config" in rest:
-        if cli.config_merger is None:
-            raise WorkerArgsError(
-                f"SGLang {cli.version} has no config file merger (looked for "
-                f"{' and '.join(CONFIG_PARSER_MODULES)}); give the flags on the command line, not --config"
-            )
-        try:
-            rest = cli.config_merger(parser).merge_config_with_args(rest)
-        except (OSError, ValueError) as e:
-            raise WorkerArgsError(f"--config: {e}; pass a readable YAML file of SGLang flags") from None
+    rest = _merge_config(cli, parser, rest)
     embedding_worker = "--embedding-worker" in rest  # NVIDIA Dynamo's flag, SGLang has none
     rest = [a for a in rest if a != "--embedding-worker"]
     ns = parse_sglang_args(parser, rest)
-    embedding = (
-        "--embedding-worker (NVIDIA Dynamo's flag)"
-        if embedding_worker
-        else f"{ns.model_path}'s sentence-transformers modules pool its output (an embedding model)"
-        if is_embedding_model(ns.model_path)
-        else None
-    )
-    values, notes = contract_overrides(ns, rest, runtime, embedding)
+    values, notes = contract_overrides(ns, rest, runtime, _embedding(embedding_worker, ns.model_path))
     chosen = values.get("disaggregation_bootstrap_port") == 0
     if chosen:
         values["disaggregation_bootstrap_port"] = pick_free_port(values.get("host", ns.host))

@@ -269,27 +269,42 @@ def server_args_fields(package_dir: Path = PACKAGE_DIR) -> set[str]:
     """``ServerArgs`` fields this package reads or sets (see the module docstring for the rules)."""
     fields: set[str] = set()
     for path in sorted(package_dir.glob("*.py")):
-        tree = _tree(path)
         extra = {"ns"} if path.name == "args.py" else set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and _is_server_args(node.value, extra):
-                fields.add(node.attr)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
-                if len(node.args) >= 2 and _is_server_args(node.args[0], extra):
-                    key = node.args[1]
-                    if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                        fields.add(key.value)
-            elif isinstance(node, ast.FunctionDef) and node.name == "contract_overrides":
-                for sub in ast.walk(node):
-                    if (
-                        isinstance(sub, ast.Subscript)
-                        and isinstance(sub.value, ast.Name)
-                        and sub.value.id == "values"
-                        and isinstance(sub.slice, ast.Constant)
-                        and isinstance(sub.slice.value, str)
-                    ):
-                        fields.add(sub.slice.value)
+        for node in ast.walk(_tree(path)):
+            fields |= _fields_used(node, extra)
     return fields - {"model_fields", "resolved_dict"}  # resolved_dict: read where it exists (resolved.py)
+
+
+def _fields_used(node: ast.AST, extra_names: set[str]) -> set[str]:
+    """The fields one node reads or sets: ``server_args.FIELD``, ``getattr(server_args, "FIELD")``, or
+    ``values["FIELD"]`` inside ``contract_overrides``."""
+    if isinstance(node, ast.Attribute) and _is_server_args(node.value, extra_names):
+        return {node.attr}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+        return _getattr_field(node, extra_names)
+    if isinstance(node, ast.FunctionDef) and node.name == "contract_overrides":
+        return {key for sub in ast.walk(node) if (key := _values_key(sub)) is not None}
+    return set()
+
+
+def _getattr_field(call: ast.Call, extra_names: set[str]) -> set[str]:
+    if len(call.args) < 2 or not _is_server_args(call.args[0], extra_names):
+        return set()
+    key = call.args[1]
+    return {key.value} if isinstance(key, ast.Constant) and isinstance(key.value, str) else set()
+
+
+def _values_key(node: ast.AST) -> str | None:
+    """``FIELD`` of ``values["FIELD"]``."""
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "values"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ):
+        return node.slice.value
+    return None
 
 
 def imported_names(package_dir: Path = PACKAGE_DIR) -> set[Use]:
