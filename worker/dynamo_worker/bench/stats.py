@@ -107,25 +107,10 @@ class Report:
 def summarize(results: Sequence[RequestResult]) -> Report:
     """The report of one run. Latencies and throughput count completed requests only."""
     ok = [r for r in results if r.ok]
-    errors = dict(sorted(Counter(r.error for r in results if r.error is not None).items()))
-    examples: dict[str, str] = {}
-    for r in results:
-        if r.error is not None:
-            examples.setdefault(r.error, r.error_message)
+    errors, examples = _errors(results)
     duration = max(r.end for r in results) - min(r.start for r in results) if results else 0.0
     out_tokens = sum(r.output_tokens for r in ok)
-    reported = [r for r in ok if r.prompt_tokens is not None]
-    prompt_tokens = sum(r.prompt_tokens or 0 for r in reported) if reported else None
-    cached = [r for r in reported if r.cached_tokens is not None]
-    cached_prompt = sum(r.prompt_tokens or 0 for r in cached)
-    hit_rate = sum(r.cached_tokens or 0 for r in cached) / cached_prompt if cached and cached_prompt else None
-    ttft = [r.first_chunk - r.start for r in ok if r.first_chunk is not None]
-    itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
-    tpot = [
-        (r.end - r.first_chunk) / (r.output_tokens - 1)
-        for r in ok
-        if r.first_chunk is not None and r.output_tokens > 1
-    ]
+    prompt_tokens, hit_rate = _prompt_tokens(ok)
     per_s = (lambda n: n / duration) if duration > 0 else (lambda n: 0.0)
     return Report(
         requests=len(results),
@@ -138,12 +123,47 @@ def summarize(results: Sequence[RequestResult]) -> Report:
         output_tokens=out_tokens,
         prompt_tokens=prompt_tokens,
         cache_hit_rate=hit_rate,
-        ttft_ms=Distribution.of_seconds(ttft),
-        itl_ms=Distribution.of_seconds(itl),
-        tpot_ms=Distribution.of_seconds(tpot),
+        ttft_ms=Distribution.of_seconds([r.first_chunk - r.start for r in ok if r.first_chunk is not None]),
+        itl_ms=Distribution.of_seconds(_gaps(ok)),
+        tpot_ms=Distribution.of_seconds(_tpot(ok)),
         e2e_ms=Distribution.of_seconds([r.end - r.start for r in ok]),
-        error_examples={k: examples[k] for k in errors},
+        error_examples=examples,
     )
+
+
+def _errors(results: Sequence[RequestResult]) -> tuple[dict[str, int], dict[str, str]]:
+    """How many requests failed with each error type (sorted), and the first message of each."""
+    errors = dict(sorted(Counter(r.error for r in results if r.error is not None).items()))
+    examples: dict[str, str] = {}
+    for r in results:
+        if r.error is not None:
+            examples.setdefault(r.error, r.error_message)
+    return errors, {k: examples[k] for k in errors}
+
+
+def _prompt_tokens(ok: Sequence[RequestResult]) -> tuple[int | None, float | None]:
+    """The prompt tokens of the requests whose server reported them, and the share of them that hit
+    the cache among those that reported cached tokens too (``None``: not reported)."""
+    reported = [r for r in ok if r.prompt_tokens is not None]
+    prompt_tokens = sum(r.prompt_tokens or 0 for r in reported) if reported else None
+    cached = [r for r in reported if r.cached_tokens is not None]
+    cached_prompt = sum(r.prompt_tokens or 0 for r in cached)
+    hit_rate = sum(r.cached_tokens or 0 for r in cached) / cached_prompt if cached and cached_prompt else None
+    return prompt_tokens, hit_rate
+
+
+def _gaps(ok: Sequence[RequestResult]) -> list[float]:
+    """The gaps between consecutive output chunks of every stream (ITL)."""
+    return [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
+
+
+def _tpot(ok: Sequence[RequestResult]) -> list[float]:
+    """Time per output token after the first, per request of more than one token."""
+    return [
+        (r.end - r.first_chunk) / (r.output_tokens - 1)
+        for r in ok
+        if r.first_chunk is not None and r.output_tokens > 1
+    ]
 
 
 def _rows(report: Report) -> list[tuple[str, int | float | str | None]]:
