@@ -16,9 +16,13 @@ from dynamo_api.settings_sources import Settings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from dynamo_worker.router.policy import KvWeights
+from dynamo_worker.router.router import DEFAULT_PREDICT_TTL_S
 from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
 
 __all__ = ["FrontendSettings"]
+
+_KV = KvWeights()  # the kv policy's knobs have their defaults in router/policy.py
 
 
 class FrontendSettings(Settings):
@@ -71,7 +75,7 @@ class FrontendSettings(Settings):
         json_schema_extra={"env": contract.ENV_ROUTER_MODE},
     )
     kv_overlap_weight: float = Field(
-        1.5,
+        _KV.overlap_weight,
         ge=0.0,
         le=1000.0,
         description="kv router: cost of one prompt block the chosen worker would have to prefill (not in "
@@ -80,26 +84,26 @@ class FrontendSettings(Settings):
         json_schema_extra={"env": contract.ENV_KV_OVERLAP_WEIGHT},
     )
     kv_decode_weight: float = Field(
-        0.1,
+        _KV.decode_weight,
         ge=0.0,
         le=1000.0,
         description="kv router: cost of one KV block held by a running sequence relative to one block "
         "of prefill (cost = overlap weight x new blocks + queued prefill blocks + this x running blocks).",
     )
     kv_balance_abs_threshold: int = Field(
-        2,
+        _KV.balance_abs_threshold,
         ge=0,
         description="kv router balance guard: when the cheapest worker runs more than this many requests "
         "more than the idlest ...",
     )
     kv_balance_rel_threshold: float = Field(
-        1.5,
+        _KV.balance_rel_threshold,
         ge=1.0,
         description="... and more than this many times as many, the request goes to the idlest worker "
         "with room for its new blocks (into a full cache only past 4x the absolute threshold).",
     )
     kv_predict_ttl_s: float = Field(
-        30.0,
+        DEFAULT_PREDICT_TTL_S,
         gt=0,
         le=3600,
         description="kv router: how long a routed prompt's blocks count as cached on the chosen worker "
