@@ -122,7 +122,7 @@ class FrontendSettings(Settings):
         description="Requests in flight at once; more are refused at once with 503 'overloaded'.",
         json_schema_extra={"env": contract.ENV_HTTP_MAX_INFLIGHT},
     )
-    # --- admission: wait queue and scale from zero (frontend.admission, frontend.registry) ------
+    # --- admission: wait queue and scale from zero (serving.admission, models.registry) ------
     max_queued_requests: int = Field(
         256,
         ge=0,
@@ -205,7 +205,7 @@ class FrontendSettings(Settings):
         None,
         description="Where fetched model cards (tokenizer files) are kept; default: a temporary folder.",
     )
-    # --- images (frontend.multimodal, frontend.images) ------------------------------------------
+    # --- images (requests.multimodal, serving.images) ------------------------------------------
     allow_private_image_urls: bool = Field(
         False,
         description="Fetch image URLs whose host is a private, loopback or link-local address (off: "
