@@ -185,16 +185,10 @@ async def _run_kopf(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+async def _main(settings: OperatorSettings) -> int:
     try:
-        settings = parse_settings(argv)
-    except SettingsError as exc:
-        print(f"dynamo-operator: {exc}", file=sys.stderr)
-        return 2
-    _configure_logging(settings)
-    try:
-        creds = load_credentials(settings.kubeconfig, settings.use_in_cluster())
-    except Exception as exc:  # the kubernetes config loader raises several unrelated types
+        creds = await load_credentials(settings.kubeconfig, settings.use_in_cluster())
+    except Exception as exc:  # the kubeconfig loader raises several unrelated types
         print(
             f"dynamo-operator: cannot load Kubernetes credentials ({exc}); pass --kubeconfig PATH, set "
             "KUBECONFIG, or run in a pod with a service account",
@@ -202,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        asyncio.run(run(settings, creds))
+        await run(settings, creds)
     except CertError as exc:
         print(f"dynamo-operator: {exc}", file=sys.stderr)
         return 2
@@ -214,6 +208,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"dynamo-operator: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings)
+    return asyncio.run(_main(settings))
 
 
 if __name__ == "__main__":

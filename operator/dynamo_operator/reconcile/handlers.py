@@ -52,9 +52,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.login()
-def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches use the operator's credentials (one loader for both clients)."""
     creds = memo.credentials
-    token = creds.token()
+    token = await creds.token()
     return kopf.ConnectionInfo(
         server=creds.server,
         ca_path=creds.ca_path,
