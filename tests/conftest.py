@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from dynamo_worker.runtime.nats_server import NatsServer
 
 from tests.support.cluster import LocalCluster
 from tests.support.procs import die_with_parent
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
 
 
 @pytest.fixture(scope="session")
@@ -33,15 +37,15 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
 
 
 @pytest.fixture
-def k8s_api(kube_cluster: LocalCluster):
-    """A kubernetes ApiClient bound to the local control plane (closed after the test)."""
-    from kubernetes import config
+async def k8s_api(kube_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
+    """A kubernetes_asyncio ApiClient (the operator's client) bound to the local control plane."""
+    from kubernetes_asyncio import config
 
-    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
+    api = await config.new_client_from_config(config_file=str(kube_cluster.kubeconfig), persist_config=False)
     try:
         yield api
     finally:
-        api.close()
+        await api.close()
 
 
 @pytest.fixture
