@@ -12,6 +12,8 @@ from dynamo_worker.runtime.nats_server import NatsServer
 from tests.support.cluster import LocalCluster
 from tests.support.procs import die_with_parent
 
+pytest_plugins = ["tests.support.faults_table"]  # the fault table, whole under pytest-xdist too
+
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
