@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.config.config_exception import ConfigException
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 __all__ = ["FIELD_MANAGER", "GraphClient", "KubeError"]
 
@@ -32,6 +31,11 @@ class KubeError(RuntimeError):
 
 
 async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
+    # Imported here: a planner on a manifest (--graph-file, as dynamo-run runs it) and --help need none.
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio import config as k8s_config
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
     cfg = k8s.Configuration()
     if kubeconfig:
         try:
@@ -61,7 +65,9 @@ class GraphClient:
         self._path = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/dynamographdeployments/{graph}"
 
     async def __aenter__(self) -> GraphClient:
-        self._api = k8s.ApiClient(await _configuration(self._kubeconfig))
+        from kubernetes_asyncio.client import ApiClient
+
+        self._api = ApiClient(await _configuration(self._kubeconfig))
         self._api.user_agent = FIELD_MANAGER
         return self
 
@@ -80,6 +86,8 @@ class GraphClient:
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
         assert self._api is not None, "use `async with GraphClient(...)`"
         try:
             answer = await self._api.call_api(
