@@ -155,7 +155,7 @@ async def run(settings: OperatorSettings, creds: Credentials) -> None:
             if settings.webhook_port:
                 server, keeper = await start_webhook(kube, settings, config, Path(scratch))
             try:
-                await _run_kopf(settings, creds, kube, config)
+                await _run_kopf(settings, creds, kube, config, server)
             finally:
                 if keeper is not None:
                     keeper.cancel()
@@ -164,7 +164,11 @@ async def run(settings: OperatorSettings, creds: Credentials) -> None:
 
 
 async def _run_kopf(
-    settings: OperatorSettings, creds: Credentials, kube: Kube, config: OperatorConfig
+    settings: OperatorSettings,
+    creds: Credentials,
+    kube: Kube,
+    config: OperatorConfig,
+    webhook_server: WebhookServer | None,
 ) -> None:
     controller = Controller(
         kube=kube,
@@ -181,7 +185,7 @@ async def _run_kopf(
         standalone=settings.peering is None,
         peering_name=settings.peering,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(controller=controller, credentials=creds),
+        memo=kopf.Memo(controller=controller, credentials=creds, webhook=webhook_server),
     )
 
 
