@@ -64,7 +64,7 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if not _ROWS or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not _ROWS or hasattr(terminalreporter.config, "workerinput"):  # an xdist worker: the controller prints
         return
     header = ("fault", "what was done", "bound", "observed", "lost", "ok")
     table = [
