@@ -60,13 +60,13 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches use the operator's credentials (one loader for both clients)."""
     creds = memo.credentials
-    token = await creds.token()
+    scheme, token = await creds.authorization()
     return kopf.ConnectionInfo(
         server=creds.server,
         ca_path=creds.ca_path,
         insecure=not creds.verify_ssl,
         token=token,
-        scheme="Bearer" if token else None,
+        scheme=scheme,
         certificate_path=creds.cert_path,
         private_key_path=creds.key_path,
     )

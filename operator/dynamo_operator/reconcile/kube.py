@@ -189,10 +189,14 @@ class Credentials:
     def verify_ssl(self) -> bool:
         return bool(self.configuration.verify_ssl)
 
-    async def token(self) -> str | None:
-        """The bearer token, if the credentials use one (refreshed in a pod)."""
+    async def authorization(self) -> tuple[str | None, str | None]:
+        """``(scheme, token)`` of the Authorization header, when the credentials use one (``Bearer``
+        and a token, refreshed in a pod; ``Basic`` for a kubeconfig user with a password)."""
         header = await self.configuration.get_api_key_with_prefix("BearerToken")
-        return header.split(" ", 1)[-1] if header else None
+        if not header:
+            return None, None
+        scheme, _, token = header.partition(" ")
+        return (scheme, token) if token else ("Bearer", scheme)
 
 
 async def load_credentials(kubeconfig: Path | None, in_cluster: bool) -> Credentials:
