@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -16,6 +17,17 @@ pytest_plugins = ["tests.support.faults_table"]  # the fault table, whole under 
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
+
+CHART_TESTS = Path(__file__).parent / "integration" / "chart"  # helm, kubeconform, hack/lint-chart.sh
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``control_plane`` every test that needs the control-plane binaries (hack/build-binaries.sh):
+    those that use the local cluster, and the chart's (helm, kubeconform). CI runs the others while the
+    binaries build (``make test-no-cluster``), then these (``make test-cluster``)."""
+    for item in items:
+        if "kube_cluster" in getattr(item, "fixturenames", ()) or CHART_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.control_plane)
 
 
 @pytest.fixture(scope="session")
