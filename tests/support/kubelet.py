@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dynamo_worker.local.kubelet import Pod, localize
-from dynamo_worker.runtime.nats_server import free_port
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.support.ports import free_ports
 from tests.support.procs import popen
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,8 @@ class LocalKubelet:
     def _start(self, pod: dict) -> _Running:
         meta = pod["metadata"]
         main = next(c for c in pod["spec"]["containers"] if c["name"] == "main")
-        ports = {int(p["containerPort"]): free_port() for p in main.get("ports", [])}
+        declared = [int(p["containerPort"]) for p in main.get("ports", [])]
+        ports = dict(zip(declared, free_ports(len(declared)), strict=True))
         local = localize(
             Pod(
                 meta["name"],
