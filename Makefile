@@ -7,11 +7,16 @@ BIN := $(VENV)/bin
 # Reinstall when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them; each process that
+# needs one starts its own local control plane and nats-server. Its tests mostly wait on processes and
+# timers, so more workers than cores pay: 3 on 2 cores. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: help venv binaries run test test-unit test-integration test-e2e faults lint compat fmt crds cluster-up cluster-down
+.PHONY: help venv binaries run test test-unit test-integration test-e2e test-no-cluster test-cluster faults lint lint-code lint-chart compat fmt crds cluster-up cluster-down
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,27 +32,38 @@ binaries: ## build (once, cached by version) kube-apiserver, etcd, kwok, helm, k
 run: venv ## serve examples/disagg.yaml on http://127.0.0.1:8000 (mocker when there is no GPU)
 	$(BIN)/dynamo-run examples/disagg.yaml
 
-test: venv binaries ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test: venv binaries ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e, faults
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+test-no-cluster: venv ## every test that needs no control-plane binary (CI runs them while those build)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not control_plane" $(PYTEST_ARGS)
+
+test-cluster: venv binaries ## the tests that need the control-plane binaries (local cluster, helm, kubeconform)
+	$(BIN)/python -m pytest -q $(XDIST) -m control_plane $(PYTEST_ARGS)
 
 test-unit: venv ## pure tests only, no servers
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test-integration: venv binaries ## tests against the real local control plane and nats-server
-	$(BIN)/python -m pytest -q tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests/integration $(PYTEST_ARGS)
 
 test-e2e: venv ## dynamo-run driven by the official openai client
-	$(BIN)/python -m pytest -q tests/e2e $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests/e2e $(PYTEST_ARGS)
 
 faults: venv binaries ## the fault suite: one row per fault (what was done, bound, time to a clear answer, lost)
-	FAULTS_TABLE=.faults/table.json $(BIN)/python -m pytest -q tests/faults $(PYTEST_ARGS)
+	FAULTS_TABLE=.faults/table.json $(BIN)/python -m pytest -q $(XDIST) tests/faults $(PYTEST_ARGS)
 
-lint: venv binaries ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
+lint: lint-code lint-chart ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
+
+lint-code: venv ## ruff, formatting, types (mypy), import contracts, CRD drift (no control-plane binary)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m dynamo_api.crdgen --check
+	$(BIN)/python hack/check-complexity.py
+
+lint-chart: venv binaries ## helm lint + kubeconform of the chart, hadolint of the Dockerfiles
 	bash hack/lint-chart.sh
 
 compat: venv ## check our use of SGLang against the oldest and newest release of the window (no torch)

@@ -13,6 +13,10 @@
 #               scheduling of PodGroups), pinned to the Kubernetes release that module builds against, with
 #               its PodGroup CRD (podgroup-crd.yaml); kept in a folder of its own, linked from the bin folder
 #
+# Three independent builds run at once (Kubernetes + etcd; kwok, helm, kubeconform and the CRD files;
+# scheduler-plugins), so one's module downloads overlap another's compiling. A lock on the cache folder
+# makes a second run (a test, while CI builds in the background) wait for the first and find its result.
+#
 # Prints the bin directory on stdout (last line). Logs go to stderr.
 set -euo pipefail
 
@@ -37,15 +41,25 @@ SP_DIR="$CACHE/bin/scheduler-plugins-v$SCHEDULER_PLUGINS_VERSION"
 SP_LINKS=(kube-scheduler-plugins podgroup-crd.yaml)
 SP_UNUSED="k8s.io/legacy-cloud-providers k8s.io/sample-apiserver k8s.io/sample-cli-plugin k8s.io/sample-controller"
 
-missing=()
-for b in "${ALL[@]}"; do [ -e "$BIN/$b" ] || missing+=("$b"); done
-for b in "${SP_LINKS[@]}"; do
-  [ "$(readlink "$BIN/$b" 2>/dev/null)" = "$SP_DIR/$b" ] && [ -e "$BIN/$b" ] || missing+=("$b")
-done
+find_missing() {
+  missing=()
+  for b in "${ALL[@]}"; do [ -e "$BIN/$b" ] || missing+=("$b"); done
+  for b in "${SP_LINKS[@]}"; do
+    [ "$(readlink "$BIN/$b" 2>/dev/null)" = "$SP_DIR/$b" ] && [ -e "$BIN/$b" ] || missing+=("$b")
+  done
+}
+find_missing
 if [ ${#missing[@]} -eq 0 ]; then echo "$BIN"; exit 0; fi
 
-command -v go >/dev/null || { echo "error: Go is required to build ${missing[*]}; install Go >= 1.26" >&2; exit 1; }
 mkdir -p "$BIN"
+exec 9>"$CACHE/bin/.build.lock"
+if ! flock -n 9; then
+  echo "[build-binaries] another build of $CACHE/bin is running; waiting for it" >&2
+  flock 9
+fi
+find_missing
+if [ ${#missing[@]} -eq 0 ]; then echo "$BIN"; exit 0; fi
+command -v go >/dev/null || { echo "error: Go is required to build ${missing[*]}; install Go >= 1.26" >&2; exit 1; }
 export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0
 LDFLAGS="-s -w"
 log() { echo "[build-binaries] $*" >&2; }
@@ -53,7 +67,7 @@ start=$(date +%s)
 
 needs() { for m in "${missing[@]}"; do for w in "$@"; do [ "$m" = "$w" ] && return 0; done; done; return 1; }
 
-if needs "${K8S_BINS[@]}" etcd; then
+build_kubernetes() {
   # k8s.io/kubernetes replaces its staging modules with ./staging paths, which only work inside its own
   # repository; as a dependency they must be pinned to the published v0.<minor>.<patch> of each.
   mod="$CACHE/src/k8s-$K8S_VERSION"
@@ -84,16 +98,18 @@ if needs "${K8S_BINS[@]}" etcd; then
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     kver+=" -X $pkg.gitVersion=v$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
   done
-  for b in "${K8S_BINS[@]}"; do
-    needs "$b" || continue
-    log "building $b v$K8S_VERSION"
-    (cd "$mod" && go build -ldflags "$LDFLAGS$kver" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$BIN/$b.tmp" "$BIN/$b")
-  done
-  if needs etcd; then
-    log "building etcd v$ETCD_VERSION"
-    (cd "$mod" && go build -ldflags "$LDFLAGS" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3 && mv "$BIN/etcd.tmp" "$BIN/etcd")
-  fi
-fi
+  # One go build for all of them: the packages they share compile once, and the links run in parallel.
+  # The version flags name packages etcd does not link; the linker ignores those.
+  local pkgs=() out="$BIN/.kubernetes.tmp" b
+  for b in "${K8S_BINS[@]}"; do needs "$b" && pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  needs etcd && pkgs+=(go.etcd.io/etcd/server/v3)
+  log "building ${pkgs[*]##*/cmd/} (Kubernetes v$K8S_VERSION, etcd v$ETCD_VERSION)"
+  rm -rf "$out"; mkdir -p "$out"
+  (cd "$mod" && go build -ldflags "$LDFLAGS$kver" -o "$out/" "${pkgs[@]}")
+  [ -e "$out/server" ] && mv "$out/server" "$out/etcd"  # go names it after its path, .../server/v3
+  for b in "$out"/*; do mv "$b" "$BIN/"; done
+  rmdir "$out"
+}
 
 gobin() { # name package version [extra ldflags]
   needs "$1" || return 0
@@ -102,35 +118,37 @@ gobin() { # name package version [extra ldflags]
   GOBIN="$tmp" go install -ldflags "$LDFLAGS ${4:-}" "$2@v$3"
   mv "$tmp/$1" "$BIN/$1"; rmdir "$tmp"
 }
-gobin kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
-if needs kwok-stages.yaml; then
-  # kwok's own default stages, as shipped in its module: nodes become Ready and keep a heartbeat,
-  # pods scheduled onto them become Running and Ready, deleted pods go away.
-  kdir=$(go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  s="$kdir/kustomize/stage"
-  for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
-           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-    cat "$s/$f"; echo "---"
-  done > "$BIN/kwok-stages.yaml.tmp"
-  mv "$BIN/kwok-stages.yaml.tmp" "$BIN/kwok-stages.yaml"
-fi
-# Helm's default Kubernetes version for `helm template`/`helm lint` is the minor of the client-go it
-# was built with, set at link time (as Helm's own Makefile does), else 1.20.
-HELM_KMINOR=37
-helm_x=""
-for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
-  helm_x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_KMINOR"
-done
-gobin helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION$helm_x"
-gobin kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
-if needs podmonitor-crd.yaml; then
-  pdir=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION" \
-    | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  cp "$pdir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$BIN/podmonitor-crd.yaml.tmp"
-  mv "$BIN/podmonitor-crd.yaml.tmp" "$BIN/podmonitor-crd.yaml"
-fi
+build_tools() {
+  gobin kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
+  if needs kwok-stages.yaml; then
+    # kwok's own default stages, as shipped in its module: nodes become Ready and keep a heartbeat,
+    # pods scheduled onto them become Running and Ready, deleted pods go away.
+    kdir=$(go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    s="$kdir/kustomize/stage"
+    for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      cat "$s/$f"; echo "---"
+    done > "$BIN/kwok-stages.yaml.tmp"
+    mv "$BIN/kwok-stages.yaml.tmp" "$BIN/kwok-stages.yaml"
+  fi
+  # Helm's default Kubernetes version for `helm template`/`helm lint` is the minor of the client-go it
+  # was built with, set at link time (as Helm's own Makefile does), else 1.20.
+  HELM_KMINOR=37
+  helm_x=""
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    helm_x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_KMINOR"
+  done
+  gobin helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION$helm_x"
+  gobin kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
+  if needs podmonitor-crd.yaml; then
+    pdir=$(go mod download -json "github.com/prometheus-operator/prometheus-operator@v$PROMETHEUS_OPERATOR_VERSION" \
+      | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    cp "$pdir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$BIN/podmonitor-crd.yaml.tmp"
+    mv "$BIN/podmonitor-crd.yaml.tmp" "$BIN/podmonitor-crd.yaml"
+  fi
+}
 
-if needs "${SP_LINKS[@]}"; then
+build_scheduler_plugins() {
   # scheduler-plugins pins k8s.io/kubernetes and replaces its staging modules, like Kubernetes itself:
   # as a dependency it builds in a module of ours that carries the same replace directives.
   mkdir -p "$SP_DIR"
@@ -179,7 +197,15 @@ if needs "${SP_LINKS[@]}"; then
     mv "$SP_DIR/podgroup-crd.yaml.tmp" "$SP_DIR/podgroup-crd.yaml"
   fi
   for b in "${SP_LINKS[@]}"; do ln -sfn "$SP_DIR/$b" "$BIN/$b"; done
-fi
+}
+
+builds=()
+needs "${K8S_BINS[@]}" etcd && { build_kubernetes & builds+=("$!:Kubernetes and etcd"); }
+needs kwok kwok-stages.yaml helm kubeconform podmonitor-crd.yaml && { build_tools & builds+=("$!:kwok, helm, kubeconform"); }
+needs "${SP_LINKS[@]}" && { build_scheduler_plugins & builds+=("$!:scheduler-plugins"); }
+failed=()
+for job in "${builds[@]}"; do wait "${job%%:*}" || failed+=("${job#*:}"); done
+[ ${#failed[@]} -eq 0 ] || { log "error: the build of ${failed[*]} failed; see above"; exit 1; }
 
 log "built ${missing[*]} in $(( $(date +%s) - start ))s into $BIN"
 echo "$BIN"

@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from dynamo_worker.runtime.nats_server import NatsServer
 
 from tests.support.cluster import LocalCluster
 from tests.support.procs import die_with_parent
+
+pytest_plugins = ["tests.support.faults_table"]  # the fault table, whole under pytest-xdist too
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+CHART_TESTS = Path(__file__).parent / "integration" / "chart"  # helm, kubeconform, hack/lint-chart.sh
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``control_plane`` every test that needs the control-plane binaries (hack/build-binaries.sh):
+    those that use the local cluster, and the chart's (helm, kubeconform). CI runs the others while the
+    binaries build (``make test-no-cluster``), then these (``make test-cluster``)."""
+    for item in items:
+        if "kube_cluster" in getattr(item, "fixturenames", ()) or CHART_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.control_plane)
 
 
 @pytest.fixture(scope="session")
@@ -33,15 +51,15 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
 
 
 @pytest.fixture
-def k8s_api(kube_cluster: LocalCluster):
-    """A kubernetes ApiClient bound to the local control plane (closed after the test)."""
-    from kubernetes import config
+async def k8s_api(kube_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
+    """A kubernetes_asyncio ApiClient (the operator's client) bound to the local control plane."""
+    from kubernetes_asyncio import config
 
-    api = config.new_client_from_config(config_file=str(kube_cluster.kubeconfig))
+    api = await config.new_client_from_config(config_file=str(kube_cluster.kubeconfig), persist_config=False)
     try:
         yield api
     finally:
-        api.close()
+        await api.close()
 
 
 @pytest.fixture

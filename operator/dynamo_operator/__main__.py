@@ -155,7 +155,7 @@ async def run(settings: OperatorSettings, creds: Credentials) -> None:
             if settings.webhook_port:
                 server, keeper = await start_webhook(kube, settings, config, Path(scratch))
             try:
-                await _run_kopf(settings, creds, kube, config)
+                await _run_kopf(settings, creds, kube, config, server)
             finally:
                 if keeper is not None:
                     keeper.cancel()
@@ -164,7 +164,11 @@ async def run(settings: OperatorSettings, creds: Credentials) -> None:
 
 
 async def _run_kopf(
-    settings: OperatorSettings, creds: Credentials, kube: Kube, config: OperatorConfig
+    settings: OperatorSettings,
+    creds: Credentials,
+    kube: Kube,
+    config: OperatorConfig,
+    webhook_server: WebhookServer | None,
 ) -> None:
     controller = Controller(
         kube=kube,
@@ -181,20 +185,14 @@ async def _run_kopf(
         standalone=settings.peering is None,
         peering_name=settings.peering,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(controller=controller, credentials=creds),
+        memo=kopf.Memo(controller=controller, credentials=creds, webhook=webhook_server),
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+async def _main(settings: OperatorSettings) -> int:
     try:
-        settings = parse_settings(argv)
-    except SettingsError as exc:
-        print(f"dynamo-operator: {exc}", file=sys.stderr)
-        return 2
-    _configure_logging(settings)
-    try:
-        creds = load_credentials(settings.kubeconfig, settings.use_in_cluster())
-    except Exception as exc:  # the kubernetes config loader raises several unrelated types
+        creds = await load_credentials(settings.kubeconfig, settings.use_in_cluster())
+    except Exception as exc:  # the kubeconfig loader raises several unrelated types
         print(
             f"dynamo-operator: cannot load Kubernetes credentials ({exc}); pass --kubeconfig PATH, set "
             "KUBECONFIG, or run in a pod with a service account",
@@ -202,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        asyncio.run(run(settings, creds))
+        await run(settings, creds)
     except CertError as exc:
         print(f"dynamo-operator: {exc}", file=sys.stderr)
         return 2
@@ -214,6 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"dynamo-operator: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings)
+    return asyncio.run(_main(settings))
 
 
 if __name__ == "__main__":

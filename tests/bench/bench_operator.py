@@ -23,6 +23,7 @@ on the same cores); compare ratios between K.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import json
 import os
@@ -127,38 +128,50 @@ def add_bench_node(cluster: LocalCluster, gpus: int = 256, pods: int = 600) -> N
 
 
 def run_k(cluster: LocalCluster, k: int, timeout: float, workdir: Path) -> Result:
-    from kubernetes import client, config
-
     namespace = f"bench-operator-{k}-{os.getpid()}"
     cluster.kubectl("create", "namespace", namespace)
-    base = yaml.safe_load((REPO / "examples" / "agg.yaml").read_text())
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    custom, apps, core = client.CustomObjectsApi(api), client.AppsV1Api(api), client.CoreV1Api(api)
     proc = start_operator(cluster.kubeconfig, namespace, workdir / f"operator-{k}.log")
+    try:
+        return asyncio.run(_measure(cluster, proc, namespace, k, deadline_s=timeout))
+    finally:
+        stop(proc)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
+
+
+async def _measure(
+    cluster: LocalCluster, proc: subprocess.Popen, namespace: str, k: int, *, deadline_s: float
+) -> Result:
+    from kubernetes_asyncio import client, config
+
+    base = yaml.safe_load((REPO / "examples" / "agg.yaml").read_text())
+    api = await config.new_client_from_config(config_file=str(cluster.kubeconfig), persist_config=False)
+    custom, apps, core = client.CustomObjectsApi(api), client.AppsV1Api(api), client.CoreV1Api(api)
     cpu0 = cpu_seconds(proc.pid)
     try:
         t0 = time.monotonic()
         for i in range(k):
             body = copy.deepcopy(base)
             body["metadata"] = {"name": f"bench-{i:03d}", "namespace": namespace}
-            custom.create_namespaced_custom_object(
+            await custom.create_namespaced_custom_object(
                 "nvidia.com", "v1alpha1", namespace, "dynamographdeployments", body
             )
         created_s = time.monotonic() - t0
         children_s = pods_ready_s = ready_s = None
-        deadline = t0 + timeout
+        deadline = t0 + deadline_s
         while time.monotonic() < deadline and ready_s is None:
-            deployments = apps.list_namespaced_deployment(namespace).items
+            deployments = (await apps.list_namespaced_deployment(namespace)).items
             if children_s is None:
-                services = len(core.list_namespaced_service(namespace).items)
+                services = len((await core.list_namespaced_service(namespace)).items)
                 if len(deployments) >= 2 * k and services >= k:
                     children_s = time.monotonic() - t0
             all_ready = all((d.status.ready_replicas or 0) >= (d.spec.replicas or 0) for d in deployments)
             if children_s is not None and pods_ready_s is None and all_ready:
                 pods_ready_s = time.monotonic() - t0
             if pods_ready_s is not None:
-                graphs = custom.list_namespaced_custom_object(
-                    "nvidia.com", "v1alpha1", namespace, "dynamographdeployments"
+                graphs = (
+                    await custom.list_namespaced_custom_object(
+                        "nvidia.com", "v1alpha1", namespace, "dynamographdeployments"
+                    )
                 )["items"]
                 ready = sum(
                     any(
@@ -169,7 +182,7 @@ def run_k(cluster: LocalCluster, k: int, timeout: float, workdir: Path) -> Resul
                 )
                 if ready == k:
                     ready_s = time.monotonic() - t0
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
         return Result(
             k=k,
             created_s=round(created_s, 2),
@@ -180,9 +193,7 @@ def run_k(cluster: LocalCluster, k: int, timeout: float, workdir: Path) -> Resul
             operator_peak_rss_mib=round(peak_rss_mib(proc.pid), 1),
         )
     finally:
-        stop(proc)
-        api.close()
-        cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
+        await api.close()
 
 
 def fmt(value: float | None) -> str:

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -38,6 +37,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.ports import free_ports
 from tests.support.procs import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,9 +61,7 @@ class ClusterError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def bin_dir() -> Path:
@@ -174,7 +172,8 @@ class LocalCluster:
             # Free ports are picked up front and bound later; a client's ephemeral port can take one
             # in between (the apiserver's own connections draw from the same range). Start again on
             # fresh ports, with an empty etcd, when that happens.
-            self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "kcm", "sched", "kwok")}
+            names = ("etcd", "etcd-peer", "etcd-metrics", "apiserver", "kcm", "sched", "kwok")
+            self.ports = dict(zip(names, free_ports(len(names)), strict=True))
             try:
                 self._start_all(pki)
                 return self
@@ -197,7 +196,7 @@ class LocalCluster:
             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
             "--initial-cluster", f"default={peer_url}", "--unsafe-no-fsync",
-            "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}",
+            "--listen-metrics-urls", f"http://127.0.0.1:{p['etcd-metrics']}",
         ])  # fmt: skip
         self._wait_http("etcd", f"{etcd_url}/health")
         self._spawn("kube-apiserver", [

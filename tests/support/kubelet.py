@@ -22,6 +22,7 @@ Secrets, ConfigMaps or volumes. Mocks only what cannot run here (a node's contai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import logging
@@ -32,16 +33,16 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dynamo_worker.local.kubelet import Pod, localize
-from dynamo_worker.runtime.nats_server import free_port
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.support.ports import free_ports
 from tests.support.procs import popen
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ TAINT_KEY = "dynamo.test/local-kubelet"
 STRATEGIC = "application/strategic-merge-patch+json"
 LOOP_S = 0.2
 LEASE_S = 5.0
+API_TIMEOUT_S = 30.0
+T = TypeVar("T")
 
 
 def _now() -> str:
@@ -87,10 +90,23 @@ class LocalKubelet:
 
     def __post_init__(self) -> None:
         self.node = self.node or f"local-{self.namespace}"[:63]
-        self._api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        # The operator's client (kubernetes_asyncio), on an event loop of the kubelet's own in a thread
+        # of its own: the kubelet's calls block their caller, as a kubelet's would, from any thread
+        # (a test's event loop included).
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name=f"kubelet-api-{self.node}", daemon=True
+        )
+        self._loop_thread.start()
+        self._api = self._call(
+            config.new_client_from_config(config_file=str(self.kubeconfig), persist_config=False)
+        )
         self._core = client.CoreV1Api(self._api)
         self._leases = client.CoordinationV1Api(self._api)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def _call(self, call: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result(API_TIMEOUT_S)
 
     # --- what a manifest adds to land on this node ---------------------------------------------------
 
@@ -110,7 +126,7 @@ class LocalKubelet:
             "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node}},
             "spec": {"taints": [{"key": TAINT_KEY, "value": self.namespace, "effect": "NoSchedule"}]},
         }
-        self._core.create_node(node)
+        self._call(self._core.create_node(node))
         self._heartbeat(first=True)
         self._thread = threading.Thread(target=self._run, name=f"kubelet-{self.node}", daemon=True)
         self._thread.start()
@@ -123,8 +139,11 @@ class LocalKubelet:
         for running in self._pods.values():
             self._terminate(running, grace_s=5.0)
         with contextlib.suppress(ApiException):
-            self._core.delete_node(self.node)
-        self._api.close()
+            self._call(self._core.delete_node(self.node))
+        self._call(self._api.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(5)
+        self._loop.close()
 
     def check(self) -> None:
         """Raise what stopped the kubelet's loop, if anything did."""
@@ -182,7 +201,7 @@ class LocalKubelet:
                 ],
             }
         }
-        self._core.patch_node_status(self.node, status, _content_type=STRATEGIC)
+        self._call(self._core.patch_node_status(self.node, status, _content_type=STRATEGIC))
         micro = datetime.datetime.now(datetime.UTC)
         lease = {
             "metadata": {"name": self.node, "namespace": "kube-node-lease"},
@@ -190,12 +209,12 @@ class LocalKubelet:
         }
         if first:
             with contextlib.suppress(ApiException):
-                self._leases.create_namespaced_lease("kube-node-lease", lease)
-        self._leases.patch_namespaced_lease(self.node, "kube-node-lease", {"spec": lease["spec"]})
+                self._call(self._leases.create_namespaced_lease("kube-node-lease", lease))
+        self._call(self._leases.patch_namespaced_lease(self.node, "kube-node-lease", {"spec": lease["spec"]}))
 
     def _sync(self) -> None:
-        pods = self._core.list_namespaced_pod(
-            self.namespace, field_selector=f"spec.nodeName={self.node}"
+        pods = self._call(
+            self._core.list_namespaced_pod(self.namespace, field_selector=f"spec.nodeName={self.node}")
         ).items
         seen = set()
         for obj in pods:
@@ -219,7 +238,8 @@ class LocalKubelet:
     def _start(self, pod: dict) -> _Running:
         meta = pod["metadata"]
         main = next(c for c in pod["spec"]["containers"] if c["name"] == "main")
-        ports = {int(p["containerPort"]): free_port() for p in main.get("ports", [])}
+        declared = [int(p["containerPort"]) for p in main.get("ports", [])]
+        ports = dict(zip(declared, free_ports(len(declared)), strict=True))
         local = localize(
             Pod(
                 meta["name"],
@@ -328,7 +348,7 @@ class LocalKubelet:
         meta = pod["metadata"]
         body = client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": meta["uid"]})
         with contextlib.suppress(ApiException):
-            self._core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body)
+            self._call(self._core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body))
 
     def _terminate(self, running: _Running, grace_s: float) -> None:
         proc = running.proc
@@ -344,8 +364,10 @@ class LocalKubelet:
 
     def _patch_status(self, name: str, status: Mapping[str, Any]) -> None:
         with contextlib.suppress(ApiException):  # a pod deleted meanwhile
-            self._core.patch_namespaced_pod_status(
-                name, self.namespace, {"status": status}, _content_type=STRATEGIC
+            self._call(
+                self._core.patch_namespaced_pod_status(
+                    name, self.namespace, {"status": status}, _content_type=STRATEGIC
+                )
             )
 
 

@@ -1,4 +1,6 @@
-"""A port where connections are refused, for tests of what an unreachable peer does.
+"""A port where connections are refused, for tests of what an unreachable peer does; distinct free ports
+(``free_ports``, from ``dynamo_worker.runtime.nats_server``: below the ephemeral range, so that no other
+process's port-0 bind or outgoing connection takes one before the process told it binds it).
 
 ``refused_port()`` is bound by this process and never listens, for as long as the process lives: a
 connection to it is refused at once, and no other process can take it meanwhile (a port picked free
@@ -11,7 +13,9 @@ from __future__ import annotations
 import functools
 import socket
 
-__all__ = ["refused_port"]
+from dynamo_worker.runtime.nats_server import free_ports
+
+__all__ = ["free_ports", "refused_port"]
 
 
 @functools.cache

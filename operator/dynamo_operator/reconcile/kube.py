@@ -1,7 +1,12 @@
-"""The one module that talks to the Kubernetes API: a thin async REST client over aiohttp.
+"""The one module of the operator that talks to the Kubernetes API, over ``kubernetes_asyncio``.
 
-Credentials come from a kubeconfig file or the in-cluster service account (loaded with the
-``kubernetes`` package's config loader, the same files ``kubectl`` uses). Objects are plain dicts.
+The library gives the connection: credentials from a kubeconfig or the pod's service account (its
+loader is kubectl's: contexts, client certificates, tokens, exec plugins, in-cluster token rotation),
+TLS, an aiohttp session (the HTTP stack kopf and the frontend use too) and the raw call. This module adds
+what the operator needs on top: the resource types it touches (:data:`KNOWN_TYPES`, so a manifest
+finds its URL), server-side apply under the operator's field manager, the JSON, merge and strategic
+patches (with subresources: ``status``, ``scale``), deletes guarded by the object's uid, and Events.
+Objects stay plain dicts, as ``render`` makes them and the API server sends them.
 
 Errors::
 
@@ -9,6 +14,8 @@ Errors::
     ├── NotFound         404
     ├── Conflict         409
     └── Invalid          422 (the object was rejected by validation or admission)
+
+A connection that fails raises ``aiohttp.ClientError`` or ``TimeoutError``, as before.
 """
 
 from __future__ import annotations
@@ -16,14 +23,15 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import ssl
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 logger = logging.getLogger(__name__)
 
@@ -141,89 +149,99 @@ class Invalid(KubeError):
 _ERRORS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 422: Invalid}
 
 
+def _error(exc: ApiException) -> KubeError:
+    """The API server's Status answer as our error type (its reason and message when it sent one)."""
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+    status, text = int(exc.status or 0), body or ""
+    try:
+        answer = json.loads(text)
+        reason, message = answer.get("reason", ""), answer.get("message", text)
+    except (ValueError, AttributeError):
+        reason, message = exc.reason or "", text
+    return _ERRORS.get(status, KubeError)(status, reason, message)
+
+
 @dataclass(frozen=True)
 class Credentials:
-    """Where the API server is and how to authenticate, as loaded from kubeconfig or in-cluster."""
+    """Where the API server is and how to authenticate, as loaded from kubeconfig or in-cluster (a
+    ``kubernetes_asyncio`` configuration: files for the CA and client certificate, a token that the
+    in-cluster loader re-reads as the kubelet rotates it)."""
 
-    server: str
-    ca_path: str | None
-    cert_path: str | None
-    key_path: str | None
-    verify_ssl: bool
-    token: Callable[[], str | None]
+    configuration: k8s.Configuration
 
+    @property
+    def server(self) -> str:
+        return str(self.configuration.host)
 
-def load_credentials(kubeconfig: Path | None, in_cluster: bool) -> Credentials:
-    """Load credentials the way kubectl does: in-cluster service account, or a kubeconfig file
-    (``kubeconfig``, else $KUBECONFIG, else ~/.kube/config)."""
-    from kubernetes import client, config
+    @property
+    def ca_path(self) -> str | None:
+        return self.configuration.ssl_ca_cert or None
 
-    cfg = client.Configuration()
-    if in_cluster:
-        config.load_incluster_config(client_configuration=cfg)
-    else:
-        config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None,
-            client_configuration=cfg,
-            persist_config=False,
-        )
+    @property
+    def cert_path(self) -> str | None:
+        return self.configuration.cert_file or None
 
-    def token() -> str | None:
-        if cfg.refresh_api_key_hook is not None:
-            cfg.refresh_api_key_hook(cfg)
-        header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    @property
+    def key_path(self) -> str | None:
+        return self.configuration.key_file or None
+
+    @property
+    def verify_ssl(self) -> bool:
+        return bool(self.configuration.verify_ssl)
+
+    async def authorization(self) -> tuple[str | None, str | None]:
+        """``(scheme, token)`` of the Authorization header, when the credentials use one (``Bearer``
+        and a token, refreshed in a pod; ``Basic`` for a kubeconfig user with a password)."""
+        header = await self.configuration.get_api_key_with_prefix("BearerToken")
         if not header:
-            return None
-        return header.split(" ", 1)[-1]
-
-    return Credentials(
-        server=cfg.host.rstrip("/"),
-        ca_path=cfg.ssl_ca_cert or None,
-        cert_path=cfg.cert_file or None,
-        key_path=cfg.key_file or None,
-        verify_ssl=bool(cfg.verify_ssl),
-        token=token,
-    )
+            return None, None
+        scheme, _, token = header.partition(" ")
+        return (scheme, token) if token else ("Bearer", scheme)
 
 
-def _ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
-    if not creds.server.startswith("https"):
-        return False
-    ctx = ssl.create_default_context(cafile=creds.ca_path)
-    if not creds.verify_ssl:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if creds.cert_path and creds.key_path:
-        ctx.load_cert_chain(creds.cert_path, creds.key_path)
-    return ctx
+async def load_credentials(kubeconfig: Path | None, in_cluster: bool) -> Credentials:
+    """Load credentials the way kubectl does: in-cluster service account, or a kubeconfig file
+    (``kubeconfig``, else $KUBECONFIG, else ~/.kube/config). Raises ``kubernetes_asyncio``'s
+    ``ConfigException`` (or ``OSError``) when there are none."""
+    cfg = k8s.Configuration()
+    if in_cluster:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        path = str(kubeconfig) if kubeconfig else k8s_config.KUBE_CONFIG_DEFAULT_LOCATION
+        await k8s_config.load_kube_config(config_file=path, client_configuration=cfg, persist_config=False)
+    return Credentials(cfg)
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class Kube:
-    """A minimal async Kubernetes client: get, list, create, server-side apply, patches, delete, events.
+# Answers whose body is the object (or list, or Status) we return, decoded as plain JSON.
+_AS_JSON = {code: "object" for code in (200, 201, 202)}
 
-    Use as ``async with Kube(creds) as kube``. One aiohttp session with connection reuse.
-    """
+
+class Kube:
+    """An async Kubernetes client of plain dicts: get, list, create, server-side apply, patches, delete,
+    events.
+
+    Use as ``async with Kube(creds) as kube``. One connection pool (``kubernetes_asyncio.ApiClient``)."""
 
     def __init__(self, creds: Credentials, *, field_manager: str = FIELD_MANAGER) -> None:
         self._creds = creds
         self._field_manager = field_manager
-        self._session: aiohttp.ClientSession | None = None
+        self._api: k8s.ApiClient | None = None
 
     async def __aenter__(self) -> Kube:
-        connector = aiohttp.TCPConnector(ssl=_ssl_context(self._creds), limit=32)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-        )
+        cfg = self._creds.configuration
+        cfg.connection_pool_maxsize = 32
+        self._api = k8s.ApiClient(cfg)
+        self._api.user_agent = self._field_manager
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
     async def _request(
         self,
@@ -234,27 +252,22 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Any:
-        if self._session is None:
+        if self._api is None:
             raise RuntimeError("Kube is not open: use `async with Kube(creds) as kube`")
-        headers = {"Accept": "application/json"}
-        token = self._creds.token()  # a file read at most (in-cluster token rotation)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body, separators=(",", ":"))
-        url = self._creds.server + path
-        async with self._session.request(method, url, params=params, data=data, headers=headers) as resp:
-            text = await resp.text()
-            if resp.status >= 400:
-                try:
-                    status = json.loads(text)
-                    reason, message = status.get("reason", ""), status.get("message", text)
-                except ValueError:
-                    reason, message = resp.reason or "", text
-                raise _ERRORS.get(resp.status, KubeError)(resp.status, reason, message)
-            return json.loads(text) if text else None
+        try:
+            return await self._api.call_api(
+                path,
+                method,
+                query_params=list((params or {}).items()),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map=_AS_JSON,
+                _return_http_data_only=True,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
 
     # --- reads ---------------------------------------------------------------------------------
     async def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict | None:

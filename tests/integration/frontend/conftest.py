@@ -68,12 +68,19 @@ class Mocker:
             self.proc.wait(10)
 
     def stop(self) -> None:
+        self.terminate()
+        self.wait_stopped()
+
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def wait_stopped(self) -> None:
+        """After ``terminate``: its graceful exit, or SIGKILL after 15 s."""
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 @pytest.fixture
@@ -124,8 +131,10 @@ def mockers(nats_url, namespace, tiny_model, tmp_path) -> Iterator:
         return m
 
     yield start
+    for m in started:  # all at once: each drains and deregisters in its own time
+        m.terminate()
     for m in started:
-        m.stop()
+        m.wait_stopped()
 
 
 @pytest.fixture

@@ -43,13 +43,20 @@ class MockerProc:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
+        self.terminate()
+        self.wait_stopped()
+
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+
+    def wait_stopped(self) -> None:
+        """After ``terminate``: its graceful exit, or SIGKILL after 15 s."""
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 class Mockers:
@@ -103,8 +110,10 @@ class Mockers:
         return records[0]
 
     async def close(self) -> None:
+        for mp in self.procs:  # all at once: each drains and deregisters in its own time
+            mp.terminate()
         for mp in self.procs:
-            mp.stop()
+            mp.wait_stopped()
         if self.watcher is not None:
             await self.watcher.stop()
         if self.nc is not None:

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support import wait
 from tests.support.cluster import LocalCluster
+from tests.support.ports import free_ports
 from tests.support.procs import popen
 
 REPO = Path(__file__).resolve().parents[3]
@@ -187,8 +187,7 @@ class OperatorProcess:
 
     def start(self, timeout: float = 30.0) -> OperatorProcess:
         assert self.proc is None, "already running"
-        self.port = free_port()
-        self.webhook_port = free_port()
+        self.port, self.webhook_port = free_ports(2)
         self._log = self.log_path.open("ab")
         cmd = [
             sys.executable, "-m", "dynamo_operator",

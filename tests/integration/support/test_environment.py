@@ -5,13 +5,13 @@ round-trips through the real nats-server."""
 from __future__ import annotations
 
 import nats
-from kubernetes import client
+from kubernetes_asyncio import client
 
 from tests.support.cluster import GPU_NODES
-from tests.support.wait import wait_until
+from tests.support.wait import wait_until_async
 
 
-def test_gpu_deployment_becomes_ready_on_a_kwok_node(k8s_api, k8s_namespace):
+async def test_gpu_deployment_becomes_ready_on_a_kwok_node(k8s_api, k8s_namespace):
     apps = client.AppsV1Api(k8s_api)
     container = client.V1Container(
         name="main",
@@ -29,17 +29,26 @@ def test_gpu_deployment_becomes_ready_on_a_kwok_node(k8s_api, k8s_namespace):
             ),
         ),
     )
-    apps.create_namespaced_deployment(k8s_namespace, deployment)
+    await apps.create_namespaced_deployment(k8s_namespace, deployment)
 
-    wait_until(
-        lambda: apps.read_namespaced_deployment_status("gpu-smoke", k8s_namespace).status.ready_replicas == 2,
+    seen: list[client.V1DeploymentStatus] = []
+
+    async def two_ready() -> bool:
+        seen.append((await apps.read_namespaced_deployment_status("gpu-smoke", k8s_namespace)).status)
+        return seen[-1].ready_replicas == 2
+
+    await wait_until_async(
+        two_ready,
         "the Deployment's 2 replicas to be Ready",
         timeout_s=60,
         interval_s=0.2,
-        explain=lambda: str(apps.read_namespaced_deployment_status("gpu-smoke", k8s_namespace).status),
+        explain=lambda: str(seen[-1] if seen else None),
     )
 
-    pods = client.CoreV1Api(k8s_api).list_namespaced_pod(k8s_namespace, label_selector="app=gpu-smoke").items
+    listed = await client.CoreV1Api(k8s_api).list_namespaced_pod(
+        k8s_namespace, label_selector="app=gpu-smoke"
+    )
+    pods = listed.items
     assert len(pods) == 2
     for pod in pods:
         assert pod.spec.node_name in GPU_NODES
@@ -47,10 +56,10 @@ def test_gpu_deployment_becomes_ready_on_a_kwok_node(k8s_api, k8s_namespace):
         assert pod.status.pod_ip
 
 
-def test_pod_asking_for_more_gpus_than_a_node_has_stays_pending(k8s_api, k8s_namespace):
+async def test_pod_asking_for_more_gpus_than_a_node_has_stays_pending(k8s_api, k8s_namespace):
     """The fake nodes really account for nvidia.com/gpu: 9 GPUs fit on no 8-GPU node."""
     core = client.CoreV1Api(k8s_api)
-    core.create_namespaced_pod(
+    await core.create_namespaced_pod(
         k8s_namespace,
         client.V1Pod(
             metadata=client.V1ObjectMeta(name="too-big"),
@@ -66,14 +75,14 @@ def test_pod_asking_for_more_gpus_than_a_node_has_stays_pending(k8s_api, k8s_nam
         ),
     )
 
-    def failed_scheduling() -> bool:
-        events = core.list_namespaced_event(k8s_namespace, field_selector="involvedObject.name=too-big").items
-        return any(e.reason == "FailedScheduling" and "nvidia.com/gpu" in e.message for e in events)
+    async def failed_scheduling() -> bool:
+        events = await core.list_namespaced_event(k8s_namespace, field_selector="involvedObject.name=too-big")
+        return any(e.reason == "FailedScheduling" and "nvidia.com/gpu" in e.message for e in events.items)
 
-    wait_until(
+    await wait_until_async(
         failed_scheduling, "a FailedScheduling event naming nvidia.com/gpu", timeout_s=30, interval_s=0.2
     )
-    assert core.read_namespaced_pod("too-big", k8s_namespace).status.phase == "Pending"
+    assert (await core.read_namespaced_pod("too-big", k8s_namespace)).status.phase == "Pending"
 
 
 async def test_jetstream_kv_round_trip(nats_url):

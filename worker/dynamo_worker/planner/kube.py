@@ -1,7 +1,7 @@
 """The planner's only Kubernetes I/O: read its graph, patch per-service replicas, post Events.
 
-A small aiohttp client (the worker image carries no Kubernetes client library): credentials from the
-pod's service account, or from a kubeconfig (server, CA, and a token or a client certificate). The
+Over ``kubernetes_asyncio``, the operator's client too: credentials from the pod's service account
+(the token re-read as the kubelet rotates it), or from a kubeconfig, loaded as kubectl loads them. The
 replicas are written by server-side apply under one field manager, ``dynamo-planner``, so
 ``kubectl get dgd -o yaml --show-managed-fields`` shows who set them. The RBAC the operator renders for
 the planner allows exactly these calls: get and patch its own graph (by name), create Events.
@@ -9,67 +9,50 @@ the planner allows exactly these calls: get and patch its own graph (by name), c
 
 from __future__ import annotations
 
-import base64
 import datetime
-import json
-import os
-import ssl
-import tempfile
 import uuid
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import yaml
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client as k8s
 
 __all__ = ["FIELD_MANAGER", "GraphClient", "KubeError"]
 
 FIELD_MANAGER = "dynamo-planner"
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 GROUP_VERSION = "nvidia.com/v1alpha1"
 TIMEOUT_S = 15.0
+_AS_JSON = {code: "object" for code in (200, 201)}
 
 
 class KubeError(RuntimeError):
     """An API call that failed; the message names the call, the status and what to check."""
 
 
-def _ssl_from_kubeconfig(path: str) -> tuple[str, ssl.SSLContext, dict[str, str]]:
-    cfg = yaml.safe_load(Path(path).read_text())
-    ctx_name = cfg.get("current-context")
-    context = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
-    cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == context["cluster"])
-    user = next(u["user"] for u in cfg["users"] if u["name"] == context["user"])
-    base = Path(path).parent
-    ctx = ssl.create_default_context()
-    if "certificate-authority-data" in cluster:
-        ctx.load_verify_locations(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-    elif "certificate-authority" in cluster:
-        ctx.load_verify_locations(str(base / cluster["certificate-authority"]))
-    headers = {}
-    if user.get("token"):
-        headers["Authorization"] = f"Bearer {user['token']}"
-    elif user.get("client-certificate"):
-        ctx.load_cert_chain(str(base / user["client-certificate"]), str(base / user["client-key"]))
-    elif user.get("client-certificate-data"):
-        with tempfile.TemporaryDirectory() as d:
-            cert, key = Path(d) / "c", Path(d) / "k"
-            cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-            key.write_bytes(base64.b64decode(user["client-key-data"]))
-            ctx.load_cert_chain(str(cert), str(key))
-    return cluster["server"].rstrip("/"), ctx, headers
+async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
+    # Imported here: a planner on a manifest (--graph-file, as dynamo-run runs it) and --help need none.
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio import config as k8s_config
+    from kubernetes_asyncio.config.config_exception import ConfigException
 
-
-def _in_cluster() -> tuple[str, ssl.SSLContext, dict[str, str]]:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    token = SA_DIR / "token"
-    if not host or not token.is_file():
+    cfg = k8s.Configuration()
+    if kubeconfig:
+        try:
+            await k8s_config.load_kube_config(
+                config_file=kubeconfig, client_configuration=cfg, persist_config=False
+            )
+        except (ConfigException, OSError, KeyError, TypeError) as e:
+            raise KubeError(f"Could not load the kubeconfig {kubeconfig}: {e}") from e
+        return cfg
+    try:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    except ConfigException as e:
         raise KubeError(
             "No Kubernetes credentials: not in a pod with a service account token, and no --kubeconfig; "
             "run the planner in the graph (the operator gives it a service account) or pass --kubeconfig"
-        )
-    ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
-    return f"https://{host}:{port}", ctx, {"Authorization": f"Bearer {token.read_text().strip()}"}
+        ) from e
+    return cfg
 
 
 class GraphClient:
@@ -77,39 +60,59 @@ class GraphClient:
 
     def __init__(self, namespace: str, graph: str, kubeconfig: str | None = None) -> None:
         self.namespace, self.graph = namespace, graph
-        self._server, self._ssl, self._headers = (
-            _ssl_from_kubeconfig(kubeconfig) if kubeconfig else _in_cluster()
-        )
-        self._session: aiohttp.ClientSession | None = None
+        self._kubeconfig = kubeconfig
+        self._api: k8s.ApiClient | None = None
         self._path = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/dynamographdeployments/{graph}"
 
     async def __aenter__(self) -> GraphClient:
-        self._session = aiohttp.ClientSession(
-            headers=self._headers,
-            timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
-            connector=aiohttp.TCPConnector(ssl=self._ssl),
-        )
+        from kubernetes_asyncio.client import ApiClient
+
+        self._api = ApiClient(await _configuration(self._kubeconfig))
+        self._api.user_agent = FIELD_MANAGER
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
-    async def _call(self, method: str, path: str, what: str, **kw: Any) -> dict[str, Any]:
-        assert self._session is not None
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        assert self._api is not None, "use `async with GraphClient(...)`"
         try:
-            async with self._session.request(method, self._server + path, **kw) as r:
-                body = await r.text()
-                if r.status >= 300:
-                    hint = {
-                        401: "the credentials were refused",
-                        403: "the planner's Role must allow it (rendered by the operator for its graph)",
-                        404: f"graph {self.namespace}/{self.graph} does not exist",
-                    }.get(r.status, "see the message")
-                    raise KubeError(f"Could not {what}: HTTP {r.status} {body[:300]}; {hint}")
-                return json.loads(body) if body else {}
+            answer = await self._api.call_api(
+                path,
+                method,
+                query_params=list((params or {}).items()),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map=_AS_JSON,
+                _return_http_data_only=True,
+                _request_timeout=TIMEOUT_S,
+            )
+        except ApiException as e:
+            hint = {
+                401: "the credentials were refused",
+                403: "the planner's Role must allow it (rendered by the operator for its graph)",
+                404: f"graph {self.namespace}/{self.graph} does not exist",
+            }.get(int(e.status or 0), "see the message")
+            body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else e.body
+            detail = (body or e.reason or "")[:300]
+            raise KubeError(f"Could not {what}: HTTP {e.status} {detail}; {hint}") from None
         except (aiohttp.ClientError, TimeoutError) as e:
             raise KubeError(f"Could not {what}: {e!r}; check that the API server is reachable") from e
+        return answer if isinstance(answer, dict) else {}
 
     async def get_graph(self) -> dict[str, Any]:
         return await self._call("GET", self._path, f"get graph {self.namespace}/{self.graph}")
@@ -129,8 +132,8 @@ class GraphClient:
             self._path,
             f"patch replicas of graph {self.namespace}/{self.graph}",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
-            data=json.dumps(body),
-            headers={"Content-Type": "application/apply-patch+yaml"},
+            body=body,
+            content_type="application/apply-patch+yaml",
         )
 
     async def event(self, graph: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
@@ -159,5 +162,5 @@ class GraphClient:
             "count": 1,
         }
         await self._call(
-            "POST", f"/api/v1/namespaces/{self.namespace}/events", f"post Event {reason}", json=body
+            "POST", f"/api/v1/namespaces/{self.namespace}/events", f"post Event {reason}", body=body
         )

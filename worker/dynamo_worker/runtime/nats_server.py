@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -42,10 +43,51 @@ def find_nats_server() -> str:
     )
 
 
+# Ports that a process must be told before it binds them (dynamo-run's pods and broker, the tests'
+# servers) are picked below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default):
+# every port-0 bind and every outgoing connection on the host draws from that range, so a port picked
+# there can be taken before its process binds it (the frontend of a local run once found its port in
+# use, on a machine running several test processes).
+PICK_FLOOR = 20000
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free on ``host`` now, below the ephemeral range when it leaves room
+    (else port-0 picks), for processes that must be told their ports before they start."""
+    socks: list[socket.socket] = []
+    try:
+        ceiling = _ephemeral_floor()
+        if ceiling - PICK_FLOOR >= 1000:
+            for port in random.sample(range(PICK_FLOOR, ceiling), min(ceiling - PICK_FLOOR, 64 + 4 * count)):
+                if len(socks) == count:
+                    break
+                sock = socket.socket()
+                try:
+                    sock.bind((host, port))
+                except OSError:  # taken
+                    sock.close()
+                    continue
+                socks.append(sock)
+        while len(socks) < count:
+            sock = socket.socket()
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on ``host`` now (see :func:`free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
