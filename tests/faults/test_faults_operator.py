@@ -65,14 +65,24 @@ def test_operator_sigkilled_mid_reconcile_converges(
 ):
     row = fault_row(
         "operator restart mid-reconcile",
-        "SIGKILL the operator once a new graph's first child exists; start another: Ready, no duplicates",
+        "nodes cordoned; SIGKILL the operator once a new graph's first child exists; another: Ready, no dups",
         RESTART_BOUND_S,
     )
-    kc.apply(example("disagg.yaml"))
-    wait_until(lambda: children(kc, "sglang-disagg"), "the first child", timeout=30)
-    operator.proc.kill()  # mid-reconcile: the graph is not Ready yet
-    operator.stop()
-    assert ready(kc, "sglang-disagg") is None
+    # The nodes are cordoned until the operator is gone, so that its pods stay Pending and the graph is
+    # certainly not Ready when it dies (kwok makes pods Ready within a second: a loaded machine's test
+    # could see the graph finished before it got to the kill).
+    nodes = [n["metadata"]["name"] for n in kc.list("nodes")]
+    for node in nodes:
+        kc.run("cordon", node)
+    try:
+        kc.apply(example("disagg.yaml"))
+        wait_until(lambda: children(kc, "sglang-disagg"), "the first child", timeout=30)
+        operator.proc.kill()  # mid-reconcile: the graph is not Ready yet
+        operator.stop()
+        assert ready(kc, "sglang-disagg") is None
+    finally:
+        for node in nodes:
+            kc.run("uncordon", node)
     restarted = time.monotonic()
     operator_factory()
     wait_until(

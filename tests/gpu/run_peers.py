@@ -1,6 +1,7 @@
 """Disaggregation that pays: our stack against SGLang's own gateway (``smg``) on the same GPUs.
 
 usage: python3 tests/gpu/run_peers.py [STACK ...]
+       python3 tests/gpu/run_peers.py report [DIR]   (the report of the peers-*.json in DIR, again)
   stacks: ours-agg, ours-disagg, smg-agg, smg-pd (default: all four)
 
 On one machine, one stack after the other, with the same SGLang flags (``run_examples.USER_FLAGS``, the
@@ -25,7 +26,9 @@ prompts, the gateway through SGLang's ``/generate`` with ``input_ids``; both str
 server's own usage.
 
 A stack pair per device call keeps each call inside its 10 minutes (``ours-disagg smg-pd``, then
-``ours-agg smg-agg``): each call's points wait in ``$GPU_STATE`` and the report covers every call so far.
+``ours-agg smg-agg``; ``STACK_BUDGET_S`` stops a stack's sweep before a point that would start too
+late): each stack's points wait in ``$GPU_STATE`` (and ``$OUT/peers-STACK.json``) and the report covers
+every call so far.
 Prints the table, then per workload the goodput per GPU at the SLOs (the best tokens/s per GPU of a
 point within both) of every stack and the ratios ours / smg, and writes ``$OUT/peers.json`` and
 ``$OUT/peers.png`` (tokens/s per GPU against ITL p90, one panel per workload). ``ENGINE=mocker`` runs
@@ -45,6 +48,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -64,7 +68,11 @@ SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,8,16,32,64").split(",") if
 WORKLOADS = os.environ.get("WORKLOADS", "rag,chat,multiturn").split(",")
 TTFT_SLO_MS = float(os.environ.get("TTFT_SLO_MS", 2000))
 ITL_SLO_MS = float(os.environ.get("ITL_SLO_MS", 50))
-REQ_PER_CONC = int(os.environ.get("REQ_PER_CONC", 3))  # requests per point: conc x this (at least 8)
+REQ_PER_CONC = int(os.environ.get("REQ_PER_CONC", 3))  # requests per point: conc x this ...
+MIN_REQ = int(os.environ.get("MIN_REQ", 8))  # ... and at least this many
+# A device call lasts at most 10 minutes: STACK_BUDGET_S seconds after a stack begins to start, no new point
+# of it begins (the points measured so far are kept and reported, with a note on the sweep cut short).
+STACK_BUDGET_S = float(os.environ.get("STACK_BUDGET_S", "inf"))
 CONTEXT = 16384  # rag's 8192 + 256 needs more than the 8192 of the model's config
 STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
 
@@ -182,7 +190,8 @@ def smg_request(session, base: str, osl: int, model: str):
 async def measure(stack: str, gpus: int, w: Workload, conc: int, one) -> Point:
     """``conc`` clients at once, each running its conversations' turns in order (closed loop)."""
     seed = zlib.crc32(f"{w.name}/{conc}".encode())  # the same prompts for every stack
-    convs = conversations(w, max(1, max(8, conc * REQ_PER_CONC) // w.turns), seed)
+    requests = max(MIN_REQ, conc * REQ_PER_CONC)
+    convs = conversations(w, max(conc, -(-requests // w.turns)), seed)  # every client has a conversation
     queue: asyncio.Queue[list[list[int]]] = asyncio.Queue()
     for c in convs:
         queue.put_nowait(c)
@@ -216,7 +225,7 @@ async def measure(stack: str, gpus: int, w: Workload, conc: int, one) -> Point:
     return point
 
 
-async def sweep(stack: str, gpus: int, base: str, kind: str, model: str) -> list[Point]:
+async def sweep(stack: str, gpus: int, base: str, kind: str, model: str, deadline: float) -> list[Point]:
     import aiohttp
 
     points = []
@@ -226,6 +235,11 @@ async def sweep(stack: str, gpus: int, base: str, kind: str, model: str) -> list
             one = (ours_request if kind == "ours" else smg_request)(session, base, w.osl, model)
             await measure(stack, gpus, Workload(w.name, 64, 4), 2, one)  # warm the path, not measured
             for conc in SWEEP:
+                if time.monotonic() > deadline:
+                    ex.log(f"{stack} {w.name}: past STACK_BUDGET_S={STACK_BUDGET_S:.0f}s, no c={conc}")
+                    if points:
+                        points[-1].notes.append(f"sweep cut short by STACK_BUDGET_S before c={conc}")
+                    break
                 point = await measure(stack, gpus, w, conc, one)
                 points.append(point)
                 if not point.within_slo:
@@ -332,24 +346,48 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
         ]
     gateway = procs.start("smg", argv)
     wait_ok(f"http://127.0.0.1:{router}/health", gateway, "smg", 120)
-    return f"http://127.0.0.1:{router}"
+    base = f"http://127.0.0.1:{router}"
+    wait_served(base, gateway)
+    return base
+
+
+def wait_served(base: str, gateway: subprocess.Popen, limit_s: float = 120) -> None:
+    """The gateway answers /health before it has registered its workers (a background job that checks
+    each one): until then a request gets 503 no_available_workers. Wait for one small request to pass."""
+    body = json.dumps({"input_ids": list(range(100, 116)), "sampling_params": {"max_new_tokens": 1}}).encode()
+    deadline, last = time.monotonic() + limit_s, ""
+    while time.monotonic() < deadline:
+        if gateway.poll() is not None:
+            raise RuntimeError(f"smg exited rc={gateway.returncode}; see {OUT / 'logs' / 'smg.log'}")
+        request = urllib.request.Request(f"{base}/generate", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                if r.status == 200:
+                    return
+        except urllib.error.HTTPError as e:
+            last = f"{e.code}: {e.read()[:200]!r}"
+        except OSError as e:
+            last = str(e)
+        time.sleep(1)
+    raise RuntimeError(f"smg did not serve a request within {limit_s:.0f}s (last: {last})")
 
 
 def run_stack(stack: str, gpus: list[str], prefill: int) -> list[Point]:
     ex.log(f"=== {stack} on GPUs {','.join(gpus)}")
+    deadline = time.monotonic() + STACK_BUDGET_S
     if stack.startswith("ours"):
         kind = stack.split("-")[1]
         decode = len(gpus) - prefill
         manifest = ours_manifest(kind, prefill, decode, OUT / "manifests")
         graph = ex.Graph(stack, manifest, ",".join(gpus))
         try:
-            return asyncio.run(sweep(stack, len(gpus), graph.base, "ours", graph.model))
+            return asyncio.run(sweep(stack, len(gpus), graph.base, "ours", graph.model, deadline))
         finally:
             graph.stop()
     procs = Processes()
     try:
         base = smg_stack(procs, stack == "smg-pd", gpus, prefill)
-        return asyncio.run(sweep(stack, len(gpus), base, "smg", MODEL))
+        return asyncio.run(sweep(stack, len(gpus), base, "smg", MODEL, deadline))
     finally:
         procs.close()
 
@@ -405,8 +443,25 @@ def plot(points: list[Point], path: Path) -> None:
     fig.savefig(path)
 
 
+def write_report(folder: Path) -> None:
+    """The table, goodput and plot over every ``peers-*.json`` in ``folder`` (this call's and earlier
+    ones'), into ``$OUT``."""
+    measured = [
+        Point(**row) for f in sorted(folder.glob("peers-*.json")) for row in json.loads(f.read_text())
+    ]
+    measured = [p for p in measured if p.workload != "-"]
+    (OUT / "peers.json").write_text(json.dumps([asdict(p) for p in measured], indent=1))
+    plot(measured, OUT / "peers.png")
+    text = report(measured)
+    (OUT / "peers.txt").write_text(text + "\n")
+    print(text)
+
+
 def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
+    if argv[:1] == ["report"]:  # python3 tests/gpu/run_peers.py report DIR: the report again, here
+        write_report(Path(argv[1]) if len(argv) > 1 else STATE)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stacks = argv or list(STACKS)
     if ex.ENGINE != "sglang":
@@ -423,21 +478,17 @@ def main(argv: list[str]) -> int:
     gpus = ex.gpu_list()
     prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
     points: list[Point] = []
+    STATE.mkdir(parents=True, exist_ok=True)  # one call per pair of stacks: the report takes them all
     for stack in stacks:
         try:
-            points += run_stack(stack, gpus, prefill)
+            mine = run_stack(stack, gpus, prefill)
         except Exception as e:  # one stack failing to start is reported; the others still run
             ex.log(f"{stack}: FAILED {type(e).__name__}: {e}")
-            points.append(Point(stack, "-", 0, len(gpus), notes=[f"{type(e).__name__}: {e}"[:500]]))
-    STATE.mkdir(parents=True, exist_ok=True)  # one call per pair of stacks: the report takes them all
-    (STATE / f"peers-{'-'.join(stacks)}.json").write_text(json.dumps([asdict(p) for p in points], indent=1))
-    measured = [Point(**row) for f in sorted(STATE.glob("peers-*.json")) for row in json.loads(f.read_text())]
-    measured = [p for p in measured if p.workload != "-"]
-    (OUT / "peers.json").write_text(json.dumps([asdict(p) for p in measured], indent=1))
-    plot(measured, OUT / "peers.png")
-    text = report(measured)
-    (OUT / "peers.txt").write_text(text + "\n")
-    print(text)
+            mine = [Point(stack, "-", 0, len(gpus), notes=[f"{type(e).__name__}: {e}"[:500]])]
+        points += mine
+        (STATE / f"peers-{stack}.json").write_text(json.dumps([asdict(p) for p in mine], indent=1))
+        (OUT / f"peers-{stack}.json").write_text(json.dumps([asdict(p) for p in mine], indent=1))
+    write_report(STATE)
     failed = [p for p in points if p.workload == "-"]
     return 1 if failed or not points else 0
 
