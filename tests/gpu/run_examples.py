@@ -81,6 +81,7 @@ EXAMPLES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "disagg": ("examples/disagg.yaml", 2, ()),
     "disagg-router": ("examples/disagg-router.yaml", 4, ("kv_events",)),
     "disagg-tp2": ("tests/gpu/examples/disagg-tp2.yaml", 4, ()),
+    "agg-tp2": ("tests/gpu/examples/agg-tp2.yaml", 2, ()),
     "planner": ("examples/disagg-planner.yaml", 2, ("planner",)),
     "dynamo-agg": ("tests/fixtures/dynamo-sglang-deploy/v1beta1/agg.yaml", 1, ()),
     "dynamo-agg-router": ("tests/fixtures/dynamo-sglang-deploy/v1beta1/agg_router.yaml", 2, ()),
