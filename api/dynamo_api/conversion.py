@@ -642,27 +642,10 @@ def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
     keeps them in its ``nvidia.com/dgd-v1beta1-fields`` annotation. Raises ``pydantic.ValidationError``
     (with the field and what is wrong) for any invalid manifest."""
     version = raw.get("apiVersion", models.API_VERSION) if isinstance(raw, dict) else None
-    placement = models.GraphPlacement()
     if version == v1beta1.API_VERSION:
-        beta = v1beta1.DynamoGraphDeployment.model_validate(raw)
-        names = [c.name for c in beta.spec.components]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise _invalid(
-                    ("spec", "components", i, "name"),
-                    name,
-                    f"a second component named {name!r}: give each component a unique name",
-                )
-        alpha = to_v1alpha1(raw)
-        placement = _placement(beta)
+        alpha, placement = _read_v1beta1(raw)
     elif version == models.API_VERSION or not isinstance(raw, dict):
-        alpha = raw
-        annotations = (raw.get("metadata") or {}).get("annotations") if isinstance(raw, dict) else None
-        if isinstance(annotations, dict) and BETA_FIELDS_ANNOTATION in annotations:
-            try:  # the fields come back with a conversion; a malformed record restores nothing
-                placement = _placement(v1beta1.DynamoGraphDeployment.model_validate(to_v1beta1(raw)))
-            except (ValidationError, ConversionError):
-                placement = models.GraphPlacement()
+        alpha, placement = raw, _kept_placement(raw)
     else:
         raise _invalid(
             ("apiVersion",),
@@ -673,3 +656,30 @@ def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
         alpha = {**alpha, "metadata": copy.deepcopy(alpha["metadata"])}
         _strip_records(alpha["metadata"])
     return models.DynamoGraphDeployment.model_validate(alpha).model_copy(update={"v1beta1": placement})
+
+
+def _read_v1beta1(raw: dict[str, Any]) -> tuple[Any, models.GraphPlacement]:
+    """A v1beta1 manifest checked against its own model (unique component names included), as the
+    v1alpha1 dict and the placement fields v1alpha1 has no place for."""
+    beta = v1beta1.DynamoGraphDeployment.model_validate(raw)
+    names = [c.name for c in beta.spec.components]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise _invalid(
+                ("spec", "components", i, "name"),
+                name,
+                f"a second component named {name!r}: give each component a unique name",
+            )
+    return to_v1alpha1(raw), _placement(beta)
+
+
+def _kept_placement(raw: Any) -> models.GraphPlacement:
+    """The v1beta1-only fields a v1alpha1 object keeps in its annotation; a malformed record restores
+    nothing."""
+    annotations = (raw.get("metadata") or {}).get("annotations") if isinstance(raw, dict) else None
+    if not (isinstance(annotations, dict) and BETA_FIELDS_ANNOTATION in annotations):
+        return models.GraphPlacement()
+    try:
+        return _placement(v1beta1.DynamoGraphDeployment.model_validate(to_v1beta1(raw)))
+    except (ValidationError, ConversionError):
+        return models.GraphPlacement()
