@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -95,9 +94,12 @@ def log(msg: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a process that must be told it before it binds it: below the ephemeral range, where no
+    other process's port-0 bind or outgoing connection takes it first (dynamo-run picks its pods' ports
+    the same way)."""
+    from dynamo_worker.runtime.nats_server import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 # --- the manifest as a user of this machine edits it -------------------------------------------------
@@ -495,7 +497,7 @@ def fresh_starts(n: int, name: str, gpus: str) -> list[dict]:
         try:
             graph = Graph(f"{name}-fresh{i + 1}", manifest, gpus, cold=COLD)
         except RuntimeError as e:
-            row.update(ready_s=None, first_s=None, why=str(e)[-500:])
+            row.update(ready_s=None, first_s=None, why=why_not_ready(str(e)))
             starts.append(row)
             continue
         try:
@@ -507,6 +509,13 @@ def fresh_starts(n: int, name: str, gpus: str) -> list[dict]:
         log(f"fresh start {row}")
         starts.append(row)
     return starts
+
+
+def why_not_ready(message: str) -> str:
+    """The line that says why a graph did not become Ready (its first error, else the last line)."""
+    lines = message.splitlines()
+    errors = [ln for ln in lines if re.search(r"ERROR|Error|error:|refus|in use|exited|Traceback", ln)]
+    return (errors[0] if errors else lines[-1] if lines else message)[-300:]
 
 
 STUCK_BOUND_S = float(os.environ.get("STUCK_BOUND_S", 10))

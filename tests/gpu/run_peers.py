@@ -44,7 +44,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -306,12 +305,6 @@ def wait_ok(url: str, proc: subprocess.Popen, name: str, limit_s: float = ex.STA
     raise RuntimeError(f"{name} not ready at {url} within {limit_s:.0f}s")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     """SGLang's servers (one per GPU) and the gateway in front of them; the gateway's base URL."""
     flags = [*ex.USER_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT), "--host", "127.0.0.1",
@@ -319,18 +312,18 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     servers = []
     for i, gpu in enumerate(gpus):
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
-        port, argv = free_port(), [sys.executable, "-m", "sglang.launch_server", *flags]
+        port, argv = ex.free_port(), [sys.executable, "-m", "sglang.launch_server", *flags]
         argv += ["--port", str(port)]
         boot = None
         if pd:
-            boot = free_port()
+            boot = ex.free_port()
             argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
             argv += ["--disaggregation-bootstrap-port", str(boot)] if role == "prefill" else []
         name = f"sglang-{role}-{i}"
         servers.append((role, port, boot, procs.start(name, argv, gpu), name))
     for _, port, _, proc, name in servers:
         wait_ok(f"http://127.0.0.1:{port}/health", proc, name)
-    router = free_port()
+    router = ex.free_port()
     argv = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(router)]
     if pd:
         argv += ["--pd-disaggregation", "--policy", "cache_aware"]
