@@ -23,11 +23,14 @@ from dynamo_worker.runtime.worker import run_worker
 log = logging.getLogger("dynamo_worker.mocker")
 
 
-async def _idle_until_signal() -> int:
+async def _idle_until_signal(node_rank: int) -> int:
+    """A non-leader rank: nothing to serve. It says so only once its signal handlers are in place, so
+    that whoever waits for that line may stop it at once and still see a clean exit."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    log.info("Non-leader rank node_rank=%s: the leader serves; idling until stopped", node_rank)
     await stop.wait()
     return 0
 
@@ -65,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         log.info("Ignored flags the mocker does not simulate: %s", " ".join(unknown))
     if settings.node_rank > 0:
-        log.info("Non-leader rank node_rank=%s: the leader serves; idling until stopped", settings.node_rank)
-        return asyncio.run(_idle_until_signal())
+        return asyncio.run(_idle_until_signal(settings.node_rank))
     if multimodal.worker_role != "language":
         try:
             service = _service(settings, multimodal)
