@@ -32,10 +32,10 @@ binaries: ## build (once, cached by version) kube-apiserver, etcd, kwok, helm, k
 run: venv ## serve examples/disagg.yaml on http://127.0.0.1:8000 (mocker when there is no GPU)
 	$(BIN)/dynamo-run examples/disagg.yaml
 
-test: venv binaries ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e, faults
-	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+test: venv ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e, faults (hack/test.sh)
+	@bash hack/test.sh $(XDIST) $(PYTEST_ARGS)
 
-test-no-cluster: venv ## every test that needs no control-plane binary (CI runs them while those build)
+test-no-cluster: venv ## every test that needs no control-plane binary (make test runs them while those build)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not control_plane" $(PYTEST_ARGS)
 
 test-cluster: venv binaries ## the tests that need the control-plane binaries (local cluster, helm, kubeconform)

@@ -9,11 +9,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 from dynamo_worker.runtime.nats_server import NatsServer
+from hypothesis import settings as hypothesis_settings
 
 from tests.support.cluster import LocalCluster
 from tests.support.procs import die_with_parent
 
 pytest_plugins = ["tests.support.faults_table"]  # the fault table, whole under pytest-xdist too
+
+# Property tests assert what is computed, never how fast: no per-example deadline (hypothesis's 200 ms
+# default failed a parse on a machine busy with a parallel suite and a background build).
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -24,7 +30,8 @@ CHART_TESTS = Path(__file__).parent / "integration" / "chart"  # helm, kubeconfo
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``control_plane`` every test that needs the control-plane binaries (hack/build-binaries.sh):
     those that use the local cluster, and the chart's (helm, kubeconform). CI runs the others while the
-    binaries build (``make test-no-cluster``), then these (``make test-cluster``)."""
+    binaries build, then these (``make test``: hack/test.sh; or ``make test-no-cluster`` and
+    ``make test-cluster``)."""
     for item in items:
         if "kube_cluster" in getattr(item, "fixturenames", ()) or CHART_TESTS in item.path.parents:
             item.add_marker(pytest.mark.control_plane)
