@@ -3,8 +3,10 @@ beyond the limit are answered at once with 503 and ``Retry-After`` (never queued
 dropped), the ones admitted complete, and the frontend's resident memory stays bounded.
 
 Bounds:
-- ``REFUSAL_BOUND_S`` 2 s: a refused request gets its 503 without waiting for a slot (a counter check
-  before any work; 2 s covers 80 connections opened at once by one client process on 2 busy cores).
+- ``REFUSAL_BOUND_S`` 5 s: a refused request gets its 503 without waiting for a slot (a counter check
+  before any work). The time is the client's: 80 connections opened at once by one process, on 2 cores
+  that CI shares with two more test processes and a background build (2.1 s seen there; under 0.1 s on
+  an idle machine). A request queued instead of refused is caught by the count of refusals, not by time.
 - ``RSS_GROWTH_BOUND`` 32 MiB: peak resident memory under 10x load minus resident memory after a run at
   1x load. What is refused costs a parsed HTTP request and an error body, so the growth is a few MiB;
   32 MiB catches a queue (or buffers) that grows with offered load.
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 MAX_INFLIGHT = 8
 OFFERED = 10 * MAX_INFLIGHT
-REFUSAL_BOUND_S = 2.0
+REFUSAL_BOUND_S = 5.0
 RSS_GROWTH_BOUND = 32 * 2**20
 
 

