@@ -40,6 +40,7 @@ class HealthMonitor:
         self._on_healthy = on_healthy
         self.failing_since: float | None = None
         self.reason: str | None = None
+        self._registration_owed = False  # healthy again, not yet registered again (NATS refused it)
         self._task: asyncio.Task[None] | None = None
 
     def live(self) -> tuple[bool, str]:
@@ -75,17 +76,22 @@ class HealthMonitor:
                     self.failing_since = time.monotonic()
                     log.warning("Engine health check failed; deregistering reason=%s", reason)
                     await self._on_unhealthy(reason)
-            elif self.failing_since is not None:
-                log.info(
-                    "Engine health check passes again after_s=%.1f; registering",
-                    time.monotonic() - self.failing_since,
-                )
+            elif self.failing_since is not None or self._registration_owed:
+                if self.failing_since is not None:
+                    log.info(
+                        "Engine health check passes again after_s=%.1f; registering",
+                        time.monotonic() - self.failing_since,
+                    )
+                # The engine answers: /live passes from now, before the worker is listed again (a
+                # client that sees it listed finds it live), and whatever registering costs.
+                self.failing_since, self.reason = None, None
+                self._registration_owed = True
                 try:
                     await self._on_healthy()
                 except Exception as e:  # e.g. NATS unreachable: retried at the next interval
                     log.warning("Could not register again; retrying in %ss error=%r", self.interval_s, e)
                     continue
-                self.failing_since, self.reason = None, None
+                self._registration_owed = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="health-monitor")
