@@ -263,6 +263,10 @@ class ModelRegistry:
     def get(self, model: str) -> ModelEntry | None:
         return self._models.get(model)
 
+    def entries(self) -> list[ModelEntry]:
+        """Every model the registry knows of (with workers or not)."""
+        return list(self._models.values())
+
     def has_worker(self, instance_id: str) -> bool:
         """Whether discovery lists this worker now (under any model)."""
         return any(instance_id in e.workers for e in self._models.values())
