@@ -143,7 +143,7 @@ class Frontend:
         self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
         self._tasks.append(self.discovery)
         self.quarantine = Quarantine(self.registry.has_worker)
-        warm = WarmPairs()
+        warm = WarmPairs() if s.pair_warmup_timeout_s > 0 else None
         dispatcher = Dispatcher(
             self.router,
             self.client,
@@ -154,7 +154,7 @@ class Frontend:
             quarantine=self.quarantine,
             warm=warm,
         )
-        if s.pair_warmup_timeout_s > 0:
+        if warm is not None:
             self.warmer = PairWarmer(
                 self.registry,
                 warm,

@@ -49,7 +49,13 @@ from dynamo_worker.frontend.errors import (
     UpstreamTimeout,
     WorkerLost,
 )
-from dynamo_worker.frontend.models.pairing import WarmPairs, newest_pair, no_pair_message, routable_pair
+from dynamo_worker.frontend.models.pairing import (
+    Pair,
+    WarmPairs,
+    newest_pair,
+    no_pair_message,
+    routable_pair,
+)
 from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.protocol import (
@@ -63,6 +69,7 @@ from dynamo_worker.protocol import (
     WorkerError,
 )
 from dynamo_worker.router import Choice, Router
+from dynamo_worker.router.router import PairFilter
 from dynamo_worker.runtime.request_plane import (
     RequestClient,
     RequestPlaneError,
@@ -163,7 +170,7 @@ class Dispatcher:
         self.client = client
         self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.quarantine = quarantine if quarantine is not None else Quarantine()
-        self.warm = warm if warm is not None else WarmPairs()
+        self.warm = warm  # warm prefill/decode pairs (serving.warmup); None: warm-ups off, any pair
         self._timeouts = {
             "connect_timeout": connect_timeout_s,
             "first_chunk_timeout": first_token_timeout_s,
@@ -178,7 +185,11 @@ class Dispatcher:
         if mode == "disagg":
             prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
             newest = entry.pair() if not out else newest_pair(prefill, decode)
-            routable = None if newest is None else routable_pair(newest, prefill, decode, self.warm.is_warm)
+            routable: tuple[Pair, PairFilter | None] | None = None
+            if newest is not None and self.warm is None:
+                routable = (newest, None)
+            elif newest is not None and self.warm is not None:
+                routable = routable_pair(newest, prefill, decode, self.warm.is_warm)
             if routable is None:
                 raise ServiceUnavailable(
                     no_pair_message(entry.name, prefill, decode),
@@ -241,7 +252,7 @@ class Dispatcher:
                             started = True
                             for flight in flights:
                                 flight.first_token()
-                            if plan.decode is not None:  # its KV moved: the pair's connection is open
+                            if plan.decode is not None and self.warm is not None:  # its KV moved: warm
                                 self.warm.set(
                                     plan.first.worker.instance_id, plan.decode.worker.instance_id, "warm"
                                 )
