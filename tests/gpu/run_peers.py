@@ -4,8 +4,8 @@ usage: python3 tests/gpu/run_peers.py [STACK ...]
        python3 tests/gpu/run_peers.py report [DIR]   (the report of the peers-*.json in DIR, again)
   stacks: ours-agg, ours-disagg, smg-agg, smg-pd (default: all four)
 
-On one machine, one stack after the other, with the same SGLang flags (``run_examples.USER_FLAGS``, the
-8B-shaped dummy model), workloads and client:
+On one machine, one stack after the other, with the same SGLang flags (``run_examples.USER_FLAGS`` and
+``EXTRA_FLAGS``, the 8B-shaped dummy model), workloads and client:
 
 1. ``ours-agg``: ``dynamo-run`` of examples/agg-router.yaml with N workers (kv routing, KV events);
 2. ``ours-disagg``: ``dynamo-run`` of examples/disagg-router.yaml with P prefill + D decode workers (NIXL);
@@ -307,8 +307,9 @@ def wait_ok(url: str, proc: subprocess.Popen, name: str, limit_s: float = ex.STA
 
 def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     """SGLang's servers (one per GPU) and the gateway in front of them; the gateway's base URL."""
-    flags = [*ex.USER_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT), "--host", "127.0.0.1",
-             "--model-path", str(ex.MODEL_DIR), "--served-model-name", MODEL]  # fmt: skip
+    flags = [*ex.USER_FLAGS, *ex.EXTRA_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT),
+             "--host", "127.0.0.1", "--model-path", str(ex.MODEL_DIR),
+             "--served-model-name", MODEL]  # fmt: skip
     servers = []
     for i, gpu in enumerate(gpus):
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
