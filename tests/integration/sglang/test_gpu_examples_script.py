@@ -1,10 +1,11 @@
 """The user-path proof (tests/gpu/run_examples.py) on the mocker: fresh starts of examples/disagg.yaml
 through dynamo-run whose very first request (a chat, then a completion) must answer, as fast as the
 steady state (within 2x its time to first token: the new pair's KV connection opened before Ready, and
-not without the frontend's warm-up), with a clean Ctrl-C each time; and the prefill engine stopped (SIGSTOP) mid-request, whose client must get 504 at
-the frontend's --kv-transfer-timeout-s and whose pair must serve again once the engine continues.
-The GPU is replaced by the mocker (no GPU here): this keeps the script working between the runs on
-the lent GPU machines, and runs the fresh-start and stuck-engine checks in the normal suite."""
+not without the frontend's warm-up), with a clean Ctrl-C each time; and the prefill engine stopped
+(SIGSTOP) mid-request, whose client must get 504 at the frontend's --kv-transfer-timeout-s and whose
+pair must serve again once the engine continues. The GPU is replaced by the mocker (no GPU here): this
+keeps the script working between the runs on the lent GPU machines, and runs the fresh-start and
+stuck-engine checks in the normal suite."""
 
 from __future__ import annotations
 

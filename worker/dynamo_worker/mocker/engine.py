@@ -370,17 +370,9 @@ class MockerEngine(Engine):
             return
         seq.script = scripted
         try:
-            try:
-                if self.role == "decode":
-                    await self._receive(seq)
-                elif self.role == "prefill":
-                    await self._await_handshake(seq)
-            except BootstrapTimeout as e:
-                log.warning("Bootstrap timed out request_id=%s: %s", request.request_id, e)
-                yield _error("bootstrap_timeout", str(e))
-                return
-            except BootstrapRefused as e:
-                yield _error("bootstrap_failed", str(e))
+            refused = await self._handoff(seq)
+            if refused is not None:
+                yield refused
                 return
             seq.queued_tokens = 0 if seq.kv_ready else self._uncached(seq)
             self._waiting.append(seq)
@@ -404,6 +396,21 @@ class MockerEngine(Engine):
                 log.info("Aborted request request_id=%s", request.request_id)
 
     # --- the KV handoff (SGLang's bootstrap, prealloc and transfer queues) -------------------------
+
+    async def _handoff(self, seq: _Seq) -> GenerateChunk | None:
+        """A disaggregated leg's part of the KV handoff before it is queued (``_receive`` for a decode
+        leg, ``_await_handshake`` for a prefill leg); the error chunk that ends it, if it failed."""
+        try:
+            if self.role == "decode":
+                await self._receive(seq)
+            elif self.role == "prefill":
+                await self._await_handshake(seq)
+        except BootstrapTimeout as e:
+            log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
+            return _error("bootstrap_timeout", str(e))
+        except BootstrapRefused as e:
+            return _error("bootstrap_failed", str(e))
+        return None
 
     async def _await_handshake(self, seq: _Seq) -> None:
         """Prefill leg: wait in the bootstrap queue for the decode leg's handshake (SGLang prefills a
