@@ -84,7 +84,7 @@ USER_FLAGS = [
 if not GRAPHS:
     USER_FLAGS += ["--cuda-graph-backend-decode", "disabled"]
 EXTRA_FLAGS = os.environ.get("EXTRA_FLAGS", "").split()
-FRONTEND_ARGS = os.environ.get("FRONTEND_ARGS", "").split()  # fresh starts: added to the frontend's args
+FRONTEND_ARGS = os.environ.get("FRONTEND_ARGS", "").split()  # added to the frontend's args (fresh, run_peers)
 
 # name -> (manifest under the checkout, GPUs it needs, extra checks)
 EXAMPLES: dict[str, tuple[str, int, tuple[str, ...]]] = {

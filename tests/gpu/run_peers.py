@@ -14,7 +14,10 @@ On one machine, one stack after the other, with the same SGLang flags (``run_exa
    --pd-disaggregation`` (the same transfer backend, NIXL).
 
 N = P + D = the GPUs given (``GRAPH_GPUS``, default every visible GPU); ``SPLIT`` sets P (default N/2: 1P1D
-on 2 GPUs, 2P2D on 4; ``SPLIT=1`` gives 1P3D). Every engine sees only its own GPU.
+on 2 GPUs, 2P2D on 4; ``SPLIT=1`` gives 1P3D). Every engine sees only its own GPU. ``EXTRA_FLAGS`` go to
+every SGLang engine of both stacks (e.g. ``--enable-request-time-stats-logging``, which
+``time_stats.py`` reads); ``FRONTEND_ARGS`` to our frontend (e.g. ``--router-mode round-robin``, which
+also leaves the workers' KV events off, as the operator does).
 
 Workloads (``WORKLOADS``): ``rag`` (8192 prompt ids / 256 out), ``chat`` (2048 / 512), ``multiturn``
 (conversations whose prompt grows by one turn each time over a shared system prompt: the prefix cache
@@ -262,7 +265,8 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
     path = folder / f"ours-{kind}.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
-    return ex.user_manifest(str(path), folder)  # an absolute path: read from there, written back there
+    # an absolute path: read from there, written back there; FRONTEND_ARGS (e.g. --router-mode round-robin)
+    return ex.user_manifest(str(path), folder, frontend_args=ex.FRONTEND_ARGS)
 
 
 class Processes:
