@@ -46,6 +46,8 @@ def parse(text: str) -> list[dict[str, float | str]]:
         row: dict[str, float | str] = {k: float(v) for k, v, _ in _FIELD.findall(body)}
         if entry := _ENTRY.search(body):
             row["entry"] = entry[1].strip()
+        if rid := re.search(r"rid=([^,)\s]+)", body):
+            row["rid"] = rid[1]
         kind = re.search(r"type=(\w+)", body)
         row["role"] = kind[1] if kind and kind[1] in ("prefill", "decode") else "agg"
         rows.append(row)
@@ -93,7 +95,11 @@ def main(folders: list[str]) -> int:
     for folder in folders:
         here = Path(folder)
         logs = sorted(here.rglob("*.log")) if here.is_dir() else sorted(map(Path, glob.glob(folder)))
-        rows = [row for log in logs for row in parse(log.read_text(errors="replace"))]
+        # dynamo-run's own log repeats every process's lines: one row per (request id, role)
+        unique = {
+            (r.get("rid"), r["role"]): r for log in logs for r in parse(log.read_text(errors="replace"))
+        }
+        rows = list(unique.values())
         print(f"== {folder}: {len(rows)} requests with SGLang time stats")
         for role, stages in summarise(rows).items():
             cells = "  ".join(f"{k} {v:.1f}" if k != "requests" else f"n={v:.0f}" for k, v in stages.items())
