@@ -16,8 +16,9 @@ Until then requests go to the warm combinations, or to any when none is warm.
 
 Readiness: a model is *starting* while its first warm-ups run, it never had a warm combination, and
 none of those first warm-ups has ended yet without one (bounded by ``timeout_s``). The frontend's
-``/health`` is 503 while a model starts (so dynamo-run's "Ready", which waits for it, and a new
-graph's Ready condition come once the user's first request takes a warm pair); once a model had a warm
+``/health`` is 503 while a model starts (so dynamo-run's "Ready", which waits for it, comes once the
+user's first request takes a warm pair; docs/disaggregated-routing.md says why Kubernetes' Ready condition
+does not wait for it); once a model had a warm
 pair, or its first round ended, warm-ups (a rollout, a scale-up, a restarted pod) never turn
 ``/health`` 503: the frontend keeps serving on the warm pairs it has, or on cold ones.
 """
