@@ -4,7 +4,8 @@ The first KV transfer between a prefill and a decode worker opens their connecti
 costs seconds (NIXL's first transfer: 3 s on a warm machine, 12 s on a cold one, against 0.07 s for the
 next request). So as soon as discovery lists a prefill and a decode worker of one revision that have
 not moved KV between them (a new pod, a new revision), ``PairWarmer`` sends one tiny disaggregated
-request through that combination (``Dispatcher.warm_up``), all new combinations at once.
+request through that combination (``Dispatcher.warm_up``), all new combinations at once (at most
+``MAX_AT_ONCE`` in flight).
 ``models.pairing.WarmPairs`` records the outcome, and dispatch keeps user requests on warm combinations
 while there is one (``models.pairing.routable_pair``); a user request that got its KV marks its
 combination warm too.
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 10.0
 MAX_RETRY_S = 300.0
+MAX_AT_ONCE = 32  # warm-ups in flight at once (a large graph's hundreds of new pairs queue for a slot)
 
 Send = Callable[[str, InstanceRecord, InstanceRecord], Awaitable[None]]
 
@@ -67,6 +69,7 @@ class PairWarmer:
         self._metrics = metrics
         self._tasks: dict[PairKey, asyncio.Task[None]] = {}
         self._model_of: dict[PairKey, str] = {}
+        self._slots = asyncio.Semaphore(MAX_AT_ONCE)
         self._starting: set[str] = set()  # models whose first warm-ups are on
         self._settled: set[str] = set()  # models that had a warm pair or ended their first round
 
@@ -150,7 +153,7 @@ class PairWarmer:
     async def _attempt(self, model: str, p: InstanceRecord, d: InstanceRecord) -> str | None:
         """One warm-up request; None when it got its KV through, else why not."""
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with self._slots, asyncio.timeout(self.timeout_s):
                 await self._send(model, p, d)
         except TimeoutError:
             return f"no answer within {self.timeout_s:.0f}s (--pair-warmup-timeout-s)"
