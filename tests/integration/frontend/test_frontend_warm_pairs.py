@@ -3,7 +3,7 @@ prefill/decode pair opens its connection, seconds on GPUs): the frontend's /heal
 a warm-up request went through a pair, so the first user request sent then does not pay for it, as it
 does with warm-ups off; user requests stay on warm pairs while a new pair still warms; a warm-up that
 runs out is logged as an error, does not hold /health, and its pair gets traffic only when no warm one
-is left."""
+is left; a model whose only pair cannot warm is ready at the bound, and the log says so."""
 
 from __future__ import annotations
 
@@ -112,3 +112,17 @@ async def test_requests_stay_on_warm_pairs_and_a_warm_up_that_runs_out_is_said_a
         lambda: served(fast.metrics()) == 6 + 1, "the warm pair to serve every request", timeout_s=10
     )
     assert served(slow.metrics()) == 0
+
+
+async def test_a_model_whose_only_pair_cannot_warm_is_ready_at_the_bound_and_says_so(
+    mockers, frontend_factory, wait_workers, caplog
+):
+    """Readiness waits for a warm pair at most --pair-warmup-timeout-s: then the model serves on its cold
+    pair, and the frontend's log says that no pair could be warmed."""
+    p = mockers("prefill", speedup=SPEEDUP)
+    d = mockers("decode", *slow_first_transfer(20.0), speedup=SPEEDUP)
+    fe = await frontend_factory(pair_warmup_timeout_s=1.0)
+    await wait_workers(fe, 2, mockers=[p, d])
+    await wait_until_async(lambda: healthy(fe), "/health ready past the warm-up bound", timeout_s=30)
+    assert "No prefill/decode pair of model=tiny could be warmed" in caplog.text
+    assert fe.warmer is not None and fe.warmer.warm_count() == 0 and fe.warmer.starting() == []
