@@ -3,7 +3,10 @@ real nats-server and worker processes: an image chat request goes processor (fro
 -> language worker, aggregated and disaggregated; a repeated image is an embedding-cache hit (the encode
 worker's metric) and a KV-cache hit on the language worker; bad images, oversize images, private and
 unreachable URLs are refused with a 400 naming the problem; images are fetched from a local HTTP
-server when private URLs are allowed; /v1/images/generations returns the requested count and format."""
+server when private URLs are allowed; /v1/images/generations returns the requested count and format.
+An image chat is served or refused as the same chat without its image: ``response_format`` and a
+required tool constrain its output, or get the same 400 from workers without a grammar backend;
+``logprobs`` come back; its history's tool calls, tool results and reasoning reach the worker."""
 
 from __future__ import annotations
 
@@ -396,6 +399,7 @@ RENDERED_HISTORY = (
     "<|im_end|>\n"
 )
 SEEN = "The whole history reached the worker."
+SEEN_REPLY = "<think>It did.</think>" + SEEN  # with --reasoning-parser qwen3: reasoning, then content
 
 
 def without_images(messages: list[dict]) -> list[dict]:
@@ -424,7 +428,7 @@ def vlm_with(mockers, frontend_factory, wait_workers, namespace, tool_model, tmp
     (and a script that answers ``SEEN`` to a prompt showing ``RENDERED_HISTORY``), an encode worker and
     a frontend; its client."""
     script = tmp_path / "script.json"
-    script.write_text(json.dumps([{"match": RENDERED_HISTORY, "reply": SEEN}]))
+    script.write_text(json.dumps([{"match": RENDERED_HISTORY, "reply": SEEN_REPLY}]))
     stacks = iter(range(100))
 
     async def start(*flags: str) -> openai.AsyncOpenAI:
@@ -454,23 +458,36 @@ async def chat_both(c: openai.AsyncOpenAI, messages: list[dict], **kw) -> list:
 
 
 def fold(chunks: list) -> dict:
-    content, calls, logprobs, finish = "", {}, [], None
+    content, reasoning, calls, logprobs, finish = "", "", {}, [], None
     for chunk in chunks:
         choice = chunk.choices[0]
         content += choice.delta.content or ""
+        reasoning += getattr(choice.delta, "reasoning_content", None) or ""
         for tc in choice.delta.tool_calls or []:
             call = calls.setdefault(tc.index, {"name": tc.function.name, "arguments": ""})
             call["arguments"] += tc.function.arguments or ""
         logprobs += choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
         finish = choice.finish_reason or finish
-    return {"content": content, "calls": list(calls.values()), "logprobs": logprobs, "finish": finish}
+    return {
+        "content": content,
+        "reasoning": reasoning,
+        "calls": list(calls.values()),
+        "logprobs": logprobs,
+        "finish": finish,
+    }
 
 
 def whole_answer(r) -> dict:
     m = r.choices[0].message
     calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls or []]
     lp = r.choices[0].logprobs.content if r.choices[0].logprobs else []
-    return {"content": m.content, "calls": calls, "logprobs": lp or [], "finish": r.choices[0].finish_reason}
+    return {
+        "content": m.content,
+        "reasoning": getattr(m, "reasoning_content", None) or "",
+        "calls": calls,
+        "logprobs": lp or [],
+        "finish": r.choices[0].finish_reason,
+    }
 
 
 def answers(raw: list) -> list[dict]:
@@ -521,9 +538,10 @@ async def test_image_chat_with_logprobs_returns_them_as_text_does(vlm_with):
 
 
 async def test_image_chat_keeps_the_tool_calls_results_and_reasoning_of_its_history(vlm_with):
-    """The worker answers ``SEEN`` only to token ids that decode to ``RENDERED_HISTORY``: the assistant's
-    reasoning and tool call and the tool result's call id, as the chat template shows them."""
+    """The worker answers ``SEEN_REPLY`` only to token ids that decode to ``RENDERED_HISTORY``: the
+    assistant's reasoning and tool call and the tool result's call id, as the chat template shows them.
+    Its reasoning parser splits the reply for the image chat as for the text one."""
     image = image_message("What is the weather where this photo was taken?", data_url(png(64, 64, 10)))
-    async with await vlm_with() as c:
+    async with await vlm_with("--reasoning-parser", "qwen3") as c:
         for a in answers(await chat_both(c, image + HISTORY)):
-            assert a["content"] == SEEN, a
+            assert (a["reasoning"], a["content"]) == ("It did.", SEEN), a

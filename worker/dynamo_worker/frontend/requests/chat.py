@@ -31,13 +31,13 @@ from dynamo_worker.frontend.requests.features import (
     served_features,
 )
 from dynamo_worker.frontend.requests.job import Job, build_job, with_plan
-from dynamo_worker.frontend.requests.multimodal import PLACEHOLDER, MultimodalProcessor, image_urls
+from dynamo_worker.frontend.requests.multimodal import PLACEHOLDER, MultimodalProcessor
 from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, ChatMessage, ImageUrlPart
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 log = logging.getLogger(__name__)
 
-__all__ = ["chat_messages", "plan_chat", "prepare_chat"]
+__all__ = ["chat_messages", "image_urls", "plan_chat", "prepare_chat"]
 
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
 
@@ -204,6 +204,17 @@ def chat_messages(req: ChatCompletionRequest, image_mark: str | None = None) -> 
             msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
+
+
+def image_urls(req: ChatCompletionRequest) -> list[tuple[str, str]]:
+    """(param, URL) of each image in the messages, in order."""
+    return [
+        (f"messages[{i}].content[{j}].image_url", p.image_url.url)
+        for i, m in enumerate(req.messages)
+        if isinstance(m.content, list)
+        for j, p in enumerate(m.content)
+        if isinstance(p, ImageUrlPart)
+    ]
 
 
 def _content(m: ChatMessage, image_mark: str | None) -> str:

@@ -41,7 +41,6 @@ from pydantic import ValidationError
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
 from dynamo_worker.frontend.models.preprocess import Preprocessor
 from dynamo_worker.frontend.models.registry import ModelEntry
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, ImageUrlPart
 from dynamo_worker.multimodal.images import BadImage, content_hash, sniff
 from dynamo_worker.multimodal.wire import ENCODE_PATH, EncodeRequest, EncodeResponse, ImageInput
 from dynamo_worker.protocol import ImageSpan, InstanceRecord, image_pad_id
@@ -51,7 +50,6 @@ __all__ = [
     "ImageFetcher",
     "MultimodalProcessor",
     "Unreachable",
-    "image_urls",
     "post_to_worker",
 ]
 
@@ -218,17 +216,6 @@ class ImageFetcher:
         )
 
 
-def image_urls(req: ChatCompletionRequest) -> list[tuple[str, str]]:
-    """(param, URL) of each image of the request's messages, in order."""
-    return [
-        (f"messages[{i}].content[{j}].image_url", p.image_url.url)
-        for i, m in enumerate(req.messages)
-        if isinstance(m.content, list)
-        for j, p in enumerate(m.content)
-        if isinstance(p, ImageUrlPart)
-    ]
-
-
 @dataclass(frozen=True)
 class _Image:
     param: str
@@ -263,7 +250,7 @@ class MultimodalProcessor:
     ) -> tuple[list[int], list[ImageSpan]]:
         """The prompt's token ids, with each image's pad ids where ``rendered`` (the chat as its template
         rendered it) has ``PLACEHOLDER``, and the image spans; ``images``: (param, URL) of each image in
-        order (``image_urls``)."""
+        order (``requests.chat.image_urls``)."""
         if len(images) > self.max_images:
             raise InvalidRequest(
                 f"The request has {len(images)} images; this server takes at most {self.max_images} "
