@@ -85,7 +85,7 @@ class FeaturedRun:
         self.base = {"id": job.id, "created": job.created, "model": job.model}
         self.object = "chat.completion.chunk" if self.chat else "text_completion"
         self.response: web.StreamResponse | None = None
-        self.completion_tokens = self.cached_tokens = 0
+        self.completion_tokens = self.cached_tokens = self.cached_tokens_host = 0
         self.prompt_tokens = len(job.prompt_ids)  # the worker's count for a request with images
         self.finish: str | None = None
         self.texts: list[str] = []  # not streamed: the answer so far
@@ -112,6 +112,7 @@ class FeaturedRun:
             return self.response
         metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
         metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
+        metrics.cached_tokens_host.labels(job.model).inc(self.cached_tokens_host)
         usage = shaping.usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens).model_dump()
         if not job.stream:
             return self._whole(usage)
@@ -154,6 +155,7 @@ class FeaturedRun:
         self.prompt_tokens = prompt_tokens(self.job, chunk.usage)
         if chunk.usage is not None:
             self.cached_tokens = min(chunk.usage.cached_tokens, self.prompt_tokens)
+            self.cached_tokens_host = min(chunk.usage.cached_tokens_host, self.cached_tokens)
         await self._emit(self.out.finish())
 
     # --- to the client --------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class PlainRun:
 
     __slots__ = (
         "cached_tokens",
+        "cached_tokens_host",
         "completion_tokens",
         "dispatcher",
         "events",
@@ -92,7 +93,7 @@ class PlainRun:
         self.head = head
         self.events = PlainStream(head) if job.stream else None
         self.response: web.StreamResponse | None = None
-        self.completion_tokens = self.cached_tokens = 0
+        self.completion_tokens = self.cached_tokens = self.cached_tokens_host = 0
         self.prompt_tokens = len(job.prompt_ids)
         self.finish: FinishReason | None = None
         self.texts: list[str] = []  # not streamed: the answer so far
@@ -164,6 +165,7 @@ class PlainRun:
                     self.prompt_tokens = prompt_tokens(job, chunk.usage)
                     if chunk.usage is not None:
                         self.cached_tokens = min(chunk.usage.cached_tokens, self.prompt_tokens)
+                        self.cached_tokens_host = min(chunk.usage.cached_tokens_host, self.cached_tokens)
                     await self.emit(self.out.finish())
                     return
 
@@ -189,6 +191,7 @@ class PlainRun:
             return self.response
         metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
         metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
+        metrics.cached_tokens_host.labels(job.model).inc(self.cached_tokens_host)
         use = usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         if self.events is None:
             return json_response(dump(whole(self.head, "".join(self.texts), self.finish or "stop", use)))
