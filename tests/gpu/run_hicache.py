@@ -94,7 +94,10 @@ def cached_tokens(graph: ex.Graph, tier: str) -> float:
                 text = r.read().decode()
         except OSError:
             continue
-        total += sum(float(v) for v in re.findall(rf'^dynamo_worker_cached_tokens_total{{tier="{tier}"}} (\S+)$', text, re.M))
+        total += sum(
+            float(v)
+            for v in re.findall(rf'^dynamo_worker_cached_tokens_total{{tier="{tier}"}} (\S+)$', text, re.M)
+        )
     return total
 
 
@@ -151,8 +154,8 @@ async def measure(graph: ex.Graph) -> list[Row]:
 
 
 def report(rows: list[Row]) -> str:
-    lines = [f"{'length':>7} {'miss ms':>8} {'GPU hit':>8} {'host hit':>8} {'GPU share':>9} {'host share':>10} "
-             f"{'host weight':>11}"]  # fmt: skip
+    lines = [f"{'length':>7} {'miss ms':>8} {'GPU hit':>8} {'host hit':>8} {'GPU share':>9} "
+             f"{'host share':>10} {'host weight':>11}"]  # fmt: skip
     lines += [
         f"{r.length:7d} {r.ttft_miss_ms:8.1f} {r.ttft_gpu_ms:8.1f} {r.ttft_host_ms:8.1f} {r.gpu_share:9.2f} "
         f"{r.host_share:10.2f} {r.host_weight:11.2f}"

@@ -66,7 +66,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -124,8 +124,9 @@ SHAPES = {
 }
 if os.environ.get("SMALL"):  # the mocker check: the same shapes, scaled down
     SHAPES = {
-        k: Workload(w.name, max(64, w.isl // 64), max(8, w.osl // 32), w.turns, w.user // 32, w.system // 32,
-                    w.interleaved)  # fmt: skip
+        k: replace(
+            w, isl=max(64, w.isl // 64), osl=max(8, w.osl // 32), user=w.user // 32, system=w.system // 32
+        )
         for k, w in SHAPES.items()
     }
 
@@ -142,9 +143,12 @@ def long_sizing(gpus: int) -> str:
     n = long_conversations(w, gpus)
     total = n * (w.final_context - w.system) + w.system
     host = f", host memory {HICACHE_RATIO}x that (HiCache)" if HICACHE else ", no host tier (HICACHE=0)"
-    return (f"longmultiturn sizing: {n} conversations x {w.final_context} tokens in the end ({w.turns} turns) = "
-            f"{total} tokens of KV; each engine's KV cache {LONG_POOL_TOKENS} tokens (--max-total-tokens) x "
-            f"{gpus} GPUs = {LONG_POOL_TOKENS * gpus}: {total / (LONG_POOL_TOKENS * gpus):.1f}x{host}")  # fmt: skip
+    pool = LONG_POOL_TOKENS * gpus
+    return (
+        f"longmultiturn sizing: {n} conversations x {w.final_context} tokens in the end ({w.turns} turns) "
+        f"= {total} tokens of KV; each engine's KV cache {LONG_POOL_TOKENS} tokens (--max-total-tokens) x "
+        f"{gpus} GPUs = {pool}: {total / pool:.1f}x{host}"
+    )
 
 
 @dataclass
@@ -236,8 +240,8 @@ def host_counter(base: str):
         url = base.removesuffix("/v1") + "/metrics"
         with urllib.request.urlopen(url, timeout=10) as r:
             text = r.read().decode()
-        return sum(float(v) for v in re.findall(r"^dynamo_frontend_cached_tokens_host_total(?:{[^}]*})? (\S+)$",
-                                               text, re.M))  # fmt: skip
+        found = re.findall(r"^dynamo_frontend_cached_tokens_host_total(?:{[^}]*})? (\S+)$", text, re.M)
+        return sum(float(v) for v in found)
 
     return read
 
@@ -259,7 +263,9 @@ def smg_request(session, base: str, osl: int, model: str):
                     stamps.append(time.perf_counter())
                     n, cached = meta.get("completion_tokens", n), meta.get("cached_tokens", cached)
                     details = meta.get("cached_tokens_details") or {}
-                    host = int(details.get("host") or 0) + int(details.get("storage") or 0) if details else host
+                    host = (
+                        int(details.get("host") or 0) + int(details.get("storage") or 0) if details else host
+                    )
         return t0, stamps, n, cached, host
 
     return one
@@ -313,7 +319,7 @@ async def measure(stack: str, gpus: int, w: Workload, conc: int, one, host_total
     seconds = time.perf_counter() - start
     if host_total:
         host[0] = int(await asyncio.to_thread(host_total) - host_before)
-    share = (lambda x: x / prompt_tokens[0] if prompt_tokens[0] else 0.0)  # noqa: E731
+    share = lambda x: x / prompt_tokens[0] if prompt_tokens[0] else 0.0  # noqa: E731
     point = Point(stack, w.name, conc, gpus, sum(len(c) for c in convs), seconds, tokens[0] / seconds / gpus,
                   pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9), share(cached[0]), errors[0],
                   cached_share_host=share(host[0]))  # fmt: skip
@@ -330,7 +336,9 @@ async def sweep(stack: str, gpus: int, base: str, kind: str, model: str, deadlin
             w = SHAPES[name]
             one = (ours_request if kind == "ours" else smg_request)(session, base, w.osl, model)
             host_total = host_counter(base) if kind == "ours" else None
-            await measure(stack, gpus, Workload(f"{w.name}-warm", 64, 4), 2, one)  # warm the path, not measured
+            await measure(
+                stack, gpus, Workload(f"{w.name}-warm", 64, 4), 2, one
+            )  # warm the path, not measured
             for conc in [c for c in SWEEP if not w.interleaved or c >= min(LONG_MIN_CONC, max(SWEEP))]:
                 if time.monotonic() > deadline:
                     ex.log(f"{stack} {w.name}: past STACK_BUDGET_S={STACK_BUDGET_S:.0f}s, no c={conc}")
@@ -360,8 +368,12 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
     path = folder / f"ours-{kind}.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
-    frontend = ["--kv-host-hit-weight", HOST_WEIGHT, "--kv-disk-hit-weight", HOST_WEIGHT] if HOST_WEIGHT else None
-    return ex.user_manifest(str(path), folder, frontend)  # an absolute path: read from there, written back there
+    frontend = (
+        ["--kv-host-hit-weight", HOST_WEIGHT, "--kv-disk-hit-weight", HOST_WEIGHT] if HOST_WEIGHT else None
+    )
+    return ex.user_manifest(
+        str(path), folder, frontend
+    )  # an absolute path: read from there, written back there
 
 
 class Processes:
@@ -545,7 +557,10 @@ def plot(points: list[Point], path: Path) -> None:
     fig, axes = plt.subplots(2, len(WORKLOADS), figsize=(5 * len(WORKLOADS), 8), squeeze=False)
     for col, w in enumerate(WORKLOADS):
         for row, (attr, slos, label) in enumerate(
-            (("itl_p90", (ITL_SLO_MS, TIGHT_ITL_SLO_MS), "ITL p90 (ms)"), ("ttft_p90", (TTFT_SLO_MS,), "TTFT p90 (ms)"))
+            (
+                ("itl_p90", (ITL_SLO_MS, TIGHT_ITL_SLO_MS), "ITL p90 (ms)"),
+                ("ttft_p90", (TTFT_SLO_MS,), "TTFT p90 (ms)"),
+            )
         ):
             ax = axes[row][col]
             for stack in dict.fromkeys(p.stack for p in points):

@@ -9,7 +9,6 @@ afresh. The cached share and the workers' ``dynamo_worker_cached_tokens{tier="ho
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import openai
@@ -46,7 +45,9 @@ async def indexed(fe, prompt: list[int]) -> str:
     """The worker the router sees holding ``prompt`` on its GPU, once that request's events arrived."""
     full = len(prompt) // PAGE
     await wait_until_async(
-        lambda: any(o.gpu == full for o in holders(fe, prompt).values()), "a request's KV events", timeout_s=10
+        lambda: any(o.gpu == full for o in holders(fe, prompt).values()),
+        "a request's KV events",
+        timeout_s=10,
     )
     return next(w for w, o in holders(fe, prompt).items() if o.gpu == full)
 
@@ -67,7 +68,8 @@ async def returning_conversation(fe, client, seed: int) -> int:
     else:
         raise AssertionError(f"other traffic did not demote the history: {holders(fe, history)}")
     assert busy is not None and holders(fe, busy)[holder].gpu == FLOOD // PAGE
-    # a request the holder has on its GPU (both policies send it there), running while the conversation returns
+    # a request the holder has on its GPU (both policies send it there), running while the conversation
+    # returns
     stream = await client.completions.create(model=MODEL, prompt=[*busy, 1], max_tokens=400, stream=True)
     try:
         await anext(aiter(stream))  # it runs: the frontend counts it on the holder
@@ -82,12 +84,17 @@ async def test_tier_aware_routing_follows_a_conversation_into_host_memory(
     mockers, frontend_factory, wait_workers, namespace
 ):
     results = {}
-    for name, weights in (("tiered", {}), ("gpu-only", {"kv_host_hit_weight": 0.0, "kv_disk_hit_weight": 0.0})):
+    for name, weights in (
+        ("tiered", {}),
+        ("gpu-only", {"kv_host_hit_weight": 0.0, "kv_disk_hit_weight": 0.0}),
+    ):
         ns = f"{namespace}-{name}"  # fresh workers for each policy
         ms = [mockers("null", *WORKER_FLAGS, "--namespace", ns, speedup=1.0) for _ in range(2)]
         fe = await frontend_factory(router_mode="kv", namespace=ns, **weights)
         await wait_workers(fe, 2, mockers=ms)
-        async with openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30) as client:
+        async with openai.AsyncOpenAI(
+            base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30
+        ) as client:
             cached = await returning_conversation(fe, client, seed=0)
         results[name] = (cached, sum(host_cached(m) for m in ms))
     print(f"returning conversation: (cached tokens, host-loaded tokens on the workers) {results}")

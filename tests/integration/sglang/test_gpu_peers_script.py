@@ -35,7 +35,9 @@ def test_peer_comparison_runs_our_stacks_on_the_mocker(tmp_path):
     multiturn = [p for p in points if p["workload"] == "multiturn"]
     assert all(p["cached_share"] > 0.3 for p in multiturn), "turns resend their conversation: cache hits"
     long = [p for p in points if p["workload"] == "longmultiturn"]
-    assert all(0 < p["cached_share_host"] <= p["cached_share"] for p in long), "turns come back from host memory"
+    assert all(0 < p["cached_share_host"] <= p["cached_share"] for p in long), (
+        "turns come back from host memory"
+    )
     assert "longmultiturn sizing: 18 conversations" in proc.stdout and ": 3.6x" in proc.stdout
     assert "goodput per GPU at TTFT p90 <= 2000 ms and ITL p90 <= 50 ms" in proc.stdout
     assert "goodput per GPU at TTFT p90 <= 2000 ms and ITL p90 <= 10 ms" in proc.stdout

@@ -2,10 +2,10 @@
 tagged arrays (0.5.17) and tagged maps with defaults omitted (0.5.23). The batches are built with
 SGLang's own ``msgspec.Struct`` classes of each release (their class statements executed from the
 release's ``kv_events.py`` against the real msgspec; the module's other imports need torch) and must
-give the same events, dp rank and routing state, HiCache's host tier (``CPU_PINNED``) included: a backup,
-a demotion (GPU removal of a backed-up block) and a loss (host removal). Also: a batch that decodes neither way is refused with
-what is wrong, and the relay (over a real ZMQ socket) survives it, says so once, and carries each
-batch's dp rank to the event plane."""
+give the same events, dp rank and routing state, HiCache's host tier (``CPU_PINNED``) included: a
+backup, a demotion (GPU removal of a backed-up block) and a loss (host removal). Also: a batch that
+decodes neither way is refused with what is wrong, and the relay (over a real ZMQ socket) survives
+it, says so once, and carries each batch's dp rank to the event plane."""
 
 from __future__ import annotations
 
@@ -100,7 +100,10 @@ def hicache_batch(src) -> bytes:
                 )
             )
             parent = h
-    events += [removed(block_hashes=[7002, 7003], medium="GPU"), removed(block_hashes=[7003], medium="CPU_PINNED")]
+    events += [
+        removed(block_hashes=[7002, 7003], medium="GPU"),
+        removed(block_hashes=[7003], medium="CPU_PINNED"),
+    ]
     return msgspec.msgpack.encode(classes["KVEventBatch"](ts=1.0, events=events, attn_dp_rank=0))
 
 
@@ -134,7 +137,10 @@ def test_host_tier_events_demote_and_lose_blocks_alike_in_both_encodings(oldest_
     for worker, src in (("old", oldest_src), ("new", newest_src)):
         index.add_worker(worker, PAGE)
         decoded = decode_batch(msgspec.msgpack.decode(hicache_batch(src)))
-        assert [getattr(e, "medium", None) for e in decoded.events] == ["gpu"] * 3 + ["host"] * 3 + ["gpu", "host"]
+        assert [getattr(e, "medium", None) for e in decoded.events] == ["gpu"] * 3 + ["host"] * 3 + [
+            "gpu",
+            "host",
+        ]
         result = index.apply(KvEventBatch(instance_id=worker, seq=0, events=decoded.events))
         assert result is not None and (result.removed, result.demoted) == (3, 2)  # 2 demoted, 1 lost
     prompt = hash_token_blocks(TOKENS, PAGE)

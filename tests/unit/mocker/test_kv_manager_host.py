@@ -57,7 +57,9 @@ def test_host_memory_evicts_only_blocks_no_longer_on_the_gpu():
     run(kv, "b", B)
     run(kv, "c", C)  # GPU: B, C; host: A, B, C (6 blocks, full)
     d = list(range(400, 408))
-    alloc = run(kv, "d", d)  # GPU evicts B (demoted); host makes room for D by dropping A, the oldest host-only
+    alloc = run(
+        kv, "d", d
+    )  # GPU evicts B (demoted); host makes room for D by dropping A, the oldest host-only
     host_removed = [e for e in alloc.events if isinstance(e, BlockRemoved) and e.medium == "host"]
     assert host_removed == [BlockRemoved(block_hashes=hash_token_blocks(A, PAGE)[::-1], medium="host")]
     assert kv.cached_prefix_tokens([*A, 1]) == 0

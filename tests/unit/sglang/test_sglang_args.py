@@ -238,7 +238,9 @@ def test_hicache_flags_of_the_example_reach_sglang_on_both_ends_of_the_window(re
     example = Path(__file__).resolve().parents[3] / "examples" / "agg-hicache.yaml"
     graph = yaml.safe_load(example.read_text())
     argv = graph["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
-    plan = args.parse_worker_args([*argv, "--hicache-io-backend", "direct"], env={}, sglang=request.getfixturevalue(release))
+    plan = args.parse_worker_args(
+        [*argv, "--hicache-io-backend", "direct"], env={}, sglang=request.getfixturevalue(release)
+    )
     sa = plan.server_args
     assert sa.enable_hierarchical_cache and sa.hicache_ratio == 2.0
     assert (sa.hicache_write_policy, sa.hicache_io_backend) == ("write_through", "direct")

@@ -217,7 +217,9 @@ class MockerEngine(Engine):
         self.bootstrap: BootstrapServer | None = None
         self._layout = ""  # kv_layout(), once started
         host = settings.host_blocks(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
-        self.kvs = [BlockManager(settings.gpu_blocks, settings.page_size, host) for _ in range(settings.dp_size)]
+        self.kvs = [
+            BlockManager(settings.gpu_blocks, settings.page_size, host) for _ in range(settings.dp_size)
+        ]
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
         self.timing = settings.timing(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
@@ -296,16 +298,17 @@ class MockerEngine(Engine):
         if not host:
             return
         log.info(
-            "Simulating HiCache host_kv_blocks=%d (%.1f GB) write_policy=write_through load_back_us_per_block=%.0f",
+            "Simulating HiCache host_kv_blocks=%d (%.1f GB) write_policy=write_through "
+            "load_back_us_per_block=%.0f",
             host,
             host * s.page_size * kv_bytes / 1e9,
             self.timing.load_back_s(s.page_size) * 1e6,
         )
         if host <= s.gpu_blocks:
             log.warning(
-                "HiCache host KV cache (%d blocks) is not larger than the GPU's (%d blocks): host memory holds "
-                "copies of the GPU's blocks first, so few evicted blocks stay there; raise --hicache-ratio "
-                "above 1 (SGLang warns alike)",
+                "HiCache host KV cache (%d blocks) is not larger than the GPU's (%d blocks): host memory "
+                "holds copies of the GPU's blocks first, so few evicted blocks stay there; raise "
+                "--hicache-ratio above 1 (SGLang warns alike)",
                 host,
                 s.gpu_blocks,
             )
@@ -536,7 +539,9 @@ class MockerEngine(Engine):
         info = seq.request.bootstrap_info
         assert info is not None and self.bootstrap is not None
         first = chunk.token_ids[0] if chunk.token_ids else self.sampler.token(seq.digest, 0)
-        result = PrefillResult(first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens)
+        result = PrefillResult(
+            first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens
+        )
         left = max(self.settings.bootstrap_timeout_s - (time.monotonic() - started), 0.5)
         try:
             await self.bootstrap.prefill_done(info.bootstrap_room, result, left)

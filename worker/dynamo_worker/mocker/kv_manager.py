@@ -203,7 +203,9 @@ class BlockManager:
                     parent = hashes[run_start - 1] if run_start > 0 else None
                     run_tokens = list(tokens[run_start * page : i * page])
                     events.append(
-                        BlockStored(parent_hash=parent, block_hashes=hashes[run_start:i], token_ids=run_tokens)
+                        BlockStored(
+                            parent_hash=parent, block_hashes=hashes[run_start:i], token_ids=run_tokens
+                        )
                     )
                     events += self._back_up(parent, hashes[run_start:i], run_tokens)
                     run_start = None
@@ -236,7 +238,9 @@ class BlockManager:
             self._host_lru.pop(h, None)  # on the GPU again: its host copy is not evictable
         first = self._host[hashes[start]]
         tokens = [t for h in hashes[start:end] for t in self._host[h].tokens]
-        events.append(BlockStored(parent_hash=first.parent, block_hashes=list(hashes[start:end]), token_ids=tokens))
+        events.append(
+            BlockStored(parent_hash=first.parent, block_hashes=list(hashes[start:end]), token_ids=tokens)
+        )
 
     def append(self, seq_id: str, token: int) -> list[KvEvent] | None:
         """Add one generated token's KV to ``seq_id``. Returns the events, or None (changing

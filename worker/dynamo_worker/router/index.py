@@ -204,7 +204,7 @@ class KvIndex:
         extra = (lambda c: len(c.predicted)) if predicted and medium == "gpu" else (lambda c: 0)
         return sum(c.held[tier] + extra(c) for c in ranks)
 
-# --- events -----------------------------------------------------------------------------
+    # --- events -----------------------------------------------------------------------------
 
     def apply(self, batch: KvEventBatch) -> ApplyResult | None:
         """Apply one worker's event batch; None when the worker is not tracked."""

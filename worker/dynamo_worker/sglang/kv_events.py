@@ -16,8 +16,8 @@ SGLang's ``GPU`` (or none) is ``gpu``; ``CPU_PINNED`` is ``host`` (HiCache's hos
 and ``EXTERNAL`` are ``disk`` (HiCache's storage tier, L3; neither 0.5.17 nor 0.5.23 publishes them yet).
 The router indexes each tier and scores a hit by what it saves (``router.index``, ``router.policy``). An
 event of a medium we do not know is skipped and named once. A batch that decodes neither way is dropped
-and logged (loudly the first time), and the relay goes on with the next one. ``pyzmq`` and ``msgspec`` come with SGLang; they are
-imported only when a relay starts.
+and logged (loudly the first time), and the relay goes on with the next one. ``pyzmq`` and ``msgspec``
+come with SGLang; they are imported only when a relay starts.
 """
 
 from __future__ import annotations
@@ -199,8 +199,8 @@ class KvEventRelay:
             for medium in set(batch.unknown_media) - self._unknown_media:
                 self._unknown_media.add(medium)
                 log.warning(
-                    "Ignoring SGLang KV events of an unknown storage medium medium=%r (known: %s); the router "
-                    "does not see that tier (logged once per medium)",
+                    "Ignoring SGLang KV events of an unknown storage medium medium=%r (known: %s); the "
+                    "router does not see that tier (logged once per medium)",
                     medium,
                     ", ".join(str(m) for m in MEDIA if m),
                 )
