@@ -418,8 +418,9 @@ def wait_ok(url: str, proc: subprocess.Popen, name: str, limit_s: float = ex.STA
 
 def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     """SGLang's servers (one per GPU) and the gateway in front of them; the gateway's base URL."""
-    flags = [*ex.USER_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT), "--host", "127.0.0.1",
-             "--model-path", str(ex.MODEL_DIR), "--served-model-name", MODEL]  # fmt: skip
+    flags = [*ex.USER_FLAGS, *ex.EXTRA_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT),
+             "--host", "127.0.0.1", "--model-path", str(ex.MODEL_DIR),
+             "--served-model-name", MODEL]  # fmt: skip
     servers = []
     for i, gpu in enumerate(gpus):
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
