@@ -55,6 +55,7 @@ class Run:
 
     __slots__ = (
         "cached_tokens",
+        "cached_tokens_host",
         "completion_tokens",
         "dispatcher",
         "events",
@@ -98,7 +99,7 @@ class Run:
         self.head = Head(job.kind, job.id, job.created, job.model, job.include_usage)
         self.events = StreamEvents(self.head) if job.stream else None
         self.response: web.StreamResponse | None = None
-        self.completion_tokens = self.cached_tokens = 0
+        self.completion_tokens = self.cached_tokens = self.cached_tokens_host = 0
         self.prompt_tokens = len(job.prompt_ids)  # the worker's count for a request with images
         self.finish: FinishReason | None = None
         self.texts: list[str] = []  # not streamed: the answer so far
@@ -158,6 +159,7 @@ class Run:
                     self.prompt_tokens = prompt_tokens(job, chunk.usage)
                     if chunk.usage is not None:
                         self.cached_tokens = min(chunk.usage.cached_tokens, self.prompt_tokens)
+                        self.cached_tokens_host = min(chunk.usage.cached_tokens_host, self.cached_tokens)
                     await self.emit(self.out.finish())
                     return
 
@@ -183,6 +185,7 @@ class Run:
             return self.response
         metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
         metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
+        metrics.cached_tokens_host.labels(job.model).inc(self.cached_tokens_host)
         use = usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         if self.events is None:
             return json_response(dump(self._whole(use)))
