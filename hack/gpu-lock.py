@@ -4,7 +4,8 @@
     python3 hack/gpu-lock.py image                the requirements the image asks for
     python3 hack/gpu-lock.py device [NAME ...]    the requirements the proofs install (only NAMEs)
     python3 hack/gpu-lock.py device --except NAME ...
-    python3 hack/gpu-lock.py constraints          every pin without extras: the image's pip -c file
+    python3 hack/gpu-lock.py constraints          every pin but the tools', without extras: the image's
+                                                  pip -c file
     python3 hack/gpu-lock.py version NAME         one pin's version
 
 One requirement a line; standard library only (it runs in the image build and on the GPU machine).
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK = Path(__file__).resolve().parent.parent / "images" / "gpu-lock.txt"
-USERS = ("image", "device")
+USERS = ("image", "device", "tool")
 _PIN = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<extras>\[[A-Za-z0-9,._-]+\])?==(?P<version>[^\s;]+)$"
 )
@@ -52,7 +53,7 @@ def read(path: Path = LOCK) -> list[Pin]:
         if match is None or not users or not users <= set(USERS):
             raise SystemExit(
                 f"{path}:{number}: {line.strip()!r} is not NAME==VERSION followed by # and who installs "
-                f"it ({' and/or '.join(USERS)}); fix the line"
+                f"it (image, device, device tool); fix the line"
             )
         pins.append(Pin(match["name"], match["extras"] or "", match["version"], users))
     return pins
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
         print(next(p.version for p in pins if p.key == names[0]))
         return 0
     if what == "constraints":
-        print("\n".join(p.requirement(extras=False) for p in pins))
+        print("\n".join(p.requirement(extras=False) for p in pins if "tool" not in p.users))
         return 0
     chosen = [p for p in pins if what in p.users]
     if names:

@@ -83,3 +83,16 @@ def test_no_pin_is_written_twice(consumer):
         )
     ]
     assert copies == [], f"{consumer.relative_to(ROOT)} repeats {copies}: read them from {READER}"
+
+
+def test_the_image_is_held_to_every_pin_but_the_proofs_tools(capsys):
+    assert gpu_lock.main(["constraints"]) == 0
+    constraints = capsys.readouterr().out.split()
+    assert all("[" not in c for c in constraints), "pip refuses extras in a constraints file"
+    assert {c.split("==")[0] for c in constraints} == {p.name for p in PINS if "tool" not in p.users}
+    assert {"smg", "grpcio-health-checking"} <= {p.name for p in PINS if "tool" in p.users}
+    assert gpu_lock.main(["device", "smg", "py-spy"]) == 0
+    assert capsys.readouterr().out.split() == [
+        f"smg=={_pin('smg').version}",
+        f"py-spy=={_pin('py-spy').version}",
+    ]
