@@ -284,7 +284,9 @@ class BlockManager:
                 self._refs[h] = 1
                 self._host_lru.pop(h, None)  # a host-only block computed again: on the GPU too now
                 events.append(
-                    BlockStored(parent_hash=parent, block_hashes=[h], token_ids=list(block), lora_name=seq.lora)
+                    BlockStored(
+                        parent_hash=parent, block_hashes=[h], token_ids=list(block), lora_name=seq.lora
+                    )
                 )
                 events += self._back_up(parent, [h], block, seq.lora)
         return events

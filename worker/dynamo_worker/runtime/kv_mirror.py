@@ -111,5 +111,7 @@ def _extend(out: list[BlockStored], h: int, b: _Block, medium: Medium) -> None:
             )
             return
     out.append(
-        BlockStored(parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens, medium=medium, lora_name=b.lora)
+        BlockStored(
+            parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens, medium=medium, lora_name=b.lora
+        )
     )
