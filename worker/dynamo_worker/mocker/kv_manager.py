@@ -7,6 +7,10 @@ same prefix (reference counted). When a sequence is freed its blocks stay cached
 LRU list (leaves before their parents, so a prefix is never evicted before its extensions); a new block
 evicts the least recently used cached one when the cache is full.
 
+A LoRA adapter's sequences live in a prefix-cache namespace of their own, as in SGLang: their blocks
+chain from the adapter's seed (``hash_token_blocks(..., lora_name=...)``), so they are never shared with
+the base model's or another adapter's, and their ``BlockStored`` events (every tier) name the adapter.
+
 Every change a router must know is returned as protocol events, in the order it happened:
 ``BlockStored`` (with parent hash, block hashes and token ids) when a block is filled for the first
 time, ``BlockRemoved`` when a cached block is evicted, ``AllBlocksCleared`` on ``clear``.
@@ -58,6 +62,7 @@ class Allocation:
 class _HostCopy:
     parent: int | None
     tokens: list[int]
+    lora: str | None = None
 
 
 @dataclass
@@ -65,6 +70,7 @@ class _Seq:
     hashes: list[int]  # full blocks, in order (each holds one reference)
     tokens: list[int]  # every token with KV in this sequence
     partial: bool = False  # holds a slot for an unfinished tail block
+    lora: str | None = None  # the adapter whose namespace holds its blocks
 
 
 @dataclass
@@ -116,9 +122,9 @@ class BlockManager:
     def seq_tokens(self, seq_id: str) -> int:
         return len(self._seqs[seq_id].tokens)
 
-    def cached_prefix_tokens(self, tokens: Sequence[int]) -> int:
-        """Prompt tokens a request would find cached, on the GPU or in host memory."""
-        gpu, host = self.prefix_hits(hash_token_blocks(tokens, self.page_size))
+    def cached_prefix_tokens(self, tokens: Sequence[int], lora: str | None = None) -> int:
+        """Prompt tokens a request (of adapter ``lora``) would find cached, on the GPU or in host memory."""
+        gpu, host = self.prefix_hits(hash_token_blocks(tokens, self.page_size, lora_name=lora))
         return min((gpu + host) * self.page_size, max(len(tokens) - 1, 0))
 
     def prefix_hits(self, hashes: Sequence[int]) -> tuple[int, int]:
@@ -149,7 +155,9 @@ class BlockManager:
         _removed(events, victim, "gpu")
         return True
 
-    def _back_up(self, parent: int | None, hashes: Sequence[int], tokens: Sequence[int]) -> list[KvEvent]:
+    def _back_up(
+        self, parent: int | None, hashes: Sequence[int], tokens: Sequence[int], lora: str | None = None
+    ) -> list[KvEvent]:
         """Write-through: host copies of a run of new GPU blocks (``tokens`` is their content), as far as
         host memory has room; the events (host removals of evicted copies, then one host store)."""
         events: list[KvEvent] = []
@@ -164,7 +172,7 @@ class BlockManager:
                     victim, _ = self._host_lru.popitem(last=False)
                     del self._host[victim]
                     _removed(events, victim, "host")
-                self._host[h] = _HostCopy(prev, list(tokens[i * page : (i + 1) * page]))
+                self._host[h] = _HostCopy(prev, list(tokens[i * page : (i + 1) * page]), lora)
             prev = h
             copied += 1
         if copied:
@@ -173,17 +181,19 @@ class BlockManager:
                 block_hashes=list(hashes[:copied]),
                 token_ids=list(tokens[: copied * page]),
                 medium="host",
+                lora_name=lora,
             )
             events.append(stored)
         return events
 
-    def allocate(self, seq_id: str, tokens: Sequence[int]) -> Allocation | None:
-        """Give ``seq_id`` the KV of ``tokens`` (its prompt), reusing the cached prefix. Returns None
-        (changing nothing) when there is not enough room."""
+    def allocate(self, seq_id: str, tokens: Sequence[int], lora: str | None = None) -> Allocation | None:
+        """Give ``seq_id`` the KV of ``tokens`` (its prompt), reusing the cached prefix of the same
+        adapter (``lora``; None: the base model). Returns None (changing nothing) when there is not
+        enough room."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already holds blocks")
         page = self.page_size
-        hashes = hash_token_blocks(tokens, page)
+        hashes = hash_token_blocks(tokens, page, lora_name=lora)
         hits, host_hits = self.prefix_hits(hashes)
         needed = len(hashes) - hits + (1 if len(tokens) % page else 0)  # host hits load into GPU blocks
         pinned_from_lru = sum(1 for h in hashes[:hits] if h in self._lru)
@@ -204,10 +214,13 @@ class BlockManager:
                     run_tokens = list(tokens[run_start * page : i * page])
                     events.append(
                         BlockStored(
-                            parent_hash=parent, block_hashes=hashes[run_start:i], token_ids=run_tokens
+                            parent_hash=parent,
+                            block_hashes=hashes[run_start:i],
+                            token_ids=run_tokens,
+                            lora_name=lora,
                         )
                     )
-                    events += self._back_up(parent, hashes[run_start:i], run_tokens)
+                    events += self._back_up(parent, hashes[run_start:i], run_tokens, lora)
                     run_start = None
                 if block is not None:
                     self._pin(block)
@@ -218,7 +231,7 @@ class BlockManager:
             self._host_lru.pop(block, None)  # a host copy past a missing block: on the GPU too now
             if run_start is None:
                 run_start = i
-        seq = _Seq(hashes=list(hashes), tokens=list(tokens))
+        seq = _Seq(hashes=list(hashes), tokens=list(tokens), lora=lora)
         if len(tokens) % page:
             if not self._take_slot(events):
                 raise CacheFullError("no free KV block although capacity was checked")
@@ -239,7 +252,12 @@ class BlockManager:
         first = self._host[hashes[start]]
         tokens = [t for h in hashes[start:end] for t in self._host[h].tokens]
         events.append(
-            BlockStored(parent_hash=first.parent, block_hashes=list(hashes[start:end]), token_ids=tokens)
+            BlockStored(
+                parent_hash=first.parent,
+                block_hashes=list(hashes[start:end]),
+                token_ids=tokens,
+                lora_name=first.lora,
+            )
         )
 
     def append(self, seq_id: str, token: int) -> list[KvEvent] | None:
@@ -256,7 +274,7 @@ class BlockManager:
         if len(seq.tokens) % self.page_size == 0:
             block = seq.tokens[-self.page_size :]
             parent = seq.hashes[-1] if seq.hashes else None
-            h = hash_token_blocks(block, self.page_size, parent)[0]
+            h = hash_token_blocks(block, self.page_size, parent, lora_name=seq.lora)[0]
             self._partials -= 1
             seq.partial = False
             seq.hashes.append(h)
@@ -265,8 +283,12 @@ class BlockManager:
             else:
                 self._refs[h] = 1
                 self._host_lru.pop(h, None)  # a host-only block computed again: on the GPU too now
-                events.append(BlockStored(parent_hash=parent, block_hashes=[h], token_ids=list(block)))
-                events += self._back_up(parent, [h], block)
+                events.append(
+                    BlockStored(
+                        parent_hash=parent, block_hashes=[h], token_ids=list(block), lora_name=seq.lora
+                    )
+                )
+                events += self._back_up(parent, [h], block, seq.lora)
         return events
 
     def free(self, seq_id: str) -> None:

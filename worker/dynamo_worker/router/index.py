@@ -10,7 +10,10 @@ blocks it holds, each in the best tier it holds it in, counted until the first b
 
 Engines name blocks with their own hashes (SGLang's differ from ours), so a ``BlockStored`` event is
 re-hashed from its ``token_ids`` under our hash of its parent, and the engine hash is remembered so a
-later ``BlockRemoved`` (which carries engine hashes only) can be mapped back.
+later ``BlockRemoved`` (which carries engine hashes only) can be mapped back. A LoRA adapter's blocks
+(the event's ``lora_name``) start from the adapter's seed (``protocol.lora_seed``): keyed on tokens and
+the adapter's name, never on the engine's per-load ids, so an adapter prefix has the same hashes on
+every worker and after a reload, and a request for an adapter overlaps only that adapter's blocks.
 
 Tiers (``protocol.Medium``): ``gpu`` (the engine's KV pool), ``host`` (HiCache's host memory) and
 ``disk`` (HiCache's storage tier). Each block of a target is held in a *set* of tiers: ``BlockStored``
@@ -263,7 +266,7 @@ class KvIndex:
             if parent is None:
                 return 0  # its prefix is unknown (lost in a gap or evicted): cannot be placed
         bit = BIT[event.medium]
-        ours = hash_token_blocks(event.token_ids, page_size, parent)
+        ours = hash_token_blocks(event.token_ids, page_size, parent, lora_name=event.lora_name)
         for engine_hash, our_hash in zip(event.block_hashes, ours, strict=False):
             previous = c.engine_to_ours.get(engine_hash)
             if previous is not None and previous != our_hash:  # the engine reused a hash: forget the old

@@ -10,8 +10,8 @@ Tiers follow the index's model (``router.index``): a block is held in the set of
 in and not since removed from, and is gone when that set is empty. The snapshot sends one
 ``BlockStored`` per tier a block is held in (a GPU block backed up in host memory: two).
 
-Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens),
-bounded by the engine's KV cache.
+Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens, and
+the LoRA adapter whose prefix cache holds it), bounded by the engine's KV cache.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class _Block:
     parent: int | None
     tokens: list[int]
     media: set[Medium] = field(default_factory=set)
+    lora: str | None = None
 
 
 @dataclass
@@ -48,7 +49,7 @@ class KvMirror:
                     tokens = list(event.token_ids[i * page : (i + 1) * page])
                     block = blocks.get(h)
                     if block is None or block.tokens != tokens or block.parent != parent:
-                        block = blocks[h] = _Block(parent, tokens)  # new, or the hash names new content
+                        block = blocks[h] = _Block(parent, tokens, lora=event.lora_name)  # new content
                     block.media.add(event.medium)
                     parent = h
             elif isinstance(event, BlockRemoved):
@@ -99,13 +100,18 @@ class KvMirror:
 
 
 def _extend(out: list[BlockStored], h: int, b: _Block, medium: Medium) -> None:
-    """Add block ``h`` in ``medium`` to ``out``: onto an event of the same tier it continues (looking
-    back past the other tiers of its parent), else as a new event."""
+    """Add block ``h`` in ``medium`` to ``out``: onto an event of the same tier and adapter it continues
+    (looking back past the other tiers of its parent), else as a new event."""
     for i in range(len(out) - 1, max(len(out) - len(MEDIA), 0) - 1, -1):
         last = out[i]
-        if last.medium == medium and last.block_hashes[-1] == b.parent and len(last.block_hashes) < 64:
+        same = last.medium == medium and last.lora_name == b.lora
+        if same and last.block_hashes[-1] == b.parent and len(last.block_hashes) < 64:
             out[i] = last.model_copy(
                 update={"block_hashes": [*last.block_hashes, h], "token_ids": [*last.token_ids, *b.tokens]}
             )
             return
-    out.append(BlockStored(parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens, medium=medium))
+    out.append(
+        BlockStored(
+            parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens, medium=medium, lora_name=b.lora
+        )
+    )
