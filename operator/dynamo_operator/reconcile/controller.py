@@ -47,6 +47,7 @@ from dynamo_operator.reconcile.kube import (
     label_selector,
     resource_type,
 )
+from dynamo_operator.reconcile.lora_gate import open_lora_gates, waits_for_lora_gate
 from dynamo_operator.reconcile.restarts import GroupRestarter
 from dynamo_operator.reconcile.workqueue import WorkQueue
 from dynamo_operator.render import labels, render
@@ -222,7 +223,7 @@ class Controller:
         await self.restarter.pod_event(event_type, pod)
         if event_type == "DELETED":
             return
-        if status.pod_problem(pod) is not None or pairing.waits_for_gate(pod):
+        if status.pod_problem(pod) is not None or pairing.waits_for_gate(pod) or waits_for_lora_gate(pod):
             self.child_event(pod)
 
     def _forget(self, key: Key) -> None:
@@ -307,6 +308,7 @@ class Controller:
         if cond.status != "True":  # open readiness gates; say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
             await self._open_gates(raw, rendered, pods)
+            await open_lora_gates(self.kube, raw, pods)
             problems = status.pod_problems(pods, component_label=labels.COMPONENT)
             cond = ready_condition(counts, name, problems)
         current = raw.get("status") or {}

@@ -22,6 +22,7 @@ import yaml
 
 from tests.support import wait
 from tests.support.cluster import LocalCluster
+from tests.support.manifests import graph_of
 from tests.support.ports import free_ports
 from tests.support.procs import popen
 
@@ -47,8 +48,8 @@ def condition_of(obj: dict | None, type_: str = "Ready") -> dict | None:
 
 
 def example(name: str) -> dict:
-    """An example manifest as a dict (a fresh copy each call)."""
-    return copy.deepcopy(yaml.safe_load((EXAMPLES / name).read_text()))
+    """An example's graph as a dict (a fresh copy each call; DynamoModels beside it are left out)."""
+    return copy.deepcopy(graph_of(EXAMPLES / name))
 
 
 DGD_V1ALPHA1 = "dynamographdeployments.v1alpha1.nvidia.com"
