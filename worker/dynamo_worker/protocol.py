@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION: Final = 1
 MAX_ROOM = 2**63 - 1
+LORA_NAME_MAX = 256
 
 Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]
 LANGUAGE_ROLES = ("agg", "prefill", "decode")  # roles that serve GenerateRequests
@@ -117,6 +118,8 @@ class GenerateRequest(_Wire):
     embed: EmbedOptions | None = None
     # Multimodal: each image's span of ``token_ids`` and the embeddings that replace it (see below).
     images: list[ImageSpan] = Field(default_factory=list)
+    # The LoRA adapter to generate with (its name on the worker, ``/v1/loras``); None: the base model.
+    lora_name: Annotated[str, Field(min_length=1, max_length=LORA_NAME_MAX)] | None = None
 
     @model_validator(mode="after")
     def _embed_first_input(self) -> GenerateRequest:
@@ -223,6 +226,37 @@ def embedding_chunks(vectors: Sequence[Sequence[float]], usage: Usage) -> list[G
 # --- discovery ----------------------------------------------------------------------------------
 
 
+class LoraAdapter(_Wire):
+    """A LoRA adapter a worker holds (loaded through ``/v1/loras`` or ``--lora-paths``)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=LORA_NAME_MAX)]
+    uri: str  # where it was loaded from: file:///..., hf://org/repo[@rev]
+    rank: Annotated[int, Field(ge=1)] | None = None
+    pinned: bool = False
+
+
+class LoraState(_Wire):
+    """What a LoRA-enabled worker publishes in discovery: the adapters it holds and its slots.
+
+    ``max_loras_per_batch``: distinct adapters one batch runs (the base model counts as one, as in
+    SGLang); ``max_loaded_loras``: adapters it may hold at once (None: no limit); ``free_slots``: how
+    many more it can load before it must evict one (None: no limit)."""
+
+    adapters: list[LoraAdapter] = Field(default_factory=list)
+    max_loras_per_batch: Annotated[int, Field(ge=1)] = 8
+    max_loaded_loras: Annotated[int, Field(ge=1)] | None = None
+    max_lora_rank: Annotated[int, Field(ge=1)] | None = None
+
+    @property
+    def free_slots(self) -> int | None:
+        if self.max_loaded_loras is None:
+            return None
+        return max(self.max_loaded_loras - len(self.adapters), 0)
+
+    def holds(self, name: str) -> bool:
+        return any(a.name == name for a in self.adapters)
+
+
 class InstanceRecord(_Wire):
     """What a worker registers in discovery, renewed by its heartbeat while it lives."""
 
@@ -244,6 +278,8 @@ class InstanceRecord(_Wire):
     # decode worker are paired only when their revisions are equal (``frontend.models.pairing``).
     revision: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     started_at: float | None = None  # unix time the worker started: orders revisions, newest first
+    # LoRA: None when the worker runs without --enable-lora; rewritten as soon as adapters change.
+    lora: LoraState | None = None
     version: Literal[1] = PROTOCOL_VERSION
 
 
@@ -255,6 +291,7 @@ class BlockStored(_Wire):
     parent_hash: int | None  # None: the blocks start at the beginning of a sequence
     block_hashes: list[int]  # the engine's hashes, in sequence order
     token_ids: list[int]  # len(block_hashes) * page_size tokens, the content of those blocks
+    lora_name: str | None = None  # the adapter whose prefix cache holds them (None: the base model)
 
 
 class BlockRemoved(_Wire):
@@ -322,12 +359,25 @@ def kv_snapshot_subject(namespace: str, instance_id: str) -> str:
 # --- block hashing ------------------------------------------------------------------------------
 
 
-def hash_token_blocks(token_ids: Sequence[int], page_size: int, parent: int | None = None) -> list[int]:
+def lora_seed(lora_name: str) -> int:
+    """The parent hash an adapter's first block chains from: the adapter's prefix cache is a namespace
+    of its own, keyed on its name (never on an engine's per-load id), so the same adapter prefix hashes
+    alike on every worker and after a reload."""
+    digest = hashlib.blake2b(b"lora\0" + lora_name.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & MAX_ROOM) or 1
+
+
+def hash_token_blocks(
+    token_ids: Sequence[int], page_size: int, parent: int | None = None, *, lora_name: str | None = None
+) -> list[int]:
     """Chained hashes of the full ``page_size`` blocks of ``token_ids`` (a trailing partial block is
     not hashed). Block i's hash covers its parent's hash and its own tokens, so equal hashes mean equal
-    prefixes. Stable across processes and machines (no Python ``hash``), 63-bit non-negative ints."""
+    prefixes. Stable across processes and machines (no Python ``hash``), 63-bit non-negative ints.
+    Blocks that start a sequence (``parent`` None) of a LoRA adapter chain from ``lora_seed``, so they
+    never equal the base model's blocks or another adapter's."""
     hashes: list[int] = []
-    prev = parent if parent is not None else 0
+    seed = lora_seed(lora_name) if lora_name is not None else 0
+    prev = parent if parent is not None else seed
     for start in range(0, len(token_ids) - page_size + 1, page_size):
         block = token_ids[start : start + page_size]
         digest = hashlib.blake2b(struct.pack(f"<q{len(block)}I", prev, *block), digest_size=8).digest()

@@ -25,6 +25,13 @@ with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_t
 for a decode leg, its prefill's hits).
 Closing the request's iterator (the client went away) frees its blocks at once.
 
+LoRA (``--enable-lora`` or ``--lora-paths``, SGLang's flags): adapters load and unload through the
+worker's ``/v1/loras`` (``--lora-load-ms`` each) and serve requests that name them as SGLang would
+(``mocker.lora``): a prefix-cache namespace per adapter (``kv_manager``), ``lora_name`` on its KV events,
+a batch of at most ``--max-loras-per-batch`` distinct adapters (the base model counting as one; a request
+whose adapter does not fit waits while later ones go), ``--lora-swap-ms`` per adapter a step copies into
+the GPU slots, and tokens that depend on the adapter too, so an answer tells which adapter served it.
+
 Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
 own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
 to its ``data_parallel_rank``, or to the ranks in turn when it names none. The ranks step together (one
@@ -63,6 +70,7 @@ from dynamo_worker.mocker.bootstrap import (
     kv_layout,
 )
 from dynamo_worker.mocker.kv_manager import BlockManager
+from dynamo_worker.mocker.lora import MockLoras
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
 from dynamo_worker.mocker.tokens import TokenSampler, prompt_digest
@@ -78,8 +86,20 @@ from dynamo_worker.protocol import (
     WorkerError,
     embedding_chunks,
     image_pad_id,
+    lora_seed,
 )
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
+from dynamo_worker.runtime.lora_checks import (
+    LoraError,
+    LoraLimits,
+    StartupAdapter,
+    check_fits,
+    effective_limits,
+    normalize_targets,
+    parse_lora_paths,
+    read_adapter_config,
+)
+from dynamo_worker.runtime.worker import WorkerStartError
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
 from dynamo_worker.tinymodel import ensure_tiny_model
 
@@ -190,6 +210,10 @@ class _Seq:
     rank: int = 0  # data-parallel rank whose KV cache holds it
     script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
 
+    @property
+    def lora(self) -> str | None:
+        return self.request.lora_name
+
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
     return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
@@ -223,6 +247,14 @@ class MockerEngine(Engine):
         self.rules: list[ScriptRule] = load_script(settings.script) if settings.script else []
         self.embedding_dim = settings.embedding_dim or 64
         self._tokenizer: Any = None  # decodes prompts for --script, encodes replies
+        self.loras = (
+            MockLoras(settings.max_loras_per_batch, settings.max_loaded_loras, settings.lora_eviction_policy)
+            if settings.lora_enabled
+            else None
+        )
+        self._lora_limits: LoraLimits | None = None
+        self._startup_loras: list[StartupAdapter] = []
+        self._lora_drained: asyncio.Event | None = None  # set when a request of an adapter ends
 
     # --- Engine interface ------------------------------------------------------------------------
 
@@ -250,6 +282,8 @@ class MockerEngine(Engine):
         if name == TINY_MODEL_DIR:
             name = TINY_MODEL_NAME
         self._layout = kv_layout(name, s.page_size)
+        if self.loras is not None:
+            await self._start_loras()
         bootstrap_port = None
         if self.role == "prefill":
             self.bootstrap = BootstrapServer(
@@ -280,6 +314,76 @@ class MockerEngine(Engine):
             context_length=self.context_length,
             features=self._features(config),
         )
+
+    # --- LoRA ----------------------------------------------------------------------------------------
+
+    async def _start_loras(self) -> None:
+        """Check the flags and the ``--lora-paths`` adapters as SGLang does when it starts, and hold them."""
+        assert self.loras is not None
+        s = self.settings
+        try:
+            startup = parse_lora_paths(s.lora_paths)
+        except ValueError as e:
+            raise WorkerStartError(str(e)) from None
+        flags = LoraLimits(
+            max_loras_per_batch=s.max_loras_per_batch,
+            max_loaded_loras=s.max_loaded_loras,
+            max_lora_rank=s.max_lora_rank,
+            target_modules=normalize_targets(s.lora_target_modules) if s.lora_target_modules else None,
+        )
+        configs = []
+        for adapter in startup:
+            try:
+                config = await asyncio.to_thread(read_adapter_config, Path(adapter.path))
+                check_fits(adapter.name, config, flags)
+            except LoraError as e:
+                raise WorkerStartError(f"--lora-paths {adapter.name}={adapter.path}: {e.message}") from None
+            configs.append(config)
+            self.loras.load(adapter.name, adapter.pinned)
+        self._lora_limits = effective_limits(flags, configs)
+        self._startup_loras = startup
+
+    def lora_limits(self) -> LoraLimits | None:
+        return self._lora_limits if self.loras is not None else None
+
+    def startup_loras(self) -> list[StartupAdapter]:
+        return list(self._startup_loras)
+
+    async def load_lora(self, name: str, path: str, pinned: bool) -> list[str]:
+        if self.loras is None:
+            return await super().load_lora(name, path, pinned)
+        await asyncio.sleep(self.settings.lora_load_ms / 1e3 / self.settings.speedup)
+        return self.loras.load(name, pinned)
+
+    async def unload_lora(self, name: str) -> list[str]:
+        """Refuse new requests for ``name``, let its queued and running ones finish, then drop it."""
+        if self.loras is None:
+            return await super().unload_lora(name)
+        self.loras.unloading.add(name)
+        while any(s.lora == name and not s.finished for s in (*self._waiting, *self._running)):
+            self._lora_drained = self._lora_drained or asyncio.Event()
+            self._lora_drained.clear()
+            await self._lora_drained.wait()
+        return self.loras.unload(name)
+
+    def _check_lora(self, request: GenerateRequest) -> GenerateChunk | None:
+        name = request.lora_name
+        if name is None:
+            return None
+        if self.loras is None:
+            return _error(
+                "invalid_request",
+                f"this worker serves no LoRA adapters, so not {name!r}; start it with --enable-lora",
+            )
+        if not self.loras.serves(name):
+            held = ", ".join(n for n in self.loras.held if self.loras.serves(n)) or "none"
+            return _error(
+                "invalid_request",
+                f"LoRA adapter {name!r} is not loaded on this worker (it serves: {held}); load it with "
+                "POST /v1/loras on the worker's system port",
+            )
+        self.loras.use(name)
+        return None
 
     def _features(self, config: dict) -> ServingFeatures:
         s = self.settings
@@ -330,7 +434,7 @@ class MockerEngine(Engine):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
         queued = False
-        problem = self._check(request) or self._check_kind(request)
+        problem = self._check(request) or self._check_kind(request) or self._check_lora(request)
         if problem is not None:
             yield problem
             return
@@ -339,19 +443,7 @@ class MockerEngine(Engine):
                 yield chunk
             return
         prompt = list(request.token_ids)
-        seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
-        seq = _Seq(
-            key=f"{request.request_id}#{next(self._keys)}",
-            request=request,
-            tokens=prompt,
-            max_new=1
-            if self.role == "prefill"
-            else min(request.stop.max_tokens, self.context_length - len(prompt)),
-            digest=prompt_digest(prompt, seed),
-            rank=request.data_parallel_rank
-            if request.data_parallel_rank is not None
-            else next(self._next_rank) % len(self.kvs),
-        )
+        seq = self._new_seq(request)
         scripted = self._scripted(request, seq.digest)
         if isinstance(scripted, GenerateChunk):
             yield scripted
@@ -401,6 +493,26 @@ class MockerEngine(Engine):
                 log.info("Aborted request request_id=%s", request.request_id)
 
     # --- requests --------------------------------------------------------------------------------
+
+    def _new_seq(self, request: GenerateRequest) -> _Seq:
+        """The scheduler's record of ``request``: its tokens depend on the prompt, the seed and the
+        adapter, and it goes to its data-parallel rank (or the ranks in turn)."""
+        prompt = list(request.token_ids)
+        seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
+        digest = prompt_digest(prompt, seed)
+        if request.lora_name is not None:
+            digest ^= lora_seed(request.lora_name)
+        rank = request.data_parallel_rank
+        return _Seq(
+            key=f"{request.request_id}#{next(self._keys)}",
+            request=request,
+            tokens=prompt,
+            max_new=1
+            if self.role == "prefill"
+            else min(request.stop.max_tokens, self.context_length - len(prompt)),
+            digest=digest,
+            rank=rank if rank is not None else next(self._next_rank) % len(self.kvs),
+        )
 
     def _check(self, request: GenerateRequest) -> GenerateChunk | None:
         n = len(request.token_ids)
@@ -557,16 +669,27 @@ class MockerEngine(Engine):
         prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
         prefilled: list[_Seq] = []
         admitted = 0
+        adapters = {s.lora for s in self._running} if self.loras is not None else None
+        passed: list[_Seq] = []  # waiting for a batch slot of their adapter; later ones may go first
         while self._waiting and len(self._running) < self.settings.max_running_requests:
             seq = self._waiting[0]
             if seq.finished:
                 self._waiting.popleft()
                 continue
+            if (
+                adapters is not None
+                and self.loras is not None
+                and not self.loras.can_join(adapters, seq.lora)
+            ):
+                passed.append(self._waiting.popleft())
+                continue
             kv = self.kvs[seq.rank]
-            new_tokens = 0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens)
+            new_tokens = (
+                0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens, seq.lora)
+            )
             if admitted and new_tokens > budget:
                 break
-            alloc = kv.allocate(seq.key, seq.tokens)
+            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
             if alloc is None:
                 if not self._running:
                     self._waiting.popleft()
@@ -577,6 +700,8 @@ class MockerEngine(Engine):
                 break
             self._waiting.popleft()
             admitted += 1
+            if adapters is not None:
+                adapters.add(seq.lora)
             self._kv_events(alloc.events, seq.rank)
             if seq.cached_tokens is None:
                 seq.cached_tokens = alloc.cached_tokens
@@ -589,7 +714,15 @@ class MockerEngine(Engine):
                 prefills.append((uncached, alloc.cached_tokens))
                 prefilled.append(seq)
                 budget -= uncached
-        return self.timing.prefill_batch_s(prefills), prefilled
+        self._waiting.extendleft(reversed(passed))
+        return self.timing.prefill_batch_s(prefills) + self._lora_swap_s(), prefilled
+
+    def _lora_swap_s(self) -> float:
+        """The time this step spends copying the batch's adapters into the GPU slots."""
+        if self.loras is None or not self._running:
+            return 0.0
+        copied = self.loras.bring_in({s.lora for s in self._running})
+        return copied * self.settings.lora_swap_ms / 1e3 / self.settings.speedup
 
     def _advance(self, seq: _Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""
@@ -666,6 +799,8 @@ class MockerEngine(Engine):
         self.kvs[seq.rank].free(seq.key)
         if seq in self._running:
             self._running.remove(seq)
+        if seq.lora is not None and self._lora_drained is not None:
+            self._lora_drained.set()
 
     def _drop(self, seq: _Seq) -> None:
         """The client went away: forget the request and free its blocks now."""

@@ -7,6 +7,10 @@ same prefix (reference counted). When a sequence is freed its blocks stay cached
 LRU list (leaves before their parents, so a prefix is never evicted before its extensions); a new block
 evicts the least recently used cached one when the cache is full.
 
+A LoRA adapter's sequences live in a prefix-cache namespace of their own, as in SGLang: their blocks
+chain from the adapter's seed (``hash_token_blocks(..., lora_name=...)``), so they are never shared with
+the base model's or another adapter's, and their ``BlockStored`` events name the adapter.
+
 Every change a router must know is returned as protocol events, in the order it happened:
 ``BlockStored`` (with parent hash, block hashes and token ids) when a block is filled for the first
 time, ``BlockRemoved`` when a cached block is evicted, ``AllBlocksCleared`` on ``clear``.
@@ -38,6 +42,7 @@ class _Seq:
     hashes: list[int]  # full blocks, in order (each holds one reference)
     tokens: list[int]  # every token with KV in this sequence
     partial: bool = False  # holds a slot for an unfinished tail block
+    lora: str | None = None  # the adapter whose namespace holds its blocks
 
 
 @dataclass
@@ -79,9 +84,9 @@ class BlockManager:
     def seq_tokens(self, seq_id: str) -> int:
         return len(self._seqs[seq_id].tokens)
 
-    def cached_prefix_tokens(self, tokens: Sequence[int]) -> int:
+    def cached_prefix_tokens(self, tokens: Sequence[int], lora: str | None = None) -> int:
         hits = 0
-        for h in hash_token_blocks(tokens, self.page_size):
+        for h in hash_token_blocks(tokens, self.page_size, lora_name=lora):
             if h not in self._refs:
                 break
             hits += 1
@@ -106,13 +111,14 @@ class BlockManager:
             events.append(BlockRemoved(block_hashes=[victim]))
         return True
 
-    def allocate(self, seq_id: str, tokens: Sequence[int]) -> Allocation | None:
-        """Give ``seq_id`` the KV of ``tokens`` (its prompt), reusing the cached prefix. Returns None
-        (changing nothing) when there is not enough room."""
+    def allocate(self, seq_id: str, tokens: Sequence[int], lora: str | None = None) -> Allocation | None:
+        """Give ``seq_id`` the KV of ``tokens`` (its prompt), reusing the cached prefix of the same
+        adapter (``lora``; None: the base model). Returns None (changing nothing) when there is not
+        enough room."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already holds blocks")
         page = self.page_size
-        hashes = hash_token_blocks(tokens, page)
+        hashes = hash_token_blocks(tokens, page, lora_name=lora)
         hits = 0
         while hits < len(hashes) and hashes[hits] in self._refs:
             hits += 1
@@ -133,6 +139,7 @@ class BlockManager:
                             parent_hash=hashes[run_start - 1] if run_start > 0 else None,
                             block_hashes=hashes[run_start:i],
                             token_ids=list(tokens[run_start * page : i * page]),
+                            lora_name=lora,
                         )
                     )
                     run_start = None
@@ -144,7 +151,7 @@ class BlockManager:
             self._refs[block] = 1
             if run_start is None:
                 run_start = i
-        seq = _Seq(hashes=list(hashes), tokens=list(tokens))
+        seq = _Seq(hashes=list(hashes), tokens=list(tokens), lora=lora)
         if len(tokens) % page:
             if not self._take_slot(events):
                 raise CacheFullError("no free KV block although capacity was checked")
@@ -168,7 +175,7 @@ class BlockManager:
         if len(seq.tokens) % self.page_size == 0:
             block = seq.tokens[-self.page_size :]
             parent = seq.hashes[-1] if seq.hashes else None
-            h = hash_token_blocks(block, self.page_size, parent)[0]
+            h = hash_token_blocks(block, self.page_size, parent, lora_name=seq.lora)[0]
             self._partials -= 1
             seq.partial = False
             seq.hashes.append(h)
@@ -176,7 +183,11 @@ class BlockManager:
                 self._pin(h)
             else:
                 self._refs[h] = 1
-                events.append(BlockStored(parent_hash=parent, block_hashes=[h], token_ids=list(block)))
+                events.append(
+                    BlockStored(
+                        parent_hash=parent, block_hashes=[h], token_ids=list(block), lora_name=seq.lora
+                    )
+                )
         return events
 
     def free(self, seq_id: str) -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from dynamo_api import contract
 from dynamo_api.settings_sources import Settings
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dynamo_worker.mocker.timing import TimingModel
@@ -164,6 +165,40 @@ class MockerSettings(Settings):
         None,
         description="JSON list of {match, reply}: a prompt containing 'match' gets 'reply' as its output.",
     )
+    # --- LoRA (SGLang's flags; /v1/loras on the system port loads and unloads) --------------------
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (SGLang --enable-lora; --lora-paths implies it)."
+    )
+    lora_paths: list[str] | None = Field(
+        None,
+        description="Adapters loaded at start, as SGLang takes them: PATH, NAME=PATH or JSON "
+        '{"lora_name", "lora_path", "pinned"} (several after one flag, or the flag repeated).',
+    )
+    max_lora_rank: int | None = Field(
+        None, ge=1, description="Largest adapter rank (default: the largest of --lora-paths)."
+    )
+    lora_target_modules: list[str] | None = Field(
+        None,
+        description="Modules adapters may target, or 'all' (default: those of --lora-paths).",
+    )
+    max_loras_per_batch: int = Field(
+        8, ge=1, description="Distinct adapters one batch runs, the base model counting as one."
+    )
+    max_loaded_loras: int | None = Field(
+        None,
+        ge=1,
+        description="Adapters held at once; loading past it evicts the least recently used unpinned one.",
+    )
+    lora_eviction_policy: Literal["lru", "fifo"] = Field(
+        "lru", description="Which adapter leaves the GPU slots for a new one (SGLang's flag)."
+    )
+    lora_backend: str = Field("csgmv", description="Accepted (SGLang's LoRA kernel backend).")
+    lora_load_ms: float = Field(200.0, ge=0, description="Simulated time to load an adapter (ms).")
+    lora_swap_ms: float = Field(
+        5.0,
+        ge=0,
+        description="Simulated time a scheduler step pays per adapter it copies into the GPU slots (ms).",
+    )
     # --- multimodal roles (--role encode | diffusion) --------------------------------------------
     mm_hidden_size: int = Field(64, ge=1, le=16384, description="encode: values per image token.")
     mm_max_image_tokens: int = Field(256, ge=1, description="encode: image tokens per image at most.")
@@ -175,6 +210,30 @@ class MockerSettings(Settings):
     @property
     def role(self) -> Literal["agg", "prefill", "decode"]:
         return "agg" if self.disaggregation_mode == "null" else self.disaggregation_mode
+
+    @model_validator(mode="after")
+    def _lora_flags(self) -> MockerSettings:
+        """SGLang's own checks of its LoRA flags, so the mocker refuses what SGLang refuses."""
+        if not self.lora_enabled:
+            return self
+        if not self.lora_paths and not (self.max_lora_rank and self.lora_target_modules):
+            raise ValueError(
+                "--enable-lora without --lora-paths needs --max-lora-rank and --lora-target-modules (as "
+                "SGLang does): they size the adapter slots before any adapter is loaded"
+            )
+        cap = self.max_loaded_loras
+        if cap is not None and cap < self.max_loras_per_batch:
+            raise ValueError(
+                f"--max-loaded-loras {cap} is below --max-loras-per-batch {self.max_loras_per_batch}; "
+                "raise it (SGLang refuses this too)"
+            )
+        if cap is not None and len(self.lora_paths or []) > cap:
+            raise ValueError(f"--lora-paths lists more adapters than --max-loaded-loras {cap}")
+        return self
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_paths)
 
     @property
     def prefill_budget(self) -> int:
@@ -196,6 +255,28 @@ class MockerSettings(Settings):
             speedup=self.speedup,
             profile=load_profile(self.profile) if self.profile else None,
         )
+
+
+# SGLang flags that take several values after one flag (argparse nargs="*"), e.g.
+# ``--lora-paths a=/x b=/y``: the parser here takes one value per flag, so they are spread out first.
+MULTI_VALUE_FLAGS = ("--lora-paths", "--lora-target-modules")
+
+
+def spread_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``--flag a b`` as ``--flag a --flag b`` for each of ``flags`` (values end at the next ``-x``). Pure."""
+    out: list[str] = []
+    current: str | None = None
+    for token in argv:
+        if token.startswith("-"):
+            current = token if token in flags else None
+            if current is None:
+                out.append(token)
+            continue
+        if current is not None:
+            out += [current, token]
+        else:
+            out.append(token)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,6 +305,7 @@ def parse_all(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[RuntimeSettings, MockerSettings, MultimodalSettings, list[str]]:
     """Runtime, mocker and multimodal settings, and the unknown (ignored) arguments."""
+    argv = spread_values(sys.argv[1:] if argv is None else argv, MULTI_VALUE_FLAGS)
     args, unknown = build_parser().parse_known_args(argv)
     # settings_from_args takes the flags of its own model's fields from the namespace
     runtime = RuntimeSettings.from_args(args, env)
