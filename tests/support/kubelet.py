@@ -148,6 +148,7 @@ class LocalKubelet:
         with contextlib.suppress(ApiException):
             self._call(self._core.delete_node(self.node))
         self._call(self._api.close())
+        self._call(_cancel_others())  # relays of pod_network still open
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(5)
         self._loop.close()
@@ -425,6 +426,13 @@ async def _forward(ip: str, port: int, local: int) -> asyncio.Server:
             client_w.close()
 
     return await asyncio.start_server(relay, ip, port)
+
+
+async def _cancel_others() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _close(server: asyncio.Server) -> None:
