@@ -102,6 +102,20 @@ class FrontendSettings(Settings):
         description="... and more than this many times as many, the request goes to the idlest worker "
         "with room for its new blocks (into a full cache only past 4x the absolute threshold).",
     )
+    kv_lora_swap_blocks: float = Field(
+        _KV.lora_swap_blocks,
+        ge=0.0,
+        le=1000.0,
+        description="kv router: cost, in blocks of prefill, of sending a LoRA adapter's request to a worker "
+        "whose GPU slots do not hold the adapter now (it must copy it in).",
+    )
+    kv_lora_wait_blocks: float = Field(
+        _KV.lora_wait_blocks,
+        ge=0.0,
+        le=1000.0,
+        description="kv router: cost, in blocks of prefill, of a worker whose batch slots all run other "
+        "adapters (--max-loras-per-batch): the request waits for one to drain.",
+    )
     kv_predict_ttl_s: float = Field(
         DEFAULT_PREDICT_TTL_S,
         gt=0,

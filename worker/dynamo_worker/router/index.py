@@ -9,7 +9,10 @@ prompt blocks it holds, counted until the first block it lacks.
 
 Engines name blocks with their own hashes (SGLang's differ from ours), so a ``BlockStored`` event is
 re-hashed from its ``token_ids`` under our hash of its parent, and the engine hash is remembered so a
-later ``BlockRemoved`` (which carries engine hashes only) can be mapped back.
+later ``BlockRemoved`` (which carries engine hashes only) can be mapped back. A LoRA adapter's blocks
+(the event's ``lora_name``) start from the adapter's seed (``protocol.lora_seed``): keyed on tokens and
+the adapter's name, never on the engine's per-load ids, so an adapter prefix has the same hashes on
+every worker and after a reload, and a request for an adapter overlaps only that adapter's blocks.
 
 Predicted blocks: events arrive only after the engine has computed a prompt, so requests for a new
 prefix that arrive in that window would see no holder anywhere. ``predict`` inserts a routed prompt's
@@ -191,7 +194,7 @@ class KvIndex:
             parent = c.engine_to_ours.get(event.parent_hash)
             if parent is None:
                 return 0  # its prefix is unknown (lost in a gap or evicted): cannot be placed
-        ours = hash_token_blocks(event.token_ids, page_size, parent)
+        ours = hash_token_blocks(event.token_ids, page_size, parent, lora_name=event.lora_name)
         for engine_hash, our_hash in zip(event.block_hashes, ours, strict=False):
             previous = c.engine_to_ours.get(engine_hash)
             if previous == our_hash:

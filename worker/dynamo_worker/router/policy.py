@@ -43,6 +43,21 @@ room, only an imbalance
 ``PRESSURE_FACTOR`` times the absolute threshold moves it (to the cheapest least loaded one). A
 prefix copied to an idle worker then serves there too, so the load evens out.
 
+LoRA adapters: a request for an adapter goes only to workers that hold it (the frontend's candidates),
+and its blocks are the adapter's own (``KvIndex``). Among those workers, one whose GPU batch slots hold
+the adapter now (``lora_resident``: it ran a request of the adapter recently, within the last
+``max_loras_per_batch`` adapters it ran, or holds it pinned) saves copying it in:
+
+    cost(t) += lora_swap_blocks          when the adapter is not resident on t
+            += lora_wait_blocks          when t's slots all run other adapters now (``lora_slots_full``):
+                                         the request waits until one of them drains
+
+So an adapter stays on the workers it is resident on while they are not much busier than the rest, and
+is spread to more workers when they are: through the cost (their queued prefill above the swap's
+worth), or through the balance guard below, which moves a request past its thresholds only to a worker
+with a free batch slot for the adapter (``_has_room``). The spread is bounded by that: an adapter is
+copied to another worker only when the ones holding it run ``balance_abs_threshold`` requests more.
+
 Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
 ``make bench`` on the mocker and are the ones to start with):
 - ``--kv-overlap-weight`` (default 1.5): worth of one block of avoided prefill; 0 routes on load only.
@@ -54,6 +69,8 @@ Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the route
 - ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5).
 - ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
   held before KV events confirm them.
+- ``--kv-lora-swap-blocks`` (default 4) and ``--kv-lora-wait-blocks`` (default 16): the worth, in blocks
+  of prefill, of copying an adapter into a worker's GPU slots, and of waiting for a slot.
 Candidates of equal cost are chosen among at random, so identical workers share the load.
 """
 
@@ -109,6 +126,8 @@ class KvWeights:
     decode_weight: float = 0.1
     balance_abs_threshold: int = 2
     balance_rel_threshold: float = 1.5
+    lora_swap_blocks: float = 4.0
+    lora_wait_blocks: float = 16.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,8 @@ class KvCandidate:
     free_blocks: int | None = None  # KV blocks it holds nothing in (None: unknown, counts as room)
     capacity_blocks: int | None = None  # its KV cache size in blocks
     dp_rank: int = 0
+    lora_resident: bool = True  # the request's adapter is in its GPU slots (always for the base model)
+    lora_slots_full: bool = False  # its batch slots all run other adapters: the request would wait
 
     @property
     def key(self) -> str:
@@ -141,6 +162,8 @@ def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> f
         weights.overlap_weight * new
         + candidate.prefill_blocks
         + weights.decode_weight * candidate.decode_blocks
+        + (0.0 if candidate.lora_resident else weights.lora_swap_blocks)
+        + (weights.lora_wait_blocks if candidate.lora_slots_full else 0.0)
     )
 
 
@@ -152,7 +175,10 @@ def _overloaded(chosen: KvCandidate, least: int, weights: KvWeights, factor: int
 
 
 def _has_room(candidate: KvCandidate, prompt_blocks: int) -> bool:
-    """Whether the candidate's cache stays at most ``ROOM_FRACTION`` full with this request's blocks."""
+    """Whether the candidate's cache stays at most ``ROOM_FRACTION`` full with this request's blocks,
+    and it has a batch slot for the request's adapter."""
+    if candidate.lora_slots_full:
+        return False
     if candidate.free_blocks is None or candidate.capacity_blocks is None:
         return True
     after = candidate.free_blocks - new_blocks(prompt_blocks, candidate.overlap_blocks)

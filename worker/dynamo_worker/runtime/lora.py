@@ -327,6 +327,7 @@ class LoraApi:
         self.manager: LoraManager | None = None
         self.enabled: bool | None = None
         self.draining = False
+        self.leader_only: int | None = None  # a multinode rank > 0: its leader serves /v1/loras
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(LORAS_PATH, self._list)
@@ -334,6 +335,12 @@ class LoraApi:
         app.router.add_delete(LORAS_PATH + "/{lora_name:.+}", self._unload)
 
     def _ready(self) -> LoraManager:
+        if self.leader_only:
+            raise LoraError(
+                "NotReady",
+                f"this is rank {self.leader_only} of a multinode engine: its leader (rank 0) loads adapters "
+                "on every rank of the group; call the leader's system port",
+            )
         if self.draining:
             raise LoraError("NotReady", "the worker is shutting down; load adapters on its successor")
         if self.enabled is None:

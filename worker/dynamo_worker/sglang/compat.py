@@ -222,6 +222,18 @@ def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
             removed(block_hashes=[99], medium="CPU_PINNED"),
             cleared(),
         ]
+        names_adapter = "lora_name" in getattr(stored, "__struct_fields__", ())
+        if names_adapter:  # 0.5.23: the adapter's name on its blocks
+            events.append(
+                stored(
+                    block_hashes=[21],
+                    parent_block_hash=None,
+                    token_ids=[9, 9],
+                    block_size=2,
+                    lora_id=None,
+                    lora_name="a1",
+                )
+            )
         batch = classes["KVEventBatch"](ts=1.5, events=events, attn_dp_rank=3)
     except TypeError as e:
         return [f"SGLang's KV event structs cannot be built from the fields kv_events.py knows: {e}"]
@@ -233,6 +245,11 @@ def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
             BlockRemoved(block_hashes=[11]),
             BlockRemoved(block_hashes=[13]),
             AllBlocksCleared(),
+            *(
+                [BlockStored(parent_hash=None, block_hashes=[21], token_ids=[9, 9], lora_name="a1")]
+                if names_adapter
+                else []
+            ),
         ],
         dp_rank=3,
     )

@@ -10,6 +10,10 @@ payload)``; the payload is msgpack of ``sglang.srt.disaggregation.kv_events.KVEv
   "block_hashes": [...], "parent_block_hash": ..., "token_ids": [...], ...}``, where a field left at its
   default (``medium: None``) is absent.
 
+A ``BlockStored`` of an adapter's prefix cache names the adapter in ``lora_name`` (SGLang 0.5.23; a
+map field), which our event carries on: the router keys the blocks on it. SGLang 0.5.17's events
+carry no adapter (``lora_id`` is always None there).
+
 ``decode_batch`` turns one decoded batch into our ``KvEvent`` models and its attention-dp rank (pure);
 ``KvEventRelay`` does the ZMQ I/O. Only events of the GPU tier are relayed (host/disk tiers do not make a
 prefix cheap for the router). A batch that decodes neither way is dropped and logged (loudly the first
@@ -78,8 +82,12 @@ def _event(tag: str, f: dict[str, Any], index: int) -> KvEvent | None:
     if tag == "BlockStored":
         if medium not in GPU_MEDIA:
             return None
+        lora = f.get("lora_name")
         return BlockStored(
-            parent_hash=f.get("parent_block_hash"), block_hashes=f["block_hashes"], token_ids=f["token_ids"]
+            parent_hash=f.get("parent_block_hash"),
+            block_hashes=f["block_hashes"],
+            token_ids=f["token_ids"],
+            lora_name=lora if isinstance(lora, str) and lora else None,
         )
     if tag == "BlockRemoved":
         return BlockRemoved(block_hashes=f["block_hashes"]) if medium in GPU_MEDIA else None

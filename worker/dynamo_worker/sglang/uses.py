@@ -75,6 +75,12 @@ DECLARED: tuple[Use, ...] = (
     Use(_ENGINE, "Engine", "async_generate", by="handler"),
     Use(_ENGINE, "Engine", "tokenizer_manager", by="handler, engine"),
     Use(_ENGINE, "Engine", "shutdown", by="engine"),
+    Use(_ENGINE, "Engine", "async_load_lora_adapter", by="engine (/v1/loras)"),
+    Use(_ENGINE, "Engine", "async_unload_lora_adapter", by="engine (/v1/loras)"),
+    *(
+        Use("sglang.srt.managers.io_struct", "LoRAUpdateOutput", f, by="engine (/v1/loras)")
+        for f in ("success", "error_message", "loaded_adapters")
+    ),
     Use(_ENGINE, "Engine", "_scheduler_init_result", by="engine (KV capacity fallback)"),
     Use(_ENGINE, "SchedulerInitResult", "scheduler_infos", by="engine"),
     Use(_TM, "TokenizerManager", "abort_request", by="handler, engine"),

@@ -191,6 +191,8 @@ class ModelCard(_Wire):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "dynamo"
+    root: str | None = _omitted_if_none()  # a LoRA adapter: where it was loaded from (SGLang's field)
+    parent: str | None = _omitted_if_none()  # a LoRA adapter: the served model it adapts
 
 
 class ModelList(_Wire):

@@ -77,8 +77,9 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
     )
 
 
-def model_card(name: str, created: int) -> ModelCard:
-    return ModelCard(id=name, created=created)
+def model_card(name: str, created: int, *, root: str | None = None, parent: str | None = None) -> ModelCard:
+    """A model of ``/v1/models``; a LoRA adapter with ``root`` (its source) and ``parent`` (its model)."""
+    return ModelCard(id=name, created=created, root=root, parent=parent)
 
 
 def model_list(cards: list[ModelCard]) -> ModelList:
