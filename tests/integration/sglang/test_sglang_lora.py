@@ -132,5 +132,11 @@ async def test_the_worker_loads_serves_and_unloads_adapters_on_sglang(nats_url, 
                 assert (r.status, (await r.json())["reason"]) == (404, "NotFound")
             assert list(fakes[0].loras) == ["a3"]
             assert [a.name for a in worker.record.lora.adapters] == ["a3"]
+            # SGLang holds an adapter the worker does not list (a load of ours that passed its bound
+            # and finished later): loading it again adopts it instead of refusing it
+            fakes[0].loras["late"] = (str(a1), False)
+            async with http.post(url, json={"lora_name": "late", "source": {"uri": str(a1)}}) as r:
+                assert r.status == 200, await r.json()
+            assert [a.name for a in worker.record.lora.adapters] == ["a3", "late"]
     finally:
         await worker.shutdown()

@@ -65,3 +65,20 @@ def test_cleared_and_ranks():
     mirror.apply(_events()[:1], dp_rank=1)
     mirror.apply([AllBlocksCleared()], dp_rank=0)
     assert (mirror.block_count(0), mirror.block_count(1)) == (0, 2)
+
+
+def test_a_snapshot_keeps_each_blocks_adapter():
+    mirror = KvMirror()
+    base = BlockStored(parent_hash=None, block_hashes=[1, 2], token_ids=TOKENS[:8])
+    tuned = BlockStored(parent_hash=None, block_hashes=[7], token_ids=TOKENS[:4], lora_name="a1")
+    child = BlockStored(parent_hash=7, block_hashes=[8], token_ids=TOKENS[4:8], lora_name="a1")
+    mirror.apply([base, tuned, child])
+    late = KvIndex()
+    late.add_worker("w", PAGE)
+    late.begin_sync("w")
+    (events,) = mirror.stored_events(0)
+    late.end_sync("w", [KvSnapshotPart(instance_id="w", next_seq=1, events=events)])
+    for lora in (None, "a1"):
+        hashes = hash_token_blocks(TOKENS[:8], PAGE, lora_name=lora)
+        assert late.overlaps(hashes, [("w", 0)]) == {("w", 0): 2}
+    assert late.overlaps(hash_token_blocks(TOKENS[:8], PAGE, lora_name="a2"), [("w", 0)]) == {("w", 0): 0}

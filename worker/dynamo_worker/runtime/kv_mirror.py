@@ -6,8 +6,8 @@ seen none of their ``BlockStored`` events. Every worker keeps this mirror of the
 answers a ``KvSnapshotRequest`` from it: the blocks stored and not since removed, per dp rank, as
 ``BlockStored`` events with every parent before its children, so a ``KvIndex`` can place them all.
 
-Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens),
-bounded by the engine's KV cache.
+Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens, and
+the LoRA adapter whose prefix cache holds it), bounded by the engine's KV cache.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ __all__ = ["KvMirror"]
 class _Block:
     parent: int | None
     tokens: list[int]
+    lora: str | None = None
 
 
 @dataclass
@@ -40,7 +41,8 @@ class KvMirror:
                 page = len(event.token_ids) // n
                 parent = event.parent_hash
                 for i, h in enumerate(event.block_hashes):
-                    blocks[h] = _Block(parent, list(event.token_ids[i * page : (i + 1) * page]))
+                    tokens = list(event.token_ids[i * page : (i + 1) * page])
+                    blocks[h] = _Block(parent, tokens, event.lora_name)
                     parent = h
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
@@ -74,14 +76,20 @@ class KvMirror:
                 emitted.add(h)
                 b = blocks[h]
                 last = out[-1] if out else None
-                if last is not None and last.block_hashes[-1] == b.parent and len(last.block_hashes) < 64:
+                joins = last is not None and last.block_hashes[-1] == b.parent and last.lora_name == b.lora
+                if last is not None and joins and len(last.block_hashes) < 64:
                     out[-1] = BlockStored(
                         parent_hash=last.parent_hash,
                         block_hashes=[*last.block_hashes, h],
                         token_ids=[*last.token_ids, *b.tokens],
+                        lora_name=b.lora,
                     )
                 else:
-                    out.append(BlockStored(parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens))
+                    out.append(
+                        BlockStored(
+                            parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens, lora_name=b.lora
+                        )
+                    )
                 count += 1
                 if count >= max_blocks:
                     yield out

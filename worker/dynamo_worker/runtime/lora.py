@@ -230,15 +230,20 @@ class LoraManager:
                     f"adapter {name!r} is loaded from {held.adapter.uri}, not {source.uri}; unload it first "
                     f"(DELETE {LORAS_PATH}/{name}) or load this one under another name",
                 )
+            deadline = asyncio.get_running_loop().time() + self.timeout_s
             try:
-                async with asyncio.timeout(self.timeout_s):
+                async with asyncio.timeout_at(deadline):
                     config, path = await self._checked(name, source, req.pinned)
-                    after = await self.engine.load_lora(name, str(path), req.pinned)
+                # not cancelled at the bound: an engine stopped half-way through a load is worse
+                work = asyncio.ensure_future(self.engine.load_lora(name, str(path), req.pinned))
+                async with asyncio.timeout_at(deadline):
+                    after = await asyncio.shield(work)
             except TimeoutError:
                 raise LoraError(
                     "LoadFailed",
                     f"loading adapter {name!r} did not finish within {self.timeout_s:.0f}s "
-                    "(--lora-load-timeout-s); check the worker's log, or raise the bound for large adapters",
+                    "(--lora-load-timeout-s); it is not listed (retry the same load later), check the "
+                    "worker's log, or raise the bound for large adapters",
                 ) from None
             adapter = LoraAdapter(name=name, uri=source.uri, rank=config.rank, pinned=req.pinned)
             evicted = [n for n in self._held if n not in after]

@@ -239,9 +239,13 @@ class SglangEngine(Engine):
             result = await self._engine.async_load_lora_adapter(lora_name=name, lora_path=path, pinned=pinned)
         except (ValueError, AssertionError, RuntimeError) as e:  # SGLang's refusals that it raises
             raise lora_refusal(name, str(e)) from None
-        if not result.success:
-            raise lora_refusal(name, str(result.error_message or "no reason given"))
-        self._loras = set(result.loaded_adapters or ()) & (self._loras | {name})
+        message = str(result.error_message or "no reason given")
+        if not result.success and not ("already loaded" in message and name not in self._loras):
+            raise lora_refusal(name, message)
+        # (SGLang holding a name this worker does not list: a load of ours that passed its bound and
+        # finished later; only this worker loads adapters into its engine, so it is the one asked for.)
+        loaded = set(result.loaded_adapters or ()) if result.success else self._loras | {name}
+        self._loras = loaded & (self._loras | {name})
         return sorted(self._loras)
 
     async def unload_lora(self, name: str) -> list[str]:

@@ -318,7 +318,7 @@ class ModelRegistry:
         view = self._views.get(found)
         if view is None:
             view = ModelEntry(
-                model,
+                found.adapter,
                 workers=holders(base.workers.values(), found.adapter),
                 preprocessor=base.preprocessor,
                 card_checksum=base.card_checksum,
