@@ -307,8 +307,8 @@ class Controller:
         cond = ready_condition(counts, name)
         if cond.status != "True":  # open readiness gates; say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
+            await open_lora_gates(self.kube, raw, pods)  # before pairing: a pair needs its adapters
             await self._open_gates(raw, rendered, pods)
-            await open_lora_gates(self.kube, raw, pods)
             problems = status.pod_problems(pods, component_label=labels.COMPONENT)
             cond = ready_condition(counts, name, problems)
         current = raw.get("status") or {}

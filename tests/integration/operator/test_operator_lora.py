@@ -32,7 +32,6 @@ pytestmark = pytest.mark.integration
 
 GRAPH = "lora"
 BASE = "Qwen/Qwen3-0.6B"
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 COMPONENT = "nvidia.com/dynamo-component"
 # The mocker takes this long to load an adapter (SGLang reads its weights from disk): long enough that a
 # new pod serving before it holds the adapter would leave requests for it without a worker.
@@ -76,9 +75,9 @@ def adapters(tmp_path: Path) -> dict[str, str]:
 
     model = ensure_tiny_model(tmp_path / "tiny")
     made = {
-        "support": write_adapter(model, tmp_path / "support", rank=8, targets=TARGETS, seed=1),
-        "sql": write_adapter(model, tmp_path / "sql", rank=16, targets=TARGETS, seed=2),
-        "huge": write_adapter(model, tmp_path / "huge", rank=64, targets=TARGETS, seed=3),
+        "support": write_adapter(model, tmp_path / "support", rank=8, seed=1),
+        "sql": write_adapter(model, tmp_path / "sql", rank=16, seed=2),
+        "huge": write_adapter(model, tmp_path / "huge", rank=64, seed=3),
     }
     return {name: f"file://{path}" for name, path in made.items()}
 
