@@ -120,16 +120,24 @@ async def unload(
     return True
 
 
-async def ensure(session: aiohttp.ClientSession, base_url: str, name: str, uri: str) -> Outcome:
+async def ensure(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    name: str,
+    uri: str,
+    *,
+    load_timeout_s: float = LOAD_TIMEOUT_S,
+) -> Outcome:
     """Make the worker hold ``name`` from ``uri``: nothing when it does, a load when it does not, an
-    unload and a load when it holds it from another source. Raises ``WorkerUnreachable``."""
+    unload and a load when it holds it from another source. Raises ``WorkerUnreachable`` (also when
+    the load takes longer than ``load_timeout_s``: the worker goes on loading it)."""
     try:
         held = (await list_loras(session, base_url)).get(name)
         if held is not None and same_source(held.uri, uri):
             return Outcome(held=True)
         if held is not None:
             await unload(session, base_url, name)
-        await load(session, base_url, name, uri)
+        await load(session, base_url, name, uri, timeout_s=load_timeout_s)
     except LoraRefused as exc:
         return Outcome(held=False, refusal=exc.refusal)
     return Outcome(held=True, action="reloaded" if held is not None else "loaded")

@@ -5,8 +5,9 @@ the adapters the namespace's ``DynamoModel``s declare for the pod's base model (
 valid, not being deleted) are put on it (``dynamo_api.lora_client.ensure``, the same call the
 DynamoModel's own visit makes), and the gate is opened once each adapter is held, or was refused for
 good (``Refusal.permanent``: the DynamoModel's condition and Events say why; a broken adapter does not
-hold a rollout up forever). A pod that does not answer, or answers ``NoFreeSlot`` or
-``SourceUnreachable``, keeps its gate closed until a later visit: in a rollout the old pods keep serving
+hold a rollout up forever). A pod that does not answer, answers ``NoFreeSlot`` or
+``SourceUnreachable``, or takes longer than ``GATE_LOAD_TIMEOUT_S`` to load (the graph's visit does not
+wait on a download), keeps its gate closed until a later visit: in a rollout the old pods keep serving
 the adapter meanwhile. Like the pairing gate, it is never closed again.
 """
 
@@ -34,6 +35,10 @@ from dynamo_operator.render import labels
 __all__ = ["open_lora_gates", "waits_for_lora_gate"]
 
 logger = logging.getLogger(__name__)
+
+# A load the graph's visit waits for: a longer one (an hf:// download) goes on in the worker, and the
+# DynamoModel's own visit (which waits longer) or a later graph visit finds it held.
+GATE_LOAD_TIMEOUT_S = 10.0
 
 
 def _now() -> str:
@@ -63,7 +68,9 @@ async def _settled(
     for dm in wanted:
         assert dm.spec.source is not None  # problems() is empty
         try:
-            outcome = await lora_client.ensure(session, address, dm.spec.model_name, dm.spec.source.uri)
+            outcome = await lora_client.ensure(
+                session, address, dm.spec.model_name, dm.spec.source.uri, load_timeout_s=GATE_LOAD_TIMEOUT_S
+            )
         except lora_client.WorkerUnreachable:
             return False
         if not outcome.held and (outcome.refusal is None or not outcome.refusal.permanent):
