@@ -156,7 +156,8 @@ def _model_schema(model: type[BaseModel], *, preserve: bool = False) -> dict[str
 
 
 # Where the API server sends ConversionReviews until the operator writes its own address and CA at
-# start-up (the chart's Service in namespace "dynamo"; see README "Conversion webhook").
+# start-up (the chart's Service in namespace "dynamo"; see docs/kubernetes.md, "Two API versions, one
+# conversion webhook").
 DEFAULT_WEBHOOK_SERVICE = {
     "namespace": "dynamo",
     "name": "dynamo-operator-webhook",

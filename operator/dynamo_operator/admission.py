@@ -20,7 +20,7 @@ operator watches, pointed at its Service (chart) or URL (``--webhook-url``, an o
 cluster) with the CA bundle it serves. ``failurePolicy`` is ``--webhook-failure-policy``: with
 ``Ignore`` (the default) a graph applied while the operator is down is stored unvalidated and judged
 (condition + Event) when it is back; with ``Fail`` every create and update is refused until it is back.
-README "Validating webhook" says more.
+docs/kubernetes.md ("Validating webhook") says more.
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ EXTRA_FLAGS = os.environ.get("EXTRA_FLAGS", "").split()
 EXAMPLES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "agg": ("examples/agg.yaml", 1, ()),
     "agg-router": ("examples/agg-router.yaml", 2, ("kv_events",)),
+    "agg-hicache": ("examples/agg-hicache.yaml", 2, ("kv_events",)),
     "disagg": ("examples/disagg.yaml", 2, ()),
     "disagg-router": ("examples/disagg-router.yaml", 4, ("kv_events",)),
     "disagg-tp2": ("tests/gpu/examples/disagg-tp2.yaml", 4, ()),

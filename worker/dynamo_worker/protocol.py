@@ -140,7 +140,10 @@ class GenerateRequest(_Wire):
 class Usage(_Wire):
     prompt_tokens: Annotated[int, Field(ge=0)]
     completion_tokens: Annotated[int, Field(ge=0)]
-    cached_tokens: Annotated[int, Field(ge=0)] = 0
+    cached_tokens: Annotated[int, Field(ge=0)] = 0  # prompt tokens not computed: found in any KV tier
+    # Of ``cached_tokens``, those loaded back from host memory or storage (SGLang's HiCache) rather than
+    # found on the GPU (SGLang's ``cached_tokens_details`` host + storage).
+    cached_tokens_host: Annotated[int, Field(ge=0)] = 0
 
 
 class WorkerError(_Wire):
@@ -286,17 +289,26 @@ class InstanceRecord(_Wire):
 # --- event plane --------------------------------------------------------------------------------
 
 
+# Where a KV block is held (``BlockStored`` / ``BlockRemoved``): the GPU's KV pool, host memory
+# (SGLang's HiCache, ``--enable-hierarchical-cache``), or HiCache's storage tier. A block may be held in
+# several at once (a host backup of a GPU block); see ``router.index`` for what each event means.
+Medium = Literal["gpu", "host", "disk"]
+MEDIA: tuple[Medium, ...] = ("gpu", "host", "disk")
+
+
 class BlockStored(_Wire):
     type: Literal["stored"] = "stored"
     parent_hash: int | None  # None: the blocks start at the beginning of a sequence
     block_hashes: list[int]  # the engine's hashes, in sequence order
     token_ids: list[int]  # len(block_hashes) * page_size tokens, the content of those blocks
+    medium: Medium = "gpu"  # the tier the blocks are now (also) held in
     lora_name: str | None = None  # the adapter whose prefix cache holds them (None: the base model)
 
 
 class BlockRemoved(_Wire):
     type: Literal["removed"] = "removed"
     block_hashes: list[int]
+    medium: Medium = "gpu"  # the tier the blocks left (they may still be held in another)
 
 
 class AllBlocksCleared(_Wire):
@@ -324,7 +336,8 @@ class KvSnapshotRequest(_Wire):
 
 class KvSnapshotPart(_Wire):
     """One part of a worker's answer to ``KvSnapshotRequest``: the blocks it has published as stored
-    and not removed, as ``BlockStored`` events (parents before children) per dp rank. ``next_seq`` is
+    and not removed, as ``BlockStored`` events (parents before children, one per tier a block is
+    held in, each with its ``medium``) per dp rank. ``next_seq`` is
     the ``seq`` of the first event batch *not* included: batches below it are already in the snapshot.
     Large snapshots come in several parts, numbered ``part`` = 0, 1, ... and the last with ``last``."""
 

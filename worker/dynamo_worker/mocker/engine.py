@@ -22,7 +22,9 @@ Tokens: see ``tokens.TokenSampler``; they depend on the prompt, ``sampling.seed`
 ``stop_token_ids`` hit (after ``min_tokens``) ends with "stop" and is not returned; eos is emitted only
 with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_token_ids``; never with
 ``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
-for a decode leg, its prefill's hits).
+for a decode leg, its prefill's hits), of which ``cached_tokens_host`` were loaded back from the
+simulated HiCache host tier (``--enable-hierarchical-cache``; see ``kv_manager``), which the step that
+admits the request pays for (``timing.TimingModel.load_back_s``).
 Closing the request's iterator (the client went away) frees its blocks at once.
 
 LoRA (``--enable-lora`` or ``--lora-paths``, SGLang's flags): adapters load and unload through the
@@ -205,6 +207,7 @@ class _Seq:
     kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
     preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
     cached_tokens: int | None = None
+    host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory
     generated: list[int] = field(default_factory=list)
     finished: bool = False
     rank: int = 0  # data-parallel rank whose KV cache holds it
@@ -237,7 +240,10 @@ class MockerEngine(Engine):
         self._last_load: LoadSnapshot | None = None
         self.bootstrap: BootstrapServer | None = None
         self._layout = ""  # kv_layout(), once started
-        self.kvs = [BlockManager(settings.num_kv_blocks, settings.page_size) for _ in range(settings.dp_size)]
+        host = settings.host_blocks(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
+        self.kvs = [
+            BlockManager(settings.gpu_blocks, settings.page_size, host) for _ in range(settings.dp_size)
+        ]
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
         self.timing = settings.timing(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
@@ -271,6 +277,7 @@ class MockerEngine(Engine):
         )
         kv_bytes = s.kv_bytes_per_token or _kv_bytes_from_config(config) or DEFAULT_KV_BYTES_PER_TOKEN
         self.timing = s.timing(kv_bytes)
+        self._size_host_tier(kv_bytes)
         self.sampler = await asyncio.to_thread(TokenSampler.from_model_dir, model_dir, s.vocab_size)
         if (model_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -295,17 +302,18 @@ class MockerEngine(Engine):
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
         log.info(
-            "Started mocker role=%s model=%s kv_blocks=%s page_size=%s speedup=%s",
+            "Started mocker role=%s model=%s kv_blocks=%s host_kv_blocks=%s page_size=%s speedup=%s",
             self.role,
             name,
-            s.num_kv_blocks,
+            s.gpu_blocks,
+            self.kv.host_blocks,
             s.page_size,
             s.speedup,
         )
         return EngineInfo(
             model_name=name,
             page_size=s.page_size,
-            total_kv_blocks=s.num_kv_blocks * s.dp_size,
+            total_kv_blocks=s.gpu_blocks * s.dp_size,
             max_running_requests=s.max_running_requests,
             bootstrap_host=self._advertise_host if bootstrap_port else None,
             bootstrap_port=bootstrap_port,
@@ -314,6 +322,30 @@ class MockerEngine(Engine):
             context_length=self.context_length,
             features=self._features(config),
         )
+
+    def _size_host_tier(self, kv_bytes: int) -> None:
+        """HiCache's host memory per rank, now that the KV bytes per token are known (--hicache-size)."""
+        s = self.settings
+        host = s.host_blocks(kv_bytes)
+        for kv in self.kvs:
+            kv.host_blocks = host
+        if not host:
+            return
+        log.info(
+            "Simulating HiCache host_kv_blocks=%d (%.1f GB) write_policy=write_through "
+            "load_back_us_per_block=%.0f",
+            host,
+            host * s.page_size * kv_bytes / 1e9,
+            self.timing.load_back_s(s.page_size) * 1e6,
+        )
+        if host <= s.gpu_blocks:
+            log.warning(
+                "HiCache host KV cache (%d blocks) is not larger than the GPU's (%d blocks): host memory "
+                "holds copies of the GPU's blocks first, so few evicted blocks stay there; raise "
+                "--hicache-ratio above 1 (SGLang warns alike)",
+                host,
+                s.gpu_blocks,
+            )
 
     # --- LoRA ----------------------------------------------------------------------------------------
 
@@ -473,6 +505,7 @@ class MockerEngine(Engine):
                     result.first_token,
                     result.cached_tokens,
                 )
+                seq.host_cached_tokens = result.host_cached_tokens
             self._waiting.append(seq)
             queued = True
             self._wakeup.set()
@@ -618,7 +651,9 @@ class MockerEngine(Engine):
         info = seq.request.bootstrap_info
         assert info is not None and self.bootstrap is not None
         first = chunk.token_ids[0] if chunk.token_ids else self.sampler.token(seq.digest, 0)
-        result = PrefillResult(first, len(seq.request.token_ids), seq.cached_tokens or 0)
+        result = PrefillResult(
+            first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens
+        )
         left = max(self.settings.bootstrap_timeout_s - (time.monotonic() - started), 0.5)
         try:
             await self.bootstrap.prefill_done(info.bootstrap_room, result, left)
@@ -667,6 +702,7 @@ class MockerEngine(Engine):
         """Move waiting requests into the batch. Returns the prefill time and the requests prefilled."""
         budget = self.settings.prefill_budget
         prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
+        loaded = 0  # tokens loaded back from host memory (HiCache host hits)
         prefilled: list[_Seq] = []
         admitted = 0
         adapters = {s.lora for s in self._running} if self.loras is not None else None
@@ -705,6 +741,7 @@ class MockerEngine(Engine):
             self._kv_events(alloc.events, seq.rank)
             if seq.cached_tokens is None:
                 seq.cached_tokens = alloc.cached_tokens
+                seq.host_cached_tokens = alloc.host_cached_tokens
             self._running.append(seq)
             if seq.kv_ready:
                 if seq.preset_first is not None and not seq.generated:
@@ -712,10 +749,12 @@ class MockerEngine(Engine):
             else:
                 uncached = len(seq.tokens) - alloc.cached_tokens
                 prefills.append((uncached, alloc.cached_tokens))
+                loaded += alloc.host_cached_tokens
                 prefilled.append(seq)
                 budget -= uncached
         self._waiting.extendleft(reversed(passed))
-        return self.timing.prefill_batch_s(prefills) + self._lora_swap_s(), prefilled
+        step_s = self.timing.prefill_batch_s(prefills) + self.timing.load_back_s(loaded)
+        return step_s + self._lora_swap_s(), prefilled
 
     def _lora_swap_s(self) -> float:
         """The time this step spends copying the batch's adapters into the GPU slots."""
@@ -777,6 +816,7 @@ class MockerEngine(Engine):
             prompt_tokens=len(seq.request.token_ids),
             completion_tokens=len(seq.generated),
             cached_tokens=seq.cached_tokens or 0,
+            cached_tokens_host=seq.host_cached_tokens,
         )
         logprobs = logprobs if tokens else None
         seq.out.put_final(

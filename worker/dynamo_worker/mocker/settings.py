@@ -87,6 +87,29 @@ class MockerSettings(Settings):
         description="Run a step's prefills together with one decode step of the running batch, as SGLang's "
         "flag does (default: a prefill step runs alone and decoding waits for it).",
     )
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="KV cache size in tokens (SGLang --max-total-tokens): when set, the cache has "
+        "max_total_tokens // page_size blocks and --num-kv-blocks is not used.",
+    )
+    enable_hierarchical_cache: bool = Field(
+        False,
+        description="SGLang's HiCache: a host-memory tier behind the GPU's KV cache, simulated as SGLang's "
+        "default write_through policy (every GPU block copied to host memory, GPU evictions demoted there, "
+        "host hits loaded back at --host-load-gb-s, the same KV events). --hicache-write-policy, "
+        "--hicache-io-backend, --hicache-mem-layout and --hicache-storage-backend are accepted and not "
+        "simulated (named at startup with the other ignored flags).",
+    )
+    hicache_ratio: float = Field(
+        2.0, gt=0, description="Host KV cache size as a multiple of the GPU's (SGLang --hicache-ratio)."
+    )
+    hicache_size: int = Field(
+        0,
+        ge=0,
+        description="Host KV cache size in GB, overriding --hicache-ratio when set (SGLang --hicache-size); "
+        "blocks = size / (page_size x KV bytes per token).",
+    )
     kv_events_config: str | None = Field(
         None,
         description="Accepted (SGLang's KV events publisher, which the operator wires for KV routing): the "
@@ -126,6 +149,12 @@ class MockerSettings(Settings):
     )
     kv_transfer_gbps: float = Field(100.0, gt=0, description="Prefill->decode bandwidth (gigabits/s).")
     kv_transfer_latency_ms: float = Field(1.0, ge=0, description="Fixed cost of a KV transfer (ms).")
+    host_load_gb_s: float = Field(
+        50.0,
+        gt=0,
+        description="HiCache host->GPU bandwidth for loading host hits back (GB/s; default: a pinned copy "
+        "over PCIe Gen5 x16 on an H100). Per block: page_size x KV bytes per token / this.",
+    )
     bootstrap_timeout_s: float = Field(
         30.0, gt=0, description="How long a prefill or decode leg waits for its peer before failing."
     )
@@ -236,6 +265,21 @@ class MockerSettings(Settings):
         return self.enable_lora or bool(self.lora_paths)
 
     @property
+    def gpu_blocks(self) -> int:
+        """KV cache blocks per rank: --max-total-tokens when given, else --num-kv-blocks."""
+        if self.max_total_tokens is not None:
+            return max(self.max_total_tokens // self.page_size, 1)
+        return self.num_kv_blocks
+
+    def host_blocks(self, kv_bytes_per_token: int) -> int:
+        """HiCache's host memory in blocks (0 without --enable-hierarchical-cache), as SGLang sizes it."""
+        if not self.enable_hierarchical_cache:
+            return 0
+        if self.hicache_size > 0:
+            return max(int(self.hicache_size * 1e9 // (kv_bytes_per_token * self.page_size)), 1)
+        return max(int(self.gpu_blocks * self.hicache_ratio), 1)
+
+    @property
     def prefill_budget(self) -> int:
         """New prefill tokens one scheduler step may take (SGLang: the smaller of both limits)."""
         chunk = self.chunked_prefill_size
@@ -252,6 +296,7 @@ class MockerSettings(Settings):
             kv_bytes_per_token=kv_bytes_per_token,
             kv_transfer_gbps=self.kv_transfer_gbps,
             kv_transfer_latency_ms=self.kv_transfer_latency_ms,
+            host_load_gb_s=self.host_load_gb_s,
             speedup=self.speedup,
             profile=load_profile(self.profile) if self.profile else None,
         )

@@ -52,7 +52,7 @@ SILENT_AFTER_REQUESTS = 3  # requests a worker finishes without any KV event bef
 class Choice:
     worker: InstanceRecord
     prompt_blocks: int  # full page_size blocks of the prompt on this worker
-    overlap_blocks: int  # of which the kv index believes the worker caches (0 outside kv mode)
+    overlap_blocks: int  # of which the kv index believes the worker caches, in any tier (0 outside kv mode)
     dp_rank: int | None = None  # the data-parallel rank to send the request to (kv mode, dp_size > 1)
     lora_name: str | None = None  # the LoRA adapter the request runs (None: the base model)
 
@@ -312,20 +312,23 @@ class Router:
                 hashes_by_page[record.page_size] = hashes
             prompt_blocks[worker_id] = len(hashes)
             ranks = range(record.dp_size)
-            overlaps = self.index.overlaps(hashes, [(worker_id, r) for r in ranks])
+            overlaps = self.index.tier_overlaps(hashes, [(worker_id, r) for r in ranks])
             share = record.dp_size
             others = self._other_blocks.get(worker_id, 0) // share
             waiting = self._other_waiting.get(worker_id, 0)
             capacity = record.total_kv_blocks // share if record.total_kv_blocks else None
             for rank in ranks:
                 c = Choice(record, len(hashes), 0, rank)
-                held = self.index.block_count(worker_id, rank, predicted=True)
+                held = self.index.block_count(worker_id, rank, predicted=True)  # on its GPU
+                tiers = overlaps[(worker_id, rank)]
                 resident, slots_full = self.lora_residency(c.key, record, lora_name)
                 kv_candidates.append(
                     KvCandidate(
                         worker_id=worker_id,
                         dp_rank=rank,
-                        overlap_blocks=overlaps[(worker_id, rank)],
+                        overlap_blocks=tiers.gpu,
+                        host_blocks=tiers.host,
+                        disk_blocks=tiers.disk,
                         prefill_blocks=self._prefill_blocks.get(c.key, 0) + waiting // share,
                         decode_blocks=self._decode_blocks.get(c.key, 0) + others,
                         requests=self._requests.get(c.key, 0) + waiting // share,
@@ -344,17 +347,19 @@ class Router:
             (best.worker_id, best.dp_rank), hashes_by_page[record.page_size], now + self.predict_ttl_s
         )
         log.debug(
-            "Routed request worker=%s dp_rank=%d overlap=%d blocks=%d costs=%s",
+            "Routed request worker=%s dp_rank=%d overlap=%d host=%d disk=%d blocks=%d costs=%s",
             best.worker_id,
             best.dp_rank,
             best.overlap_blocks,
+            best.host_blocks,
+            best.disk_blocks,
             blocks,
             costs,
         )
         return Choice(
             record,
             prompt_blocks[best.worker_id],
-            best.overlap_blocks,
+            best.overlap_blocks + best.host_blocks + best.disk_blocks,
             best.dp_rank if record.dp_size > 1 else None,
             lora_name,
         )

@@ -192,10 +192,19 @@ def _error_type(reason: Any, message: str) -> ErrorType:
 
 
 def usage_from_meta(meta: Mapping[str, Any]) -> Usage:
+    """Usage from SGLang's ``meta_info``. With HiCache, ``cached_tokens`` counts every tier and
+    ``cached_tokens_details`` ({"device", "host"[, "storage"]}) splits it: host and storage are ours
+    ``cached_tokens_host``."""
+    cached = int(meta.get("cached_tokens") or 0)
+    details = meta.get("cached_tokens_details")
+    lower = 0
+    if isinstance(details, Mapping):
+        lower = sum(int(details.get(k) or 0) for k in ("host", "storage"))
     return Usage(
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         completion_tokens=int(meta.get("completion_tokens") or 0),
-        cached_tokens=int(meta.get("cached_tokens") or 0),
+        cached_tokens=cached,
+        cached_tokens_host=min(lower, cached),
     )
 
 
