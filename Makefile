@@ -89,7 +89,7 @@ image-operator: venv ## build the operator image with buildah (root, no registry
 image-runtime: ## build the CPU runtime image (mocker, no CUDA) with buildah and serve a disagg graph in it
 	FLAVOUR=cpu bash hack/build-runtime-image.sh
 
-image-runtime-cuda: ## build the CUDA runtime image (SGLang 0.5.17, torch 2.11, NIXL; several GB; not in CI)
+image-runtime-cuda: ## build the CUDA runtime image (SGLang, torch, NIXL as images/gpu-lock.txt pins them; several GB; not in CI)
 	FLAVOUR=cuda bash hack/build-runtime-image.sh
 
 .PHONY: bench bench-peers image-operator image-runtime image-runtime-cuda

@@ -17,6 +17,13 @@ a few per chunk so that no line grows past what a reader buffers, the last chunk
 
 Discovery records (``InstanceRecord``) and event-plane messages (``KvEventBatch``, ``LoadMetrics``)
 are defined here too, so a frontend, a router and every kind of worker agree on one definition.
+
+Rolling upgrades: what a peer *tells* (discovery records, model cards, KV events and snapshots, load
+metrics, the chunks of an answer) ignores fields it does not know, so an older frontend or router reads
+a newer worker's messages and a mixed fleet keeps serving; new fields always have defaults, so a newer
+reader reads an older peer's too. What a peer is *asked to do* (``GenerateRequest``) refuses unknown
+fields: a worker that does not know a field cannot honour it, and serving the request without it would
+answer a different request than the one sent.
 """
 
 from __future__ import annotations
@@ -47,7 +54,15 @@ ErrorType = Literal[
 
 
 class _Wire(BaseModel):
+    """What a peer is asked to do: an unknown field is refused (see the module docstring)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Told(BaseModel):
+    """What a peer tells: an unknown field (a newer peer's) is ignored (see the module docstring)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class SamplingOptions(_Wire):
@@ -137,7 +152,7 @@ class GenerateRequest(_Wire):
         return self
 
 
-class Usage(_Wire):
+class Usage(_Told):
     prompt_tokens: Annotated[int, Field(ge=0)]
     completion_tokens: Annotated[int, Field(ge=0)]
     cached_tokens: Annotated[int, Field(ge=0)] = 0  # prompt tokens not computed: found in any KV tier
@@ -146,17 +161,17 @@ class Usage(_Wire):
     cached_tokens_host: Annotated[int, Field(ge=0)] = 0
 
 
-class WorkerError(_Wire):
+class WorkerError(_Told):
     type: ErrorType
     message: str
 
 
-class TopLogprob(_Wire):
+class TopLogprob(_Told):
     token_id: int
     logprob: float
 
 
-class TokenLogprob(_Wire):
+class TokenLogprob(_Told):
     """One output token's log probability and the ``logprobs`` most likely alternatives."""
 
     token_id: int
@@ -164,7 +179,7 @@ class TokenLogprob(_Wire):
     top: list[TopLogprob] = Field(default_factory=list)
 
 
-class GenerateChunk(_Wire):
+class GenerateChunk(_Told):
     token_ids: list[int] = Field(default_factory=list)
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
@@ -179,7 +194,7 @@ class GenerateChunk(_Wire):
         return self
 
 
-class ServingFeatures(_Wire):
+class ServingFeatures(_Told):
     """What a worker's model serves beyond plain generation, published in its model card.
 
     ``model_type``: ``generate`` (chat and completions) or ``embedding`` (``/v1/embeddings`` only).
@@ -229,7 +244,7 @@ def embedding_chunks(vectors: Sequence[Sequence[float]], usage: Usage) -> list[G
 # --- discovery ----------------------------------------------------------------------------------
 
 
-class LoraAdapter(_Wire):
+class LoraAdapter(_Told):
     """A LoRA adapter a worker holds (loaded through ``/v1/loras`` or ``--lora-paths``)."""
 
     name: Annotated[str, Field(min_length=1, max_length=LORA_NAME_MAX)]
@@ -238,7 +253,7 @@ class LoraAdapter(_Wire):
     pinned: bool = False
 
 
-class LoraState(_Wire):
+class LoraState(_Told):
     """What a LoRA-enabled worker publishes in discovery: the adapters it holds and its slots.
 
     ``max_loras_per_batch``: distinct adapters one batch runs (the base model counts as one, as in
@@ -260,7 +275,7 @@ class LoraState(_Wire):
         return any(a.name == name for a in self.adapters)
 
 
-class InstanceRecord(_Wire):
+class InstanceRecord(_Told):
     """What a worker registers in discovery, renewed by its heartbeat while it lives."""
 
     instance_id: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
@@ -296,7 +311,7 @@ Medium = Literal["gpu", "host", "disk"]
 MEDIA: tuple[Medium, ...] = ("gpu", "host", "disk")
 
 
-class BlockStored(_Wire):
+class BlockStored(_Told):
     type: Literal["stored"] = "stored"
     parent_hash: int | None  # None: the blocks start at the beginning of a sequence
     block_hashes: list[int]  # the engine's hashes, in sequence order
@@ -305,20 +320,20 @@ class BlockStored(_Wire):
     lora_name: str | None = None  # the adapter whose prefix cache holds them (None: the base model)
 
 
-class BlockRemoved(_Wire):
+class BlockRemoved(_Told):
     type: Literal["removed"] = "removed"
     block_hashes: list[int]
     medium: Medium = "gpu"  # the tier the blocks left (they may still be held in another)
 
 
-class AllBlocksCleared(_Wire):
+class AllBlocksCleared(_Told):
     type: Literal["cleared"] = "cleared"
 
 
 KvEvent = Annotated[BlockStored | BlockRemoved | AllBlocksCleared, Field(discriminator="type")]
 
 
-class KvEventBatch(_Wire):
+class KvEventBatch(_Told):
     """KV cache events of one worker. ``seq`` grows by one per batch; a gap means events were lost.
     A data-parallel engine's batch holds the events of one attention dp rank, ``dp_rank``."""
 
@@ -328,13 +343,13 @@ class KvEventBatch(_Wire):
     dp_rank: Annotated[int, Field(ge=0)] = 0
 
 
-class KvSnapshotRequest(_Wire):
+class KvSnapshotRequest(_Told):
     """Asks one worker for the blocks it holds (``kv_snapshot_subject``); sent with a reply inbox."""
 
     requester: str = ""  # for the worker's log only
 
 
-class KvSnapshotPart(_Wire):
+class KvSnapshotPart(_Told):
     """One part of a worker's answer to ``KvSnapshotRequest``: the blocks it has published as stored
     and not removed, as ``BlockStored`` events (parents before children, one per tier a block is
     held in, each with its ``medium``) per dp rank. ``next_seq`` is
@@ -349,7 +364,7 @@ class KvSnapshotPart(_Wire):
     events: list[BlockStored] = Field(default_factory=list)
 
 
-class LoadMetrics(_Wire):
+class LoadMetrics(_Told):
     instance_id: str
     active_blocks: Annotated[int, Field(ge=0)]
     total_blocks: Annotated[int, Field(ge=0)]

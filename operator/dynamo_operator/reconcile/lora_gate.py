@@ -14,7 +14,6 @@ the adapter meanwhile. Like the pairing gate, it is never closed again.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,8 +27,9 @@ from dynamo_api.loras import base_model_of
 from pydantic import ValidationError
 
 from dynamo_operator.reconcile import model_endpoints as me
-from dynamo_operator.reconcile.kube import DYNAMO_MODEL, POD, Kube, NotFound
+from dynamo_operator.reconcile.kube import DYNAMO_MODEL, POD, Kube, NotFound, timestamp
 from dynamo_operator.reconcile.model_endpoints import waits_for_lora_gate
+from dynamo_operator.reconcile.outcome import Change
 from dynamo_operator.render import labels
 
 __all__ = ["open_lora_gates", "waits_for_lora_gate"]
@@ -39,10 +39,6 @@ logger = logging.getLogger(__name__)
 # A load the graph's visit waits for: a longer one (an hf:// download) goes on in the worker, and the
 # DynamoModel's own visit (which waits longer) or a later graph visit finds it held.
 GATE_LOAD_TIMEOUT_S = 10.0
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def declared_adapters(kube: Kube, namespace: str) -> list[DynamoModel]:
@@ -78,11 +74,12 @@ async def _settled(
     return True
 
 
-async def open_lora_gates(kube: Kube, raw: dict, pods: Sequence[Mapping[str, Any]]) -> None:
-    """Open the gate of ``pods`` (the graph's) that hold their adapters; post one Event about them."""
+async def open_lora_gates(kube: Kube, raw: dict, pods: Sequence[Mapping[str, Any]]) -> list[Change]:
+    """Open the gate of ``pods`` (the graph's) that hold their adapters; the change, for the graph's
+    Event (``LorasLoaded``)."""
     waiting = [p for p in pods if waits_for_lora_gate(p)]
     if not waiting:
-        return
+        return []
     namespace = raw["metadata"]["namespace"]
     bases = {c.name: base_model_of(c) for c in components(load_graph(raw))}
     declared = await declared_adapters(kube, namespace)
@@ -103,17 +100,15 @@ async def open_lora_gates(kube: Kube, raw: dict, pods: Sequence[Mapping[str, Any
                 POD,
                 namespace,
                 pod["metadata"]["name"],
-                me.gate_condition(_now(), names),
+                me.gate_condition(timestamp(), names),
                 subresource="status",
             )
         except NotFound:
             continue  # deleted meanwhile
         opened.append(pod["metadata"]["name"])
-    if opened:
-        message = (
-            f"Opened the LoRA readiness gate of {len(opened)} pod(s) holding their adapters: "
-            + ", ".join(opened[:5])
-            + (", ..." if len(opened) > 5 else "")
-        )
-        logger.info("%s graph=%s/%s", message, namespace, raw["metadata"]["name"])
-        await kube.post_event(raw, type_="Normal", reason="LorasLoaded", message=message)
+    if not opened:
+        return []
+    shown = ", ".join(opened[:5]) + (", ..." if len(opened) > 5 else "")
+    message = f"Opened the LoRA readiness gate of {len(opened)} pod(s) holding their adapters: {shown}"
+    logger.info("%s graph=%s/%s", message, namespace, raw["metadata"]["name"])
+    return [Change("LorasLoaded", message)]

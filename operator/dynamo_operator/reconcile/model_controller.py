@@ -17,7 +17,6 @@ Events are posted on transitions (a condition that changed), and for each load, 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +31,7 @@ from pydantic import ValidationError
 
 from dynamo_operator.reconcile import conditions
 from dynamo_operator.reconcile import model_endpoints as me
-from dynamo_operator.reconcile.conditions import Cond
-from dynamo_operator.reconcile.controller import problems_from_validation
+from dynamo_operator.reconcile.conditions import Cond, problems_from_validation
 from dynamo_operator.reconcile.kube import (
     DGD,
     DYNAMO_MODEL,
@@ -42,8 +40,9 @@ from dynamo_operator.reconcile.kube import (
     Kube,
     KubeError,
     label_selector,
+    timestamp,
 )
-from dynamo_operator.reconcile.workqueue import WorkQueue
+from dynamo_operator.reconcile.workqueue import ExponentialBackoff, WorkQueue
 from dynamo_operator.render import labels
 
 __all__ = ["ModelController"]
@@ -53,10 +52,6 @@ logger = logging.getLogger(__name__)
 Key = tuple[str, str]
 MAX_BACKOFF_S = 60.0
 CONCURRENCY = 16  # endpoints asked at once, per visit
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _key(body: Mapping[str, Any]) -> Key:
@@ -103,15 +98,18 @@ class ModelController:
     queue: WorkQueue[Key] = field(init=False)
     _known: dict[Key, None] = field(default_factory=dict, init=False)
     _own_writes: dict[Key, str] = field(default_factory=dict, init=False)
-    _failures: dict[Key, int] = field(default_factory=dict, init=False)
-    _not_ready: dict[Key, int] = field(default_factory=dict, init=False)
+    _not_ready: ExponentialBackoff[Key] = field(
+        default_factory=lambda: ExponentialBackoff(base_s=1.0, cap_s=MAX_BACKOFF_S), init=False
+    )
     _generations: dict[Key, int | None] = field(default_factory=dict, init=False)  # graphs'
     _pods: dict[str, tuple[bool, str]] = field(default_factory=dict, init=False)  # uid -> (serving, IP)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
     _resync_task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.queue = WorkQueue(self.reconcile, workers=self.workers)
+        self.queue = WorkQueue(
+            self.reconcile, workers=self.workers, backoff=ExponentialBackoff(base_s=2.0, cap_s=MAX_BACKOFF_S)
+        )
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -177,8 +175,7 @@ class ModelController:
     def _forget(self, key: Key) -> None:
         self._known.pop(key, None)
         self._own_writes.pop(key, None)
-        self._failures.pop(key, None)
-        self._not_ready.pop(key, None)
+        self._not_ready.forget(key)
 
     # --- the visit ------------------------------------------------------------------------------
     async def reconcile(self, key: Key) -> None:
@@ -186,21 +183,16 @@ class ModelController:
         try:
             ready = await self._visit(namespace, name)
         except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
-            failures = self._failures.get(key, 0) + 1
-            self._failures[key] = failures
-            delay = min(MAX_BACKOFF_S, 2.0**failures)
+            delay = self.queue.add_rate_limited(key)
             logger.warning(
                 "Could not reconcile model=%s/%s error=%s retry_in=%.0fs", namespace, name, exc, delay
             )
-            self.queue.add_after(key, delay)
             return
-        self._failures.pop(key, None)
-        if ready is False:
-            visits = self._not_ready.get(key, 0)
-            self._not_ready[key] = visits + 1
-            self.queue.add_after(key, min(MAX_BACKOFF_S, 2.0**visits))
+        self.queue.forget(key)
+        if ready is False:  # not every endpoint holds it yet: again soon, then less often
+            self.queue.add_after(key, self._not_ready.when(key))
         else:
-            self._not_ready.pop(key, None)
+            self._not_ready.forget(key)
 
     async def _visit(self, namespace: str, name: str) -> bool | None:
         """One visit. Returns whether the model is Ready (None: nothing to wait for)."""
@@ -266,13 +258,9 @@ class ModelController:
         current = raw.get("status") or {}
         current_conds = current.get("conditions") or []
         ready = wanted[0]
+        for event in me.model_events(current_conds, ready):
+            await self.kube.post_event(raw, type_=event.type, reason=event.reason, message=event.message)
         if conditions.changed(current_conds, ready):
-            if ready.status == "True":
-                await self.kube.post_event(
-                    raw, type_="Normal", reason="EndpointsReady", message=ready.message
-                )
-            elif ready.reason not in (me.NOT_READY, me.NO_ENDPOINTS):  # loading is no news
-                await self.kube.post_event(raw, type_="Warning", reason=ready.reason, message=ready.message)
             logger.info(
                 "Model %s/%s ready=%s reason=%s: %s",
                 meta["namespace"],
@@ -283,7 +271,7 @@ class ModelController:
             )
         new: dict[str, Any] = {
             "conditions": conditions.merge(
-                current_conds, wanted, now=_now(), generation=meta.get("generation")
+                current_conds, wanted, now=timestamp(), generation=meta.get("generation")
             ),
             "observedGeneration": meta.get("generation"),
             **(me.status_body(observed) if observed is not None else me.status_body([])),

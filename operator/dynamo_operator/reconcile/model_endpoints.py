@@ -25,7 +25,8 @@ from dynamo_api.loras import Refusal, adapter_services
 from dynamo_api.models import DynamoGraphDeployment
 from dynamo_api.validation import Problem
 
-from dynamo_operator.reconcile.conditions import READY, Cond
+from dynamo_operator.reconcile.conditions import READY, Cond, changed
+from dynamo_operator.reconcile.outcome import Event
 from dynamo_operator.render import labels
 from dynamo_operator.render.lora_gate import LORA_GATE_CONDITION
 from dynamo_operator.render.names import label_value
@@ -44,6 +45,7 @@ __all__ = [
     "gate_condition",
     "invalid_conditions",
     "model_conditions",
+    "model_events",
     "serving",
     "status_body",
     "targets",
@@ -277,3 +279,15 @@ def status_body(observed: Sequence[Observed]) -> dict[str, Any]:
         "readyEndpoints": sum(o.ready for o in observed),
         "totalEndpoints": len(observed),
     }
+
+
+def model_events(current: Sequence[Mapping[str, Any]], ready: Cond) -> list[Event]:
+    """The Events of a model's new Ready condition, on a transition only: Normal ``EndpointsReady``
+    when it became Ready, a Warning with the reason when something refuses it (loading is no news)."""
+    if not changed([dict(c) for c in current], ready):
+        return []
+    if ready.status == "True":
+        return [Event("Normal", "EndpointsReady", ready.message)]
+    if ready.reason in (NOT_READY, NO_ENDPOINTS):
+        return []
+    return [Event("Warning", ready.reason, ready.message)]

@@ -167,3 +167,17 @@ def test_a_relative_file_source_cannot_load_in_a_cluster():
     (ready, endpoints) = me.invalid_conditions((problem,))
     assert (ready.type, ready.status, ready.reason) == ("Ready", "False", "RelativeSource")
     assert endpoints.type == "EndpointsReady" and "nothing was loaded" in endpoints.message
+
+
+def test_events_come_on_transitions_only():
+    ready = me.model_conditions(model(), TARGETS, [observed("d-1", True)])[0]
+    (event,) = me.model_events([], ready)
+    assert (event.type, event.reason) == ("Normal", "EndpointsReady")
+    current = [{"type": "Ready", "status": "True", "reason": ready.reason, "message": ready.message}]
+    assert me.model_events(current, ready) == []
+    rank = Refusal("RankTooLarge", "raise --max-lora-rank")
+    refused = me.model_conditions(model(), TARGETS, [observed("d-1", False, rank)])[0]
+    (warning,) = me.model_events(current, refused)
+    assert (warning.type, warning.reason) == ("Warning", "RankTooLarge") and "raise" in warning.message
+    loading = me.model_conditions(model(), TARGETS, [observed("d-1", False)])[0]
+    assert me.model_events(current, loading) == []  # loading is no news
