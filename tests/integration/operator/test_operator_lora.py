@@ -1,6 +1,7 @@
 """DynamoModels on a disaggregated graph: the operator loads each adapter on every prefill and decode
-worker as pods come and go, and unloads it when the model is deleted; a bad source or a rank above
---max-lora-rank is a condition and an Event naming the fix; a rollout keeps serving adapter requests.
+worker as pods come and go, reloads it from a new source, and unloads it when the model is deleted; a
+bad source or a rank above --max-lora-rank is a condition and an Event naming the fix; a rollout keeps
+serving adapter requests.
 
 What is real: the kube-apiserver, controller-manager (Deployments roll the pods) and scheduler, the
 operator, nats-server, the frontend and the mocker workers (each a process started from the pod the
@@ -118,6 +119,12 @@ def held(endpoint: dict) -> list[str]:
         return sorted(a["lora_name"] for a in json.loads(r.read())["loras"])
 
 
+def sources(endpoint: dict) -> dict[str, str]:
+    """Each adapter the worker at a status endpoint holds, and where it was loaded from."""
+    with urllib.request.urlopen(endpoint["address"] + "/v1/loras", timeout=5) as r:
+        return {a["lora_name"]: a["uri"] for a in json.loads(r.read())["loras"]}
+
+
 def worker_pods(kc: Kubectl) -> list[str]:
     return sorted(
         p["metadata"]["name"]
@@ -191,6 +198,20 @@ def test_models_reach_ready_follow_the_pods_and_unload_when_deleted(
         c.completions.create(model="sql", prompt="Hello", max_tokens=4)
     assert complete(kubelet, "support")
     assert kc.events("sql", "LoRAUnloaded")
+
+    # a new source.uri is loaded on every worker in place of the old one
+    kc.apply(dynamo_model("support", adapters["sql"]))
+
+    def reloaded() -> bool:
+        obj = ready(kc, "support")
+        return bool(obj) and all(
+            sources(e) == {"support": adapters["sql"]} for e in obj["status"]["endpoints"]
+        )
+
+    wait_until(reloaded, "every worker to hold support from its new source")
+    assert any(
+        e["message"].startswith("Reloaded adapter support") for e in kc.events("support", "LoRALoaded")
+    )
 
 
 def test_a_missing_or_bad_source_and_a_rank_above_the_workers_are_refused_with_the_fix(
