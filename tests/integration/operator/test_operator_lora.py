@@ -39,14 +39,15 @@ COMPONENT = "nvidia.com/dynamo-component"
 LOAD_MS = 2000
 
 
-def graph_on(kubelet: LocalKubelet, page_size: int = 16) -> dict:
-    """examples/lora-disagg.yaml's graph on the test kubelet's node, with the mocker as engine."""
+def graph_on(kubelet: LocalKubelet, page_size: int = 16, grace_s: int = 1) -> dict:
+    """examples/lora-disagg.yaml's graph on the test kubelet's node, with the mocker as engine; its workers
+    drain ``grace_s`` on SIGTERM (a rollout's old pods serve their running requests to the end)."""
     graph = graph_of(EXAMPLES / "lora-disagg.yaml")
     graph["metadata"] = {"name": GRAPH}
     graph["spec"]["envs"] = [
         {"name": "DYN_HTTP_HOST", "value": "127.0.0.1"},
         {"name": "DYN_LISTEN_HOST", "value": "127.0.0.1"},
-        {"name": "DYN_GRACEFUL_SHUTDOWN_S", "value": "5"},
+        {"name": "DYN_GRACEFUL_SHUTDOWN_S", "value": str(grace_s)},
     ]
     for name, service in graph["spec"]["services"].items():
         extra = service.setdefault("extraPodSpec", {})
@@ -248,7 +249,7 @@ def test_a_missing_or_bad_source_and_a_rank_above_the_workers_are_refused_with_t
 
 def test_a_rollout_keeps_serving_adapter_requests(kc: Kubectl, served: LocalKubelet, adapters):
     kubelet = served
-    kc.apply(graph_on(kubelet, page_size=16))
+    kc.apply(graph_on(kubelet, page_size=16, grace_s=5))
     kc.apply(dynamo_model("support", adapters["support"]))
     kc.wait_ready(GRAPH, 120)
     kc.run("wait", "--for=condition=Ready", "dm/support", "--timeout=60s")
@@ -282,7 +283,7 @@ async def _serve_through_rollout(kc: Kubectl, kubelet: LocalKubelet, before: set
     clients = [asyncio.create_task(load()) for _ in range(3)]
     try:
         await wait_until_async(lambda: ok[0] >= 10, "the first 10 adapter requests", timeout_s=60)
-        kc.apply(graph_on(kubelet, page_size=32))  # a new revision of both roles
+        kc.apply(graph_on(kubelet, page_size=32, grace_s=5))  # a new revision of both roles
 
         def rolled() -> bool:
             kubelet.check()
