@@ -6,10 +6,11 @@ written in (:func:`dynamo_api.conversion.load_graph` reads both; v1beta1 lives i
 
 The shape follows NVIDIA Dynamo's CRD, so a manifest written for Dynamo's operator parses here and
 passes our generated schema (``crds/``, made by :mod:`dynamo_api.crdgen`). Fields Dynamo
-accepts but this operator does not act on (``autoscaling``, ``ingress``, ``modelRef``,
-``dynamoNamespace``, ...) are declared and accepted; the renderer states in a Notice that it ignores
-them. Unknown fields are ignored like the API server prunes them, except under ``extraPodSpec``,
-which is an arbitrary Kubernetes PodSpec (plus ``mainContainer``, a Container) and is kept verbatim.
+accepts but this operator does not act on (``autoscaling``, ``ingress``, ``dynamoNamespace``, ...) are
+declared and accepted; the renderer states in a Notice that it ignores them. (``modelRef`` names the
+base model a worker serves, for ``DynamoModel``s: :mod:`dynamo_api.loras`.) Unknown fields are ignored
+like the API server prunes them, except under ``extraPodSpec``, which is an arbitrary Kubernetes
+PodSpec (plus ``mainContainer``, a Container) and is kept verbatim.
 
 Parse the raw custom-object dict with ``DynamoGraphDeployment.model_validate(body)``; dump with
 ``model_dump(by_alias=True, exclude_none=True)`` to get the Kubernetes spelling back.
@@ -361,7 +362,9 @@ class ServiceSpec(_Model):
     global_dynamo_namespace: bool | None = Field(None, description="Not supported; ignored.")
     autoscaling: Autoscaling | None = None
     ingress: Ingress | None = None
-    model_ref: ModelRef | None = None
+    model_ref: ModelRef | None = Field(
+        None, description="The base model this worker serves, for DynamoModels (LoRA adapters) naming it."
+    )
     pvc: PVC | None = Field(None, description="Older Dynamo manifests: one volume for this service.")
     epp_config: Opaque | None = Field(None, description="Not supported (Dynamo's EPP component); ignored.")
     gpu_memory_service: Opaque | None = Field(

@@ -58,6 +58,7 @@ from dynamo_operator.reconcile.kube import (
     resource_type,
     timestamp,
 )
+from dynamo_operator.reconcile.lora_gate import open_lora_gates, waits_for_lora_gate
 from dynamo_operator.reconcile.outcome import Change, Event, Outcome, applied, events_for, pruned, status_for
 from dynamo_operator.reconcile.restarts import GroupRestarter
 from dynamo_operator.reconcile.workqueue import ExponentialBackoff, WorkQueue
@@ -159,7 +160,7 @@ class Controller:
         await self.restarter.pod_event(event_type, pod)
         if event_type == "DELETED":
             return
-        if status.pod_problem(pod) is not None or pairing.waits_for_gate(pod):
+        if status.pod_problem(pod) is not None or pairing.waits_for_gate(pod) or waits_for_lora_gate(pod):
             self.child_event(pod)
 
     def _forget(self, key: Key) -> None:
@@ -279,6 +280,7 @@ class Controller:
         ready = status.ready_condition(counts, pods_selector)
         if ready.status != "True":  # open readiness gates; say why, when the pods' status states it
             pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
+            done += await open_lora_gates(self.kube, raw, pods)  # before pairing: a pair needs its adapters
             done += await self._open_gates(raw, rendered, pods)
             problems = status.pod_problems(pods, component_label=labels.COMPONENT)
             ready = status.ready_condition(counts, pods_selector, problems)

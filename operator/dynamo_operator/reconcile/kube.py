@@ -65,6 +65,7 @@ DGD = ResourceType("nvidia.com/v1beta1", "DynamoGraphDeployment", "dynamographde
 SCALING_ADAPTER = ResourceType(
     "nvidia.com/v1alpha1", "DynamoGraphDeploymentScalingAdapter", "dynamographdeploymentscalingadapters"
 )
+DYNAMO_MODEL = ResourceType("nvidia.com/v1alpha1", "DynamoModel", "dynamomodels")
 DEPLOYMENT = ResourceType("apps/v1", "Deployment", "deployments")
 STATEFULSET = ResourceType("apps/v1", "StatefulSet", "statefulsets")
 SERVICE = ResourceType("v1", "Service", "services")
@@ -92,6 +93,7 @@ KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
     for t in (
         DGD,
         SCALING_ADAPTER,
+        DYNAMO_MODEL,
         DEPLOYMENT,
         STATEFULSET,
         SERVICE,

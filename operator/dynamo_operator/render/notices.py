@@ -18,7 +18,6 @@ def ignored_fields(c: Component) -> list[Notice]:
     ignored = [
         ("autoscaling", spec.autoscaling is not None and bool(spec.autoscaling.enabled)),
         ("ingress", spec.ingress is not None and bool(spec.ingress.enabled)),
-        ("modelRef", spec.model_ref is not None),
         ("dynamoNamespace", spec.dynamo_namespace is not None),
         ("globalDynamoNamespace", bool(spec.global_dynamo_namespace)),
         ("eppConfig", spec.epp_config is not None),

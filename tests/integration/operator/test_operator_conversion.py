@@ -16,12 +16,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from dynamo_api import models
 
 from tests.integration.operator.conftest import DGD_CRD, EXAMPLES, Kubectl, OperatorProcess, example
 from tests.support.cluster import ClusterError
 from tests.support.dynamo_examples import serving
+from tests.support.manifests import graph_of
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def at_v1beta1(kc: Kubectl) -> Kubectl:
 
 
 def load(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+    return graph_of(path)
 
 
 def _services(obj: dict) -> dict:
