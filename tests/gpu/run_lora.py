@@ -6,8 +6,8 @@ Adapters: four PEFT adapters with random weights for the 8B-shaped dummy model o
 (``tests/support/peft_adapters.py``; ranks 8 and 16 alternating, every attention and MLP projection), so
 each changes the output, and differently.
 
-Phase ``agg`` (1 GPU): ``dynamo-run`` of ``examples/lora-agg.yaml`` (until it exists,
-``tests/gpu/examples/lora-agg.yaml``), with only what a user of this machine changes (``run_examples``:
+Phase ``agg`` (1 GPU): ``dynamo-run`` of ``examples/lora-agg.yaml``, with only what a user of this
+machine changes (``run_examples``:
 the dummy model, ``USER_FLAGS``) and its ``DynamoModel`` documents pointed at the generated adapters.
 The adapters are served as ``dynamo-run`` applies them; those it did not apply within ``APPLY_S`` (a
 ``dynamo-run`` without ``DynamoModel`` support), and the extra ones up to four, are loaded as the
@@ -81,9 +81,7 @@ def log(msg: str) -> None:
 
 
 def example(phase: str) -> Path:
-    """``examples/lora-<phase>.yaml`` once it exists, else ours under tests/gpu/examples."""
-    shipped = ex.ROOT / "examples" / f"lora-{phase}.yaml"
-    return shipped if shipped.is_file() else HERE / "examples" / f"lora-{phase}.yaml"
+    return ex.ROOT / "examples" / f"lora-{phase}.yaml"
 
 
 def declared_models(docs: list[dict]) -> list[dict]:
