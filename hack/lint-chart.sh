@@ -45,6 +45,7 @@ done
 SCHEMAS="$(mktemp -d)"
 trap 'rm -rf "$SCHEMAS"' EXIT
 "$PYTHON" hack/kubeschemas.py "$SCHEMAS" --crd "$CHART/crds/nvidia.com_dynamographdeployments.yaml" \
+  --crd "$CHART/crds/nvidia.com_dynamomodels.yaml" \
   --crd "$BIN/podmonitor-crd.yaml"
 kubeconform() {
   "$BIN/kubeconform" -strict -summary -kubernetes-version "$KUBE_VERSION" \

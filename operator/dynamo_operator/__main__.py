@@ -36,6 +36,7 @@ from dynamo_operator.reconcile.kube import (
     KubeError,
     load_credentials,
 )
+from dynamo_operator.reconcile.model_controller import ModelController
 from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
 from dynamo_operator.webhook import WebhookServer
 
@@ -185,7 +186,12 @@ async def _run_kopf(
         standalone=settings.peering is None,
         peering_name=settings.peering,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(controller=controller, credentials=creds, webhook=webhook_server),
+        memo=kopf.Memo(
+            controller=controller,
+            models=ModelController(kube=kube, resync_interval_s=settings.resync_interval_s),
+            credentials=creds,
+            webhook=webhook_server,
+        ),
     )
 
 

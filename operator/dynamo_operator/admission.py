@@ -1,22 +1,26 @@
 """The validating admission webhook: HTTPS ``POST /validate`` answering ``admission.k8s.io/v1``
-AdmissionReviews for DynamoGraphDeployments, beside the conversion webhook on the same server.
+AdmissionReviews for DynamoGraphDeployments and DynamoModels, beside the conversion webhook on the same
+server.
 
 It refuses at ``kubectl apply`` what the operator would refuse at reconcile: :func:`judge` renders the
 graph with the operator's own configuration, and every ``Problem`` of ``render`` (the semantic checks
 of :mod:`dynamo_api.validation` and the configuration-dependent ones) is a refusal naming the
 field and the fix; every warning notice is an admission warning (``kubectl`` prints ``Warning: ...``)
-and the graph is stored. An update that leaves ``spec`` as it was (labels, annotations, finalizers) and
-a graph being deleted are always allowed, so a graph stored before the webhook existed can still be
-edited and deleted.
+and the graph is stored. A DynamoModel is judged by :func:`dynamo_api.dynamo_model.problems` (a
+``lora`` without ``source.uri``, an unsupported source, an adapter name with ``:``); a ``file://``
+path relative to a manifest is a warning (only dynamo-run resolves it). An update that leaves ``spec``
+as it was (labels, annotations, finalizers) and an object being deleted are always allowed, so a graph
+stored before the webhook existed can still be edited and deleted.
 
 The operator registers the webhook itself (:func:`ensure_validating_webhook`, re-checked every minute
 with the conversion settings): a ValidatingWebhookConfiguration for CREATE and UPDATE of
-``nvidia.com/v1beta1`` DynamoGraphDeployments with ``matchPolicy: Equivalent``, so requests at v1alpha1
-reach it converted, scoped by a namespace selector to the namespaces the operator watches, pointed at
-its Service (chart) or URL (``--webhook-url``, an operator outside the cluster) with the CA bundle it
-serves. ``failurePolicy`` is ``--webhook-failure-policy``: with ``Ignore`` (the default) a graph applied
-while the operator is down is stored unvalidated and judged (condition + Event) when it is back; with
-``Fail`` every create and update is refused until it is back. README "Validating webhook" says more.
+``nvidia.com/v1beta1`` DynamoGraphDeployments (``matchPolicy: Equivalent``, so requests at v1alpha1
+reach it converted) and ``v1alpha1`` DynamoModels, scoped by a namespace selector to the namespaces the
+operator watches, pointed at its Service (chart) or URL (``--webhook-url``, an operator outside the
+cluster) with the CA bundle it serves. ``failurePolicy`` is ``--webhook-failure-policy``: with
+``Ignore`` (the default) a graph applied while the operator is down is stored unvalidated and judged
+(condition + Event) when it is back; with ``Fail`` every create and update is refused until it is back.
+docs/kubernetes.md ("Validating webhook") says more.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from dynamo_api import models
+from dynamo_api import dynamo_model, models
 from dynamo_api.conversion import load_graph
 from pydantic import ValidationError
 
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile.controller import problems_from_validation
 from dynamo_operator.reconcile.kube import VALIDATING_WEBHOOK, Kube, KubeError
+from dynamo_operator.reconcile.model_endpoints import cluster_problems
 from dynamo_operator.render import labels, render
 from dynamo_operator.webhook import differs
 
@@ -45,6 +50,7 @@ __all__ = [
     "ensure_validating_webhook",
     "forbidden",
     "judge",
+    "judge_model",
     "validating_webhook_configuration",
 ]
 
@@ -62,8 +68,23 @@ class Verdict:
     warnings: list[str] = field(default_factory=list)
 
 
+def judge_model(obj: dict[str, Any]) -> Verdict:
+    """What the operator makes of ``obj``, a raw DynamoModel: its refusals and warnings."""
+    try:
+        dm = dynamo_model.DynamoModel.model_validate(obj)
+    except ValidationError as exc:
+        return Verdict([f"{p.field}: {p.message}" for p in problems_from_validation(exc)])
+    return Verdict(
+        [f"{p.field}: {p.message}" for p in dynamo_model.problems(dm)],
+        [f"{p.field}: {p.message}" for p in cluster_problems(dm)],
+    )
+
+
 def judge(obj: dict[str, Any], config: OperatorConfig) -> Verdict:
-    """What the operator makes of ``obj`` (a raw graph of either version): its refusals and warnings."""
+    """What the operator makes of ``obj`` (a raw graph of either version, or a DynamoModel): its refusals
+    and warnings."""
+    if obj.get("kind") == dynamo_model.KIND:
+        return judge_model(obj)
     meta = obj.get("metadata") or {}
     if not meta.get("name") and meta.get("generateName"):  # named by the API server after admission
         obj = {**obj, "metadata": {**meta, "name": f"{meta['generateName']}x"}}
@@ -109,8 +130,15 @@ def admission_review(body: Any, decide: Callable[[dict[str, Any]], Verdict]) -> 
     response: dict[str, Any] = {"uid": uid, "allowed": not verdict.refusals}
     if verdict.refusals:
         name = (obj.get("metadata") or {}).get("name") or "(new)"
-        message = f"DynamoGraphDeployment {name} cannot run: " + "; ".join(verdict.refusals)
-        logger.info("Refused graph=%s/%s problems=%d", request.get("namespace"), name, len(verdict.refusals))
+        kind = obj.get("kind") or models.KIND
+        message = f"{kind} {name} cannot run: " + "; ".join(verdict.refusals)
+        logger.info(
+            "Refused kind=%s name=%s/%s problems=%d",
+            kind,
+            request.get("namespace"),
+            name,
+            len(verdict.refusals),
+        )
         response["status"] = {"code": 422, "reason": "Invalid", "message": message}
     if verdict.warnings:
         response["warnings"] = list(verdict.warnings)
@@ -124,7 +152,8 @@ def validating_webhook_configuration(
     failure_policy: str,
     namespaces: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration that sends graphs (of ``namespaces``; empty: all) to /validate."""
+    """The ValidatingWebhookConfiguration that sends graphs and DynamoModels (of ``namespaces``; empty:
+    all) to /validate."""
     selector: dict[str, Any] = {}
     if namespaces:
         selector = {
@@ -147,7 +176,14 @@ def validating_webhook_configuration(
                         "operations": ["CREATE", "UPDATE"],
                         "resources": [models.PLURAL],
                         "scope": "Namespaced",
-                    }
+                    },
+                    {
+                        "apiGroups": [models.GROUP],
+                        "apiVersions": [dynamo_model.VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": [dynamo_model.PLURAL],
+                        "scope": "Namespaced",
+                    },
                 ],
                 "matchPolicy": "Equivalent",
                 "namespaceSelector": selector,

@@ -84,7 +84,9 @@ class OperatorSettings(Settings, OperatorConfig):
     )
     workers: int = Field(8, ge=1, le=256, description="Graphs reconciled concurrently.")
     resync_interval_s: float = Field(
-        300.0, gt=0, description="Every graph is reconciled at least this often (drift the watches missed)."
+        300.0,
+        gt=0,
+        description="Every graph and DynamoModel is reconciled at least this often (drift watches missed).",
     )
     not_ready_recheck_s: float = Field(
         20.0, gt=0, description="A graph that is not Ready yet is re-checked at least this often."

@@ -1,6 +1,7 @@
 """dynamo-run end to end: every example (examples/**/*.yaml, multinode ones as the processes of their
 ranks) served on the mocker as local processes, driven by the official openai client: streaming chat,
-completions and usage counts; killing
+completions and usage counts, and the LoRA examples' adapters (their DynamoModels) by name and as
+<base>:<adapter>; killing
 the decode process makes requests fail with a clear error and dynamo-run reports it (keeping its log);
 SIGTERM stops every process dynamo-run started (checked by PID and process group) and leaves no
 temporary file, even of a process that was killed. The planner example runs its planner, in dry-run
@@ -27,6 +28,7 @@ import pytest
 from dynamo_worker.runtime.nats_server import free_port
 
 from tests.support.dynamo_examples import DYNAMO_EXAMPLES, FIXTURES, serving
+from tests.support.manifests import MODEL_KIND, documents
 from tests.support.procs import group_members, popen
 from tests.support.wait import wait_until
 
@@ -204,7 +206,33 @@ def test_every_example_serves_chat_and_completions_and_sigterm_leaves_nothing(dy
         model = check_serving(run)
         if example.name.startswith("multimodal"):
             check_image_chat(run, model)
+        if example.name.startswith("lora"):
+            check_adapters(run, example)
     stop_and_check_nothing_left(run)
+
+
+def check_adapters(run: DynamoRun, example: Path) -> None:
+    """The file's DynamoModels: loaded on every worker (the Ready lines say where), listed with their
+    parent, and served by name and as <base>:<adapter>."""
+    models = documents(example, MODEL_KIND)
+    assert models
+    workers = sorted(n for n in run.started_pids() if n.startswith(("decode", "prefill")))
+    with run.client() as client:
+        listed = {m.id: m for m in client.models.list().data}
+        for doc in models:
+            name, base = doc["spec"]["modelName"], doc["spec"]["baseModelName"]
+            ready_line = f"dynamo-run |   adapter: {name} (base {base}) on {', '.join(workers)}"
+            assert ready_line in run.output().splitlines(), run.output()
+            assert getattr(listed[name], "parent", None) == base, listed[name]
+            for model in (name, f"{base}:{name}"):
+                r = client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": "Hello adapter"}],
+                    max_tokens=5,
+                    extra_body={"ignore_eos": True},
+                )
+                assert r.choices[0].message.content and r.usage is not None and r.usage.completion_tokens == 5
+    assert "was not loaded" not in run.output()
 
 
 # Qwen/Qwen3-Embedding-0.6B's sentence-transformers modules: Transformer -> Pooling -> Normalize.
@@ -386,5 +414,40 @@ def test_the_planner_example_runs_its_planner_in_dry_run_on_the_local_frontends_
     # a planner that dies is reported, and the graph serves on without it
     os.killpg(run.started_pids()["Planner-0"], signal.SIGKILL)
     run.wait_for(r"Planner-0 \(the planner\) EXITED with signal SIGKILL; the graph keeps serving", 30)
+    check_serving(run)
+    stop_and_check_nothing_left(run)
+
+
+def test_an_adapter_a_worker_refuses_is_reported_loudly_and_the_rest_serves(dynamo_run, tmp_path):
+    """A DynamoModel of rank 64 beside lora-agg.yaml (--max-lora-rank 16): the worker's reason and fix in an
+    error line and in the Ready line; the other adapters and the base model are served."""
+    from dynamo_worker.tinymodel import ensure_tiny_model
+
+    from tests.support.peft_adapters import write_adapter
+
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    write_adapter(
+        ensure_tiny_model(tmp_path / "tiny"), tmp_path / "adapters" / "huge", rank=64, targets=targets
+    )
+    for name in ("customer-support", "sql-assistant"):
+        shutil.copytree(ROOT / "examples" / "adapters" / name, tmp_path / "adapters" / name)
+    huge = (
+        "---\napiVersion: nvidia.com/v1alpha1\nkind: DynamoModel\nmetadata:\n  name: huge\nspec:\n"
+        "  modelName: huge\n  baseModelName: Qwen/Qwen3-0.6B\n  modelType: lora\n"
+        "  source:\n    uri: file://adapters/huge\n"
+    )
+    manifest = tmp_path / "lora-agg.yaml"
+    manifest.write_text((ROOT / "examples" / "lora-agg.yaml").read_text() + huge)
+    run = dynamo_run(manifest)
+    error = run.wait_for(
+        r"ERROR: DynamoModel huge \(adapter huge\) was not loaded on decode-0: RankTooLarge: (.*)", 5
+    )
+    assert "--max-lora-rank" in error[1]
+    assert "dynamo-run |   adapter: huge (base Qwen/Qwen3-0.6B) on no worker; FAILED on 1" in run.output()
+    with run.client() as client:
+        assert {"customer-support", "sql-assistant"} <= {m.id for m in client.models.list().data}
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="huge", prompt="Hello", max_tokens=2)
+        assert client.completions.create(model="sql-assistant", prompt="Hello", max_tokens=2).choices[0].text
     check_serving(run)
     stop_and_check_nothing_left(run)

@@ -90,6 +90,7 @@ FRONTEND_ARGS = os.environ.get("FRONTEND_ARGS", "").split()  # added to the fron
 EXAMPLES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "agg": ("examples/agg.yaml", 1, ()),
     "agg-router": ("examples/agg-router.yaml", 2, ("kv_events",)),
+    "agg-hicache": ("examples/agg-hicache.yaml", 2, ("kv_events",)),
     "disagg": ("examples/disagg.yaml", 2, ()),
     "disagg-router": ("examples/disagg-router.yaml", 4, ("kv_events",)),
     "disagg-tp2": ("tests/gpu/examples/disagg-tp2.yaml", 4, ()),
@@ -135,7 +136,16 @@ def _containers(graph: dict) -> list[dict]:
 def user_manifest(example: str, folder: Path, frontend_args: list[str] | None = None) -> Path:
     """``example`` with ``USER_FLAGS`` appended to every SGLang worker's args (and ``frontend_args`` to
     the frontend's), written into ``folder``."""
-    graph = yaml.safe_load((ROOT / example).read_text())
+    graph = user_graph(yaml.safe_load((ROOT / example).read_text()), frontend_args)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(example).name
+    path.write_text(yaml.safe_dump(graph, sort_keys=False))
+    return path
+
+
+def user_graph(graph: dict, frontend_args: list[str] | None = None) -> dict:
+    """The graph document with ``USER_FLAGS`` appended to every SGLang worker's args (and
+    ``frontend_args`` to the frontend's), changed in place."""
     for svc in (graph["spec"].get("services") or {}).values():  # v1alpha1, as the examples are
         if frontend_args and svc.get("componentType") == "frontend":
             main = svc.setdefault("extraPodSpec", {}).setdefault("mainContainer", {})
@@ -155,10 +165,7 @@ def user_manifest(example: str, folder: Path, frontend_args: list[str] | None = 
             args[-1] = f"{args[-1]} {' '.join(USER_FLAGS + EXTRA_FLAGS)}"
         else:
             container["args"] = [*map(str, args), *USER_FLAGS, *EXTRA_FLAGS]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / Path(example).name
-    path.write_text(yaml.safe_dump(graph, sort_keys=False))
-    return path
+    return graph
 
 
 # --- one dynamo-run --------------------------------------------------------------------------------

@@ -14,7 +14,11 @@ unmanaged by kwok), kept alive with a Lease as a kubelet keeps it, whose pods it
   kubelet probes), ``Ready`` when the containers are ready and every readiness gate's condition is True
   (the kubelet's rule);
 - a pod being deleted gets SIGTERM, its grace period to exit (SIGKILL after), and is then removed from
-  the API server (grace 0), as the kubelet finishes a deletion.
+  the API server (grace 0), as the kubelet finishes a deletion;
+- with ``pod_network=True``, each pod gets an address of its own on the loopback (``127.x.y.z``, the
+  ``podIP`` in its status) where every declared containerPort answers, forwarded to the process's local
+  port: what the operator reaches at ``http://<podIP>:9090`` (a worker's system port) is that pod, as
+  in a cluster. Off by default: the pods' status then says ``127.0.0.1``.
 
 What it does not do: restart containers, run init containers or other containers than ``main``, read
 Secrets, ConfigMaps or volumes. Mocks only what cannot run here (a node's container runtime).
@@ -27,6 +31,7 @@ import contextlib
 import datetime
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -68,6 +73,7 @@ class _Running:
     failure_threshold: int  # consecutive probe failures that make a ready container unready
     period_s: float  # how often a ready container is probed (periodSeconds)
     log_path: Path
+    forwards: list[asyncio.Server] = field(default_factory=list)  # pod_network: podIP:port -> local
     containers_ready: bool = False
     failures: int = 0
     probed_at: float = 0.0
@@ -83,6 +89,7 @@ class LocalKubelet:
     namespace: str
     log_dir: Path
     node: str = ""
+    pod_network: bool = False
     _pods: dict[str, _Running] = field(default_factory=dict)  # by uid
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -141,6 +148,7 @@ class LocalKubelet:
         with contextlib.suppress(ApiException):
             self._call(self._core.delete_node(self.node))
         self._call(self._api.close())
+        self._call(_cancel_others())  # relays of pod_network still open
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(5)
         self._loop.close()
@@ -266,13 +274,14 @@ class LocalKubelet:
             container_port = named.get(port) if isinstance(port, str) else int(port)
             if container_port in ports:
                 url = f"http://127.0.0.1:{ports[container_port]}{probe.get('path', '/')}"
+        pod_ip, forwards = self._pod_address(ports) if self.pod_network else ("127.0.0.1", [])
         now = _now()
         self._patch_status(
             meta["name"],
             {
                 "phase": "Running",
-                "podIP": "127.0.0.1",
-                "podIPs": [{"ip": "127.0.0.1"}],
+                "podIP": pod_ip,
+                "podIPs": [{"ip": pod_ip}],
                 "hostIP": "127.0.0.1",
                 "startTime": now,
                 "conditions": [{"type": "Initialized", "status": "True", "lastTransitionTime": now}],
@@ -280,7 +289,23 @@ class LocalKubelet:
         )
         log.info("Started pod=%s pid=%s", meta["name"], proc.pid)
         threshold = int(readiness.get("failureThreshold", 3))
-        return _Running(pod, proc, ports, url, threshold, float(readiness.get("periodSeconds", 10)), log_path)
+        period = float(readiness.get("periodSeconds", 10))
+        return _Running(pod, proc, ports, url, threshold, period, log_path, forwards)
+
+    def _pod_address(self, ports: Mapping[int, int]) -> tuple[str, list[asyncio.Server]]:
+        """A free loopback address for a pod, each of its declared ports forwarded from there."""
+        for _ in range(20):
+            ip = f"127.{random.randint(10, 250)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
+            forwards: list[asyncio.Server] = []
+            try:
+                for container_port, local in ports.items():
+                    forwards.append(self._call(_forward(ip, container_port, local)))
+            except OSError:  # taken by another test's pod: another address
+                for server in forwards:
+                    self._call(_close(server))
+                continue
+            return ip, forwards
+        raise RuntimeError("no free loopback address for a pod after 20 tries")
 
     def _probe_and_report(self, running: _Running) -> None:
         alive = running.proc.poll() is None
@@ -351,6 +376,9 @@ class LocalKubelet:
             self._call(self._core.delete_namespaced_pod(meta["name"], meta["namespace"], body=body))
 
     def _terminate(self, running: _Running, grace_s: float) -> None:
+        for server in running.forwards:
+            self._call(_close(server))
+        running.forwards = []
         proc = running.proc
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -369,6 +397,46 @@ class LocalKubelet:
                     name, self.namespace, {"status": status}, _content_type=STRATEGIC
                 )
             )
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        pass
+
+
+async def _forward(ip: str, port: int, local: int) -> asyncio.Server:
+    """A listener on ``ip:port`` whose every connection is relayed to ``127.0.0.1:local``."""
+
+    async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", local)
+        except OSError:  # the process is not listening (yet, or any more): refused, as a pod would
+            client_w.close()
+            return
+        try:
+            await asyncio.gather(_pipe(client_r, upstream_w), _pipe(upstream_r, client_w))
+        finally:
+            upstream_w.close()
+            client_w.close()
+
+    return await asyncio.start_server(relay, ip, port)
+
+
+async def _cancel_others() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close(server: asyncio.Server) -> None:
+    server.close()  # open relays end with their process
 
 
 def _http_ok(url: str) -> bool:

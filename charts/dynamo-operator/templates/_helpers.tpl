@@ -106,6 +106,14 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments/status"]
   verbs: ["get", "patch"]
+# DynamoModels (LoRA adapters): watched; a LoRA model gets the operator's finalizer (patch), so that
+# deleting it unloads the adapter from the workers first; status written through the subresource.
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamomodels"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["nvidia.com"]
+  resources: ["dynamomodels/status"]
+  verbs: ["get", "patch"]
 # Children carry ownerReferences with blockOwnerDeletion, which needs update on the owner's finalizers
 # where the OwnerReferencesPermissionEnforcement admission plugin is on.
 - apiGroups: ["nvidia.com"]
@@ -127,8 +135,9 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]
-# A disaggregated graph's prefill and decode pods are Ready once their revision has both roles: the
-# operator states that in their readiness gate condition (render.revision).
+# A disaggregated graph's prefill and decode pods are Ready once their revision has both roles, and a
+# LoRA worker once it holds its adapters: the operator states that in their readiness gate conditions
+# (render.revision, render.lora_gate).
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]

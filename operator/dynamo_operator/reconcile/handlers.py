@@ -6,12 +6,17 @@
   status follows the children promptly.
 - Watch on our DynamoGraphDeploymentScalingAdapters (same label): queue a visit of the owning graph, so
   ``kubectl scale``, HPA and KEDA reach the service promptly.
-- Pod watch (same label): multinode group restarts (StatefulSet backend).
+- Pod watch (same label): multinode group restarts (StatefulSet backend), and a visit of the namespace's
+  DynamoModels when a pod starts or stops serving.
+- DynamoModel watch: queue a visit of the model (``memo.models``); graphs changing their spec queue the
+  visits of their namespace's models too.
 
-Only ``on.event`` handlers are used: they keep no progress in the objects (no kopf annotations, no
-finalizers), so deleting a graph never waits for the operator. The visit itself is
-:meth:`dynamo_operator.reconcile.controller.Controller.reconcile`; ``memo.controller`` is set by
-``dynamo_operator.__main__``.
+Only ``on.event`` handlers are used: they keep no progress in the objects (no kopf annotations, no kopf
+finalizers), so deleting a graph never waits for the operator. (A LoRA DynamoModel carries a finalizer
+of ours, so that its adapter is unloaded: ``reconcile.model_controller``.) The visits themselves are
+:meth:`dynamo_operator.reconcile.controller.Controller.reconcile` and
+:meth:`dynamo_operator.reconcile.model_controller.ModelController.reconcile`; ``memo.controller`` and
+``memo.models`` are set by ``dynamo_operator.__main__``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 from typing import Any
 
 import kopf
-from dynamo_api import scaling
+from dynamo_api import dynamo_model, scaling
 from dynamo_api.models import GROUP, PLURAL, STORAGE_VERSION
 
 from dynamo_operator.reconcile.kube import LWS
@@ -39,6 +44,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 600
     settings.watching.server_timeout = 300
     memo.controller.start()
+    memo.models.start()
     logger.info(
         "Started reconcile workers count=%d group_backend=%s",
         memo.controller.workers,
@@ -49,6 +55,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await memo.controller.stop()
+    await memo.models.stop()
     # The webhook server closes its connections here, while kopf stops: kopf gives every task still
     # running after its own 5 s before it exits, and the API server keeps its connections to the
     # webhook open, so an operator that closed them later exited 5 s after SIGTERM.
@@ -81,6 +88,7 @@ def reconcile_queue(memo: kopf.Memo, **_: Any) -> int:
 @kopf.on.event(GROUP, STORAGE_VERSION, PLURAL)  # v1beta1: the operator never depends on its own webhook
 async def graph_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.controller.graph_event(type, body)
+    memo.models.graph_event(type, body)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OURS)
@@ -95,3 +103,9 @@ async def child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("v1", "pods", labels=OURS)
 async def pod_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await memo.controller.pod_event(type, body)
+    memo.models.pod_event(type, body)
+
+
+@kopf.on.event(GROUP, dynamo_model.VERSION, dynamo_model.PLURAL)
+async def model_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.models.model_event(type, body)

@@ -3,10 +3,12 @@
 The prefill and decode pods of a disaggregated graph carry the pair's revision (label) and a readiness
 gate (``render.revision``). A pod is Ready only when its containers are ready and the gate's condition
 is True; the operator sets it on every pod of a revision that has at least one prefill and one decode
-pod whose containers are ready (a multinode group's leader stands for its group: the other members
-serve nothing by themselves). The condition is never set back to False: it records that the revision
-was paired, and a crash of one role's pods later is the frontend's business (discovery), not a reason to
-make the other role's pods unready.
+pod whose containers are ready, and that hold their LoRA adapters when they serve any (their LoRA gate,
+``render.lora_gate``, is open), so that a new revision is paired with its adapters on both roles (a
+multinode group's leader stands for its group: the other members serve nothing by themselves). The
+condition is never set back to False: it records that the revision was paired, and a crash of one
+role's pods later is the frontend's business (discovery), not a reason to make the other role's pods
+unready.
 
 Why: a rolling update removes old pods only as new ones become Ready. With the gate, the first new
 prefill pod is not Ready until a new decode pod is serving too (and the other way round), so the old
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dynamo_operator.render import labels
+from dynamo_operator.render.lora_gate import LORA_GATE_CONDITION
 from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL
 
 __all__ = ["gates_to_open", "paired_condition", "waits_for_gate"]
@@ -31,9 +34,12 @@ def _condition(pod: Mapping[str, Any], type_: str) -> str | None:
     return None
 
 
+def _gates(pod: Mapping[str, Any]) -> list[str]:
+    return [g.get("conditionType", "") for g in (pod.get("spec") or {}).get("readinessGates") or []]
+
+
 def _gated(pod: Mapping[str, Any]) -> bool:
-    gates = (pod.get("spec") or {}).get("readinessGates") or []
-    return any(g.get("conditionType") == PAIRED_CONDITION for g in gates)
+    return PAIRED_CONDITION in _gates(pod)
 
 
 def waits_for_gate(pod: Mapping[str, Any]) -> bool:
@@ -50,7 +56,13 @@ def gates_to_open(pods: Iterable[Mapping[str, Any]], roles: Mapping[str, str | N
         meta_labels = (pod.get("metadata") or {}).get("labels") or {}
         role = roles.get(meta_labels.get(labels.COMPONENT, ""))
         member = meta_labels.get(labels.MULTINODE_ROLE) == "worker"
-        if role in ("prefill", "decode") and not member and _condition(pod, "ContainersReady") == "True":
+        loras = LORA_GATE_CONDITION not in _gates(pod) or _condition(pod, LORA_GATE_CONDITION) == "True"
+        if (
+            role in ("prefill", "decode")
+            and not member
+            and loras
+            and _condition(pod, "ContainersReady") == "True"
+        ):
             serving.setdefault(meta_labels.get(REVISION_LABEL, ""), set()).add(role)
     complete = {rev for rev, have in serving.items() if have == {"prefill", "decode"}}
     return sorted(

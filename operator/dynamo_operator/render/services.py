@@ -14,6 +14,7 @@ from dynamo_api.models import DynamoGraphDeployment
 from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels, placement, workloads
+from dynamo_operator.render.lora_gate import with_lora_gate
 from dynamo_operator.render.names import child_name, group_name, service_dns_name
 from dynamo_operator.render.pods import pod_spec, template
 from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL
@@ -54,7 +55,7 @@ def _single(
 ) -> ServiceOutput:
     name = child_name(dgd.name, c.name)
     placed = placement.place(dgd, c, config, pod_spec(dgd, c, config, container, rdma))
-    spec, paired = _paired(placed, revision)
+    spec, paired = _paired(with_lora_gate(placed, c), revision)
     pod = template(dgd, c, spec, {**_gang_label(dgd, c, config, None), **paired})
     objects = [workloads.deployment(dgd, c, name, c.spec.replicas, pod)]
     services: tuple[str, ...] = ()
@@ -138,7 +139,7 @@ def _groups(
                 container, nnodes=nnodes, leader_host=leader_host, leader=leader, rank_label=rank_label
             )
             placed = placement.place(dgd, c, config, pod_spec(dgd, c, config, member, rdma), group)
-            spec, paired = _paired(placed, revision)
+            spec, paired = _paired(with_lora_gate(placed, c) if leader else placed, revision)
             member_labels = _gang_label(dgd, c, config, group)
             extra = {labels.GROUP: group, labels.MULTINODE_ROLE: role, **member_labels, **paired}
             templates[role] = template(dgd, c, spec, extra)

@@ -106,6 +106,12 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         for verb in ("create", "list", "watch", "patch", "delete"):
             assert can(verb, adapters, "-n", ns) == "yes", verb
         assert can("patch", adapters, "--subresource=status", "-n", ns) == "yes"
+        # DynamoModels: watched, a finalizer added and removed (patch), status written; never created
+        models = "dynamomodels.nvidia.com"
+        for verb in ("list", "watch", "patch"):
+            assert can(verb, models, "-n", ns) == "yes", verb
+        assert can("patch", models, "--subresource=status", "-n", ns) == "yes"
+        assert can("create", models, "-n", ns) == "no"
         assert can("escalate", "roles.rbac.authorization.k8s.io", "-n", ns) == "no"
         assert can("bind", "roles.rbac.authorization.k8s.io", "-n", ns) == "no"
         assert can("delete", "pods", "-n", ns) == "yes"

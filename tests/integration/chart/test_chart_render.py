@@ -64,6 +64,8 @@ def test_cluster_scope_binds_one_cluster_role(bins):
         "dynamographdeployments/status",
         "dynamographdeploymentscalingadapters",
         "dynamographdeploymentscalingadapters/status",
+        "dynamomodels",
+        "dynamomodels/status",
         "deployments",
         "statefulsets",
     } <= resources

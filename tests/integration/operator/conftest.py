@@ -22,6 +22,7 @@ import yaml
 
 from tests.support import wait
 from tests.support.cluster import LocalCluster
+from tests.support.manifests import graph_of
 from tests.support.ports import free_ports
 from tests.support.procs import popen
 
@@ -30,6 +31,7 @@ EXAMPLES = REPO / "examples"
 LWS_CRD = Path(__file__).with_name("lws-crd.yaml")
 DGD_CRD = "dynamographdeployments.nvidia.com"
 ADAPTER_CRD = "dynamographdeploymentscalingadapters.nvidia.com"
+MODEL_CRD = "dynamomodels.nvidia.com"
 LWS_CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 WAIT_S = 60.0
 
@@ -47,8 +49,8 @@ def condition_of(obj: dict | None, type_: str = "Ready") -> dict | None:
 
 
 def example(name: str) -> dict:
-    """An example manifest as a dict (a fresh copy each call)."""
-    return copy.deepcopy(yaml.safe_load((EXAMPLES / name).read_text()))
+    """An example's graph as a dict (a fresh copy each call; DynamoModels beside it are left out)."""
+    return copy.deepcopy(graph_of(EXAMPLES / name))
 
 
 DGD_V1ALPHA1 = "dynamographdeployments.v1alpha1.nvidia.com"
@@ -139,8 +141,8 @@ class Kubectl:
 
 @pytest.fixture(scope="session")
 def dgd_crd(kube_cluster: LocalCluster) -> None:
-    """The CRDs from crds/ (DynamoGraphDeployment, its scaling adapter), applied once per session and
-    Established.
+    """The CRDs from crds/ (DynamoGraphDeployment, its scaling adapter, DynamoModel), applied once per
+    session and Established.
 
     When it is already there (the chart test installed it) it is replaced: an operator of an earlier
     test wrote a webhook URL into it, which a server-side apply of the file's Service could only add to."""
@@ -149,7 +151,7 @@ def dgd_crd(kube_cluster: LocalCluster) -> None:
             kube_cluster.kubectl("replace", "-f", str(path))
         else:
             kube_cluster.kubectl("apply", "--server-side", "-f", str(path))
-    for crd in (DGD_CRD, ADAPTER_CRD):
+    for crd in (DGD_CRD, ADAPTER_CRD, MODEL_CRD):
         kube_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
 
 

@@ -2,7 +2,8 @@
 for its namespace pointed at its own HTTPS /validate (URL and CA); `kubectl apply` of a graph that cannot
 run is refused with the field and the fix and nothing is stored, in v1beta1 and in v1alpha1 (converted
 by the conversion webhook before it is judged); a graph with a warning is stored and kubectl prints the
-warning; an edit that only touches metadata is allowed."""
+warning; an edit that only touches metadata is allowed. A DynamoModel that cannot load is refused the same
+way, and one with a relative file:// source is stored with a warning."""
 
 from __future__ import annotations
 
@@ -125,3 +126,29 @@ def test_warnings_are_printed_and_the_graph_stored(kc: Kubectl, validating: Oper
     assert (
         kc.get("dgd", graph["metadata"]["name"])["metadata"]["annotations"]["example.com/owner"] == "team-a"
     )
+
+
+def test_a_dynamo_model_that_cannot_load_is_refused_and_a_relative_source_warned(
+    kc: Kubectl, validating: OperatorProcess
+):
+    def model(name: str, uri: str) -> dict:
+        spec = {
+            "modelName": name,
+            "baseModelName": "Qwen/Qwen3-0.6B",
+            "modelType": "lora",
+            "source": {"uri": uri},
+        }
+        return {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "DynamoModel",
+            "metadata": {"name": "m"},
+            "spec": spec,
+        }
+
+    refused = apply(kc, model("base:adapter", "hf://org/adapter"))
+    assert refused.returncode != 0
+    assert "DynamoModel m cannot run: spec.modelName: 'base:adapter' contains ':'" in refused.stderr
+    assert "name the adapter without ':'" in refused.stderr and kc.get("dm", "m") is None
+    warned = apply(kc, model("adapter", "file://adapters/a"))
+    assert warned.returncode == 0, warned.stderr
+    assert "Warning: spec.source.uri: file://adapters/a is relative to the manifest's folder" in warned.stderr

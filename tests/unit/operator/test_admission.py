@@ -91,7 +91,7 @@ def test_what_is_not_judged():
     assert answer["allowed"] is False and "expected an AdmissionReview" in answer["status"]["message"]
 
 
-def test_configuration_sends_v1beta1_graphs_of_the_watched_namespaces():
+def test_configuration_sends_v1beta1_graphs_and_models_of_the_watched_namespaces():
     config = validating_webhook_configuration(
         "op", {"url": "https://127.0.0.1:9443/validate"}, b"PEM", "Ignore", ("b", "a")
     )
@@ -107,7 +107,14 @@ def test_configuration_sends_v1beta1_graphs_of_the_watched_namespaces():
             "operations": ["CREATE", "UPDATE"],
             "resources": ["dynamographdeployments"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "apiGroups": ["nvidia.com"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["dynamomodels"],
+            "scope": "Namespaced",
+        },
     ]
     assert (hook["matchPolicy"], hook["failurePolicy"], hook["sideEffects"]) == (
         "Equivalent",
@@ -117,3 +124,27 @@ def test_configuration_sends_v1beta1_graphs_of_the_watched_namespaces():
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["a", "b"]
     everywhere = validating_webhook_configuration("op", {"service": {"name": "s"}}, b"PEM", "Fail")
     assert everywhere["webhooks"][0]["namespaceSelector"] == {}
+
+
+def _model(**spec: object) -> dict:
+    body = {"modelName": "support", "baseModelName": "m", "modelType": "lora", **spec}
+    meta = {"name": "a"}
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoModel", "metadata": meta, "spec": body}
+
+
+def test_a_dynamo_model_without_its_source_or_with_a_bad_type_is_refused_with_the_fix():
+    response = admission_review(_request("CREATE", _model()), _decide)["response"]
+    assert (response["allowed"], response["status"]["code"]) == (False, 422)
+    assert response["status"]["message"].startswith("DynamoModel a cannot run: spec.source.uri: a lora model")
+    bad_type = admission_review(_request("CREATE", _model(modelType="qlora")), _decide)["response"]
+    assert not bad_type["allowed"] and "spec.modelType" in bad_type["status"]["message"]
+
+
+def test_a_dynamo_model_with_a_relative_file_source_is_stored_with_a_warning():
+    response = admission_review(_request("CREATE", _model(source={"uri": "file://adapters/a"})), _decide)
+    answer = response["response"]
+    assert answer["allowed"] is True
+    (warning,) = answer["warnings"]
+    assert warning.startswith("spec.source.uri: file://adapters/a is relative") and "dynamo-run" in warning
+    ok = admission_review(_request("CREATE", _model(source={"uri": "hf://org/a"})), _decide)["response"]
+    assert ok["allowed"] is True and "warnings" not in ok

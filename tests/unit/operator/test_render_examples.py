@@ -14,6 +14,7 @@ from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import render
 
 from tests.support.dynamo_examples import serving
+from tests.support.manifests import graph_of
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 MODEL = "Qwen/Qwen3-0.6B"
@@ -36,7 +37,7 @@ def test_the_examples_exist():
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("backend", ["lws", "statefulset"])
 def test_example_renders(path, backend):
-    dgd = DynamoGraphDeployment.model_validate(yaml.safe_load(path.read_text()))
+    dgd = DynamoGraphDeployment.model_validate(graph_of(path))
     rendered = render(dgd, OperatorConfig(group_backend=backend))
     assert rendered.problems == ()
     assert not [n for n in rendered.notices if n.warning], "examples raise no warnings"
@@ -79,8 +80,8 @@ def test_every_example_has_its_v1beta1_twin():
 
 @pytest.mark.parametrize("path", BETA_EXAMPLES, ids=lambda p: p.name)
 def test_v1beta1_example_renders_exactly_like_its_v1alpha1_twin(path):
-    beta = yaml.safe_load(path.read_text())
-    alpha = yaml.safe_load((path.parents[1] / path.name).read_text())
+    beta = graph_of(path)
+    alpha = graph_of(path.parents[1] / path.name)
     assert beta["apiVersion"] == "nvidia.com/v1beta1"
     config = OperatorConfig(group_backend="statefulset")
     assert render(load_graph(beta), config) == render(load_graph(alpha), config)

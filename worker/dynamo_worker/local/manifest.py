@@ -5,6 +5,9 @@ schema) and judges it with ``dynamo_api.validation.validate`` (the semantic chec
 operator's ``render`` runs), so a manifest the operator refuses is refused here with the same
 ``Problem``s: the same field paths and messages. What only this machine can decide (GPUs, commands it
 can run) is ``plan.plan_graph``'s job.
+
+``parse_models`` reads the ``DynamoModel`` documents beside the graph (``dynamo_api.dynamo_model``,
+judged by its ``problems``, as the operator's webhook judges them); ``local.loras`` loads them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dynamo_api import dynamo_model
 from dynamo_api.conversion import load_graph
 from dynamo_api.models import KIND, DynamoGraphDeployment
 from dynamo_api.validation import Problem, validate
@@ -20,7 +24,7 @@ from pydantic import ValidationError
 
 from dynamo_worker.local.plan import format_problems
 
-__all__ = ["ManifestError", "load_manifest", "parse_manifest"]
+__all__ = ["ManifestError", "load_manifest", "load_models", "parse_manifest", "parse_models"]
 
 
 class ManifestError(ValueError):
@@ -74,11 +78,43 @@ def parse_manifest(text: str, source: str = "manifest") -> DynamoGraphDeployment
     return dgd
 
 
-def load_manifest(path: Path) -> DynamoGraphDeployment:
+def parse_models(text: str, source: str = "manifest") -> tuple[dynamo_model.DynamoModel, ...]:
+    """The ``DynamoModel`` documents of ``text``, in order. Raises ``ManifestError`` naming the document
+    when one is not a valid DynamoModel (schema errors, then ``dynamo_model.problems``)."""
     try:
-        text = path.read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{source} is not valid YAML: {e}") from None
+    models = []
+    for doc in (d for d in docs if isinstance(d, dict) and d.get("kind") == dynamo_model.KIND):
+        name = (doc.get("metadata") or {}).get("name", "(unnamed)")
+        try:
+            dm = dynamo_model.DynamoModel.model_validate(doc)
+        except ValidationError as e:
+            raise ManifestError(
+                f"{source}: {dynamo_model.KIND} {name} is not valid:\n{format_validation_error(e)}"
+            ) from None
+        problems = dynamo_model.problems(dm)
+        if problems:
+            raise ManifestError(
+                f"{source}: {dynamo_model.KIND} {name} is not valid:\n{format_problems(problems)}", problems
+            )
+        models.append(dm)
+    return tuple(models)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
     except OSError as e:
         raise ManifestError(
             f"cannot read {path}: {e.strerror}; pass the path of a {KIND} YAML file"
         ) from None
-    return parse_manifest(text, str(path))
+
+
+def load_manifest(path: Path) -> DynamoGraphDeployment:
+    return parse_manifest(_read(path), str(path))
+
+
+def load_models(path: Path) -> tuple[dynamo_model.DynamoModel, ...]:
+    return parse_models(_read(path), str(path))

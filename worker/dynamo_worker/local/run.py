@@ -8,7 +8,8 @@
    true once a model is listed, and its ``/metrics`` showing every worker), printing what is pending
    every few seconds. A process that exits during startup fails the run at once with its last log
    lines (exit 1). Then start the planner, if the graph has one: it reads the frontend's metrics, so
-   its first look finds them served.
+   its first look finds them served. Then load the LoRA adapters of the file's DynamoModels on the
+   workers serving their base models (``local.loras``), and say so in the Ready lines.
 3. Print where to send requests, then watch. A worker that dies is reported loudly with its last
    log lines and the rest keeps serving: the frontend answers requests that need it with an error, or
    holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). A planner
@@ -33,12 +34,16 @@ import socket
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
+from dynamo_api.models import DynamoGraphDeployment
+
 from dynamo_worker.local.engine import choose_engine, probe_host
-from dynamo_worker.local.manifest import ManifestError, load_manifest
+from dynamo_worker.local.loras import Adapter, adapters_of, load_adapters, ready_lines
+from dynamo_worker.local.manifest import ManifestError, load_manifest, load_models
 from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
 from dynamo_worker.local.settings import RunSettings
 from dynamo_worker.local.supervisor import Console, Supervisor, SupervisorError, die_with_parent_prefix
@@ -86,7 +91,7 @@ def _tiny_model(settings: RunSettings) -> Path:
     return ensure_tiny_model(settings.cache_dir / "tiny-model")
 
 
-def _banner(plan: Plan, engine: str, log_dir: Path) -> list[str]:
+def _banner(plan: Plan, engine: str, log_dir: Path, adapters: Sequence[str] = ()) -> list[str]:
     model = plan.served_models[0] if plan.served_models else "MODEL"
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     planners = [
@@ -97,6 +102,7 @@ def _banner(plan: Plan, engine: str, log_dir: Path) -> list[str]:
     return [
         f"Serving namespace={plan.namespace} engine={engine}",
         f"  models:  {', '.join(plan.served_models) or '(none found in the manifest)'}",
+        *adapters,
         f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; api_key is not checked)",
         f"  try:     curl -sN {plan.url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d {shlex.quote(body)}",
@@ -118,6 +124,8 @@ class _Run:
         self.signals = 0
         self.nats_port = 0  # chosen in prepare(), before the plan that points every process at it
         self.process_died = False  # one exited while serving: its log must outlive the run
+        self.dgd: DynamoGraphDeployment | None = None
+        self.adapters: list[Adapter] = []  # the file's DynamoModels, loaded once the workers are up
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals += 1
@@ -132,9 +140,12 @@ class _Run:
         """Read, choose, plan; None (after logging why) when the manifest cannot run here."""
         try:
             dgd = load_manifest(self.manifest)
+            models = load_models(self.manifest)
         except ManifestError as e:  # unreadable, or refused by the operator's own validation
             log.error("%s", e)
             return None
+        folder = self.settings.adapter_dir or self.manifest.resolve().parent
+        self.dgd, self.adapters = dgd, adapters_of(models, folder)
         busy = _port_in_use(self.settings.host, self.settings.port)
         if busy:
             log.error(
@@ -211,7 +222,9 @@ class _Run:
                 status = EXIT_OK
                 return status
             self.supervisor.start([p for p in processes if p.kind == "planner"])
-            for line in _banner(plan, engine, log_dir):
+            assert self.dgd is not None  # set by prepare()
+            loaded = load_adapters(plan, self.dgd, self.adapters)
+            for line in _banner(plan, engine, log_dir, ready_lines(loaded)):
                 log.info("%s", line)
             status = self.watch(nats)
             return status

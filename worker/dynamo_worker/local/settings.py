@@ -26,7 +26,8 @@ the frontend, and every worker replica as local processes with the environment t
 its pods. Workers run on SGLang when it is installed and GPUs are visible, else on the mocker (a
 simulated engine serving the manifest's --served-model-name with a tiny tokenizer). A planner
 (python3 -m dynamo_worker.planner) runs with --dry-run on the local frontend's metrics: it decides and
-explains every interval, but cannot change the replicas of local processes.
+explains every interval, but cannot change the replicas of local processes. DynamoModel documents in
+the file (LoRA adapters) are loaded on every worker serving their base model once the workers are up.
 """
 
 EPILOG = """\
@@ -35,6 +36,7 @@ examples:
   dynamo-run examples/agg.yaml --engine mocker --port 8080
   CUDA_VISIBLE_DEVICES=2,3 dynamo-run examples/disagg.yaml --engine sglang
   dynamo-run examples/disagg-planner.yaml     # with its planner, in dry-run mode
+  dynamo-run examples/lora-disagg.yaml        # and its DynamoModels: LoRA adapters on every worker
 
 Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
 When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest
@@ -69,6 +71,13 @@ class RunSettings(Settings):
         description="Model folder. Mocker: the tokenizer folder behind --served-model-name (a generated "
         "tiny model when unset). SGLang: replaces the workers' --model-path.",
         json_schema_extra={"env": "DYN_RUN_MODEL_DIR", "metavar": "DIR"},
+    )
+    adapter_dir: Path | None = Field(
+        None,
+        description="Folder that relative file:// sources (file://adapters/x) of the manifest's DynamoModels "
+        "resolve against; the manifest's folder when unset. With SGLang, the adapters made for the model of "
+        "--model-dir.",
+        json_schema_extra={"env": "DYN_RUN_ADAPTER_DIR", "metavar": "DIR"},
     )
     log_dir: Path | None = Field(
         None,

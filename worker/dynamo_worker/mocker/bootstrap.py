@@ -69,6 +69,7 @@ class PrefillResult:
     first_token: int
     prompt_tokens: int
     cached_tokens: int
+    host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory (HiCache)
     engine: str = field(default="", compare=False)  # the prefill engine's id (BootstrapServer.engine)
 
 
@@ -214,6 +215,7 @@ class BootstrapServer:
             "first_token": result.first_token,
             "prompt_tokens": result.prompt_tokens,
             "cached_tokens": result.cached_tokens,
+            "host_cached_tokens": result.host_cached_tokens,
             "engine": self.engine,
         }
         return web.json_response(body)
@@ -241,6 +243,7 @@ async def fetch_prefill(
                     int(data["first_token"]),
                     int(data["prompt_tokens"]),
                     int(data["cached_tokens"]),
+                    int(data.get("host_cached_tokens") or 0),
                     str(data.get("engine", "")),
                 )
             if response.status == 504:

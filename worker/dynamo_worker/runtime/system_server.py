@@ -6,6 +6,7 @@
   ``health_check`` passes; 503 before that, while draining, and when the check fails or exceeds its
   bound. The body is JSON ``{"status": ..., "reason": ...}`` saying why.
 - ``GET /metrics``: Prometheus text format from this process's own registry.
+- ``/v1/loras``: the worker's LoRA adapters (``runtime.lora``), once the worker gives it ``loras``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dynamo_api import contract
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from dynamo_worker.runtime.listening import serve
+from dynamo_worker.runtime.lora import LoraApi
 
 __all__ = ["SystemServer"]
 
@@ -48,6 +50,7 @@ class SystemServer:
         self._health_check = health_check
         self._health_timeout_s = health_timeout_s
         self.state: State = "starting"
+        self.loras = LoraApi()
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -56,6 +59,7 @@ class SystemServer:
         app.router.add_get(contract.LIVE_PATH, self._live)
         app.router.add_get(contract.HEALTH_PATH, self._health)
         app.router.add_get(contract.METRICS_PATH, self._metrics)
+        self.loras.add_routes(app)
         self._runner, self.port = await serve(
             app, "system", self._host, self._port, what="the system server", flag="--system-port"
         )

@@ -7,7 +7,9 @@ Start (``Worker.start``), in this order, every step bounded:
      KV snapshot requests answered from the events published: ``runtime.events``),
   4. start the request-plane server,
   5. publish the model card (when the engine has a model folder),
-  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200,
+  6. register the ``InstanceRecord`` (TTL + heartbeat), with the LoRA adapters the engine holds when
+     it runs with LoRA (``/v1/loras`` then loads and unloads them, and every change rewrites the
+     record at once); ``/health`` turns 200,
   7. watch the engine's health (``runtime.health``): deregister while it fails, register again when
      it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``.
 
@@ -34,11 +36,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from dynamo_worker.protocol import InstanceRecord, KvEvent
+from dynamo_worker.protocol import InstanceRecord, KvEvent, LoraState
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
 from dynamo_worker.runtime.health import HealthMonitor
+from dynamo_worker.runtime.lora import LoraManager
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
 from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
 from dynamo_worker.runtime.settings import RuntimeSettings, redact_url
@@ -253,6 +256,7 @@ class Worker:
         self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
         self.info = info = await self.engine.start()
         log.info("Started engine role=%s model=%s", self.engine.role, info.model_name)
+        lora = await self._start_loras()
         await self.request_server.start()
         checksum = None
         if info.model_dir is not None:
@@ -284,6 +288,7 @@ class Worker:
             model_card_checksum=checksum,
             revision=worker_revision(s.pair_revision, info, checksum),
             started_at=time.time(),
+            lora=lora,
         )
         await self._register()
         self.system.state = "ready"
@@ -296,6 +301,31 @@ class Worker:
             self.record.revision,
         )
         return self.record
+
+    async def _start_loras(self) -> LoraState | None:
+        """The LoRA adapters the engine holds, and ``/v1/loras`` on the system port (None: no LoRA)."""
+        limits = self.engine.lora_limits()
+        if limits is None:
+            self.system.loras.enabled = False
+            return None
+        manager = LoraManager(
+            self.engine, limits, timeout_s=self.settings.lora_load_timeout_s, on_change=self._loras_changed
+        )
+        await manager.adopt(self.engine.startup_loras())
+        self.system.loras.manager = manager
+        self.system.loras.enabled = True
+        return manager.state()
+
+    async def _loras_changed(self, state: LoraState) -> None:
+        """Publish a change of adapters now (the frontend routes on it), not at the next heartbeat."""
+        if self.record is None:
+            return
+        self.record = self.record.model_copy(update={"lora": state})
+        if self.registration is not None:
+            try:
+                await self.registration.update(self.record)
+            except (nats.errors.Error, TimeoutError) as e:  # the heartbeat writes it within TTL/3
+                log.warning("Could not publish a change of LoRA adapters now error=%r", e)
 
     def _renew_soon(self) -> None:
         """After a NATS reconnect, write the registration now instead of at the next heartbeat."""
@@ -314,6 +344,7 @@ class Worker:
     async def shutdown(self) -> None:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
+        self.system.loras.draining = True
         await self.health.stop()
         if self._renewal is not None and not self._renewal.done():
             self._renewal.cancel()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dynamo_operator.reconcile.pairing import gates_to_open, paired_condition, waits_for_gate
 from dynamo_operator.render import labels
+from dynamo_operator.render.lora_gate import LORA_GATE_CONDITION
 from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL
 
 ROLES = {"prefill": "prefill", "decode": "decode", "Frontend": None}
@@ -79,3 +80,19 @@ def test_the_patch_sets_only_the_gate_condition():
     patch = paired_condition("2026-01-01T00:00:00Z")
     (cond,) = patch["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == (PAIRED_CONDITION, "True", "RevisionPaired")
+
+
+def test_a_lora_worker_pairs_only_once_it_holds_its_adapters():
+    """With the LoRA gate (render.lora_gate), a revision is paired once both roles hold their adapters:
+    the new prefill is not Ready (so the old one stays) while the new decode is still loading them."""
+
+    def lora(p: dict, loaded: str | None) -> dict:
+        p["spec"]["readinessGates"].append({"conditionType": LORA_GATE_CONDITION})
+        if loaded is not None:
+            p["status"]["conditions"].append({"type": LORA_GATE_CONDITION, "status": loaded})
+        return p
+
+    loading = [lora(pod("p1", "prefill", "r2"), "True"), lora(pod("d1", "decode", "r2"), None)]
+    assert gates_to_open(loading, ROLES) == []
+    loaded = [lora(pod("p1", "prefill", "r2"), "True"), lora(pod("d1", "decode", "r2"), "True")]
+    assert gates_to_open(loaded, ROLES) == ["d1", "p1"]

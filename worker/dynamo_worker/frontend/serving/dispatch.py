@@ -1,6 +1,7 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
-Serving mode per model, decided from the workers discovery knows now (``plan_roles``):
+Serving mode per model, decided from the workers discovery knows now (``plan_roles``); for a LoRA
+adapter, the model's workers that hold it (its entry is the adapter's view, ``models.adapters``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
   are chosen as one decision (``Router.choose_pair``), among the warm combinations while there is one
@@ -197,9 +198,12 @@ class Dispatcher:
                     headers={"Retry-After": "1"},
                 )
             pair, allowed = routable
-            first, second = self.router.choose_pair(entry.name, pair.prefill, pair.decode, token_ids, allowed)
+            first, second = self.router.choose_pair(
+                entry.name, pair.prefill, pair.decode, token_ids, allowed, entry.lora_name
+            )
             return Plan("disagg", first, second)
-        return Plan("agg", self.router.choose(f"{entry.name}/agg", self._live(entry, "agg", out), token_ids))
+        agg = self._live(entry, "agg", out)
+        return Plan("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
 
     def _live(self, entry: ModelEntry, role: Role, out: frozenset[str]) -> list[InstanceRecord]:
         """The workers of ``role`` a request may go to: registered, neither excluded nor quarantined."""
