@@ -23,6 +23,7 @@ from tests.integration.frontend.conftest import (  # noqa: F401 - fixtures, regi
     mockers,
     namespace,
     tiny_model,
+    wait_warm,
     wait_workers,
 )
 from tests.integration.operator.conftest import (  # noqa: F401 - fixtures, registered by import

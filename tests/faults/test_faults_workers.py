@@ -136,7 +136,7 @@ async def test_worker_sigkill_mid_stream_migrates(mockers, frontend_factory, wai
 
 
 async def test_decode_worker_sigkill_mid_stream_migrates_to_a_new_pair(
-    mockers, frontend_factory, wait_workers, fault_row
+    mockers, frontend_factory, wait_workers, wait_warm, fault_row
 ):
     row = fault_row(
         "decode worker SIGKILL mid-stream, migration on",
@@ -147,16 +147,18 @@ async def test_decode_worker_sigkill_mid_stream_migrates_to_a_new_pair(
     d1, d2 = mockers("decode", speedup=1.0), mockers("decode", speedup=1.0)
     fe = await frontend_factory(migration_limit=1)
     await wait_workers(fe, 3, mockers=[p, d1, d2])
+    await wait_warm(fe, 2)  # both pairs' warm-ups: one more leg on the prefill worker each
     async with client(fe) as c:
         _, usage, finish, stall, error = await stream_and_kill(c, [d1, d2], 120, kill_after=10)
     row.lost = int(error is not None)
     assert error is None, f"the stream broke instead of migrating: {error}"
     row.answered(stall)
     assert finish == "length" and usage is not None and usage.completion_tokens == 120
-    # the continuation was a whole new disaggregated request: the prefill worker served two legs
+    # the continuation was a whole new disaggregated request: the prefill worker served two legs (and
+    # the two warm-ups)
     text = p.metrics()
     legs = sum(metric(text, "dynamo_worker_requests_total", f'outcome="{o}"') for o in ("length", "stop"))
-    assert legs == 2
+    assert legs == 2 + 2
     assert row.within_bound(), f"the stream stalled {stall:.2f}s while migrating"
 
 
@@ -231,7 +233,7 @@ async def test_no_live_worker_is_503_naming_the_role(mockers, frontend_factory, 
 
 
 async def test_prefill_lost_mid_transfer_errors_within_first_token_bound(
-    mockers, frontend_factory, wait_workers, fault_row
+    mockers, frontend_factory, wait_workers, wait_warm, fault_row
 ):
     row = fault_row(
         "prefill leg lost mid-transfer",
@@ -242,6 +244,7 @@ async def test_prefill_lost_mid_transfer_errors_within_first_token_bound(
     d = mockers("decode", "--bootstrap-timeout-s", "300", speedup=1.0)
     fe = await frontend_factory(first_token_timeout_s=300.0)
     await wait_workers(fe, 2, mockers=[p, d])
+    await wait_warm(fe, 1)  # the pair's warm-up is not the request below
     async with client(fe) as c:
         request = asyncio.create_task(c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8))
         await until(lambda: inflight(p) > 0 and inflight(d) > 0, "both legs to reach their workers")
@@ -257,7 +260,7 @@ async def test_prefill_lost_mid_transfer_errors_within_first_token_bound(
 
 
 async def test_client_disconnect_before_first_token_cancels_both_legs(
-    mockers, frontend_factory, wait_workers, fault_row
+    mockers, frontend_factory, wait_workers, wait_warm, fault_row
 ):
     row = fault_row(
         "client disconnect before first token",
@@ -268,6 +271,7 @@ async def test_client_disconnect_before_first_token_cancels_both_legs(
     d = mockers("decode", speedup=1.0)
     fe = await frontend_factory()
     await wait_workers(fe, 2, mockers=[p, d])
+    await wait_warm(fe, 1)  # the pair's warm-up is not the request below
     before = cancelled(p), cancelled(d)
     async with client(fe) as c:
         request = asyncio.create_task(
@@ -300,7 +304,8 @@ async def test_kv_transfer_that_never_completes_ends_at_the_bound(
     fault.touch()
     p = mockers("prefill", speedup=1.0)
     d = mockers("decode", "--kv-transfer-fault-file", str(fault), speedup=1.0)
-    fe = await frontend_factory(kv_transfer_timeout_s=KV_TRANSFER_TIMEOUT_S)
+    # no warm-up: it would meet the stuck transfer too (serving.warmup); this row is the request's bound
+    fe = await frontend_factory(kv_transfer_timeout_s=KV_TRANSFER_TIMEOUT_S, pair_warmup_timeout_s=0)
     await wait_workers(fe, 2, mockers=[p, d])
     before = cancelled(d)
     async with client(fe) as c:
@@ -329,10 +334,15 @@ async def test_kv_transfer_that_never_completes_is_retried_on_another_pair(
     )
     fault = tmp_path / "stuck-transfer"
     fault.touch()
-    prefills = [mockers("prefill", speedup=1.0) for _ in range(2)]
-    stuck = mockers("decode", "--kv-transfer-fault-file", str(fault), speedup=1.0)
-    healthy = mockers("decode", speedup=1.0)
-    fe = await frontend_factory(kv_transfer_timeout_s=KV_TRANSFER_TIMEOUT_S)
+    # connections open at once: the retry's new pair must not pay the 3 s of a first transfer (warm-ups are
+    # off below), which is longer than this row's 2 s bound
+    free = ("--kv-first-transfer-s", "0")
+    prefills = [mockers("prefill", *free, speedup=1.0) for _ in range(2)]
+    stuck = mockers("decode", "--kv-transfer-fault-file", str(fault), *free, speedup=1.0)
+    healthy = mockers("decode", *free, speedup=1.0)
+    # no warm-ups: with them the stuck decode worker never warms and gets no user request at all
+    # (test_frontend_warm_pairs); this row is the retry of a request that met a stuck transfer
+    fe = await frontend_factory(kv_transfer_timeout_s=KV_TRANSFER_TIMEOUT_S, pair_warmup_timeout_s=0)
     await wait_workers(fe, 4, mockers=[*prefills, stuck, healthy])
     async with client(fe) as c:
         for _ in range(4):  # round-robin sends some of them to the stuck decode worker first

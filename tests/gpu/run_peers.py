@@ -4,8 +4,8 @@ usage: python3 tests/gpu/run_peers.py [STACK ...]
        python3 tests/gpu/run_peers.py report [DIR]   (the report of the peers-*.json in DIR, again)
   stacks: ours-agg, ours-disagg, smg-agg, smg-pd (default: all four)
 
-On one machine, one stack after the other, with the same SGLang flags (``run_examples.USER_FLAGS``, the
-8B-shaped dummy model), workloads and client:
+On one machine, one stack after the other, with the same SGLang flags (``run_examples.USER_FLAGS`` and
+``EXTRA_FLAGS``, the 8B-shaped dummy model), workloads and client:
 
 1. ``ours-agg``: ``dynamo-run`` of examples/agg-router.yaml with N workers (kv routing, KV events);
 2. ``ours-disagg``: ``dynamo-run`` of examples/disagg-router.yaml with P prefill + D decode workers (NIXL);
@@ -14,7 +14,10 @@ On one machine, one stack after the other, with the same SGLang flags (``run_exa
    --pd-disaggregation`` (the same transfer backend, NIXL).
 
 N = P + D = the GPUs given (``GRAPH_GPUS``, default every visible GPU); ``SPLIT`` sets P (default N/2: 1P1D
-on 2 GPUs, 2P2D on 4; ``SPLIT=1`` gives 1P3D). Every engine sees only its own GPU.
+on 2 GPUs, 2P2D on 4; ``SPLIT=1`` gives 1P3D). Every engine sees only its own GPU. ``EXTRA_FLAGS`` go to
+every SGLang engine of both stacks (e.g. ``--enable-request-time-stats-logging``, which
+``time_stats.py`` reads); ``FRONTEND_ARGS`` to our frontend (e.g. ``--router-mode round-robin``, which
+also leaves the workers' KV events off, as the operator does).
 
 Workloads (``WORKLOADS``): ``rag`` (8192 prompt ids / 256 out), ``chat`` (2048 / 512), ``multiturn``
 (conversations whose prompt grows by one turn each time over a shared system prompt: the prefix cache
@@ -369,11 +372,10 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
     frontend = (
-        ["--kv-host-hit-weight", HOST_WEIGHT, "--kv-disk-hit-weight", HOST_WEIGHT] if HOST_WEIGHT else None
+        ["--kv-host-hit-weight", HOST_WEIGHT, "--kv-disk-hit-weight", HOST_WEIGHT] if HOST_WEIGHT else []
     )
-    return ex.user_manifest(
-        str(path), folder, frontend
-    )  # an absolute path: read from there, written back there
+    # an absolute path: read from there, written back there; FRONTEND_ARGS (e.g. --router-mode round-robin)
+    return ex.user_manifest(str(path), folder, [*frontend, *ex.FRONTEND_ARGS])
 
 
 class Processes:

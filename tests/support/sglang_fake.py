@@ -53,7 +53,9 @@ class FakeLoad:
     dp_rank: int = 0
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
+    num_waiting_uncached_tokens: int = 0
     num_used_tokens: int = 0
+    num_total_tokens: int = 0  # used plus every token of the waiting (and a prefill's bootstrap) queue
     max_total_num_tokens: int = 4096
     max_running_requests: int = 64
     token_usage: float = 0.0

@@ -365,11 +365,24 @@ class KvSnapshotPart(_Told):
 
 
 class LoadMetrics(_Told):
+    """One worker's load as its engine reports it (summed over its dp ranks), published when it changes
+    (``runtime.events.LoadPublisher``). ``waiting`` counts every request queued in the engine (for a
+    prefill worker its bootstrap queue too, for a decode worker its prealloc and transfer queues).
+    Fields after ``running`` came later: an older worker's report leaves them 0."""
+
     instance_id: str
-    active_blocks: Annotated[int, Field(ge=0)]
+    active_blocks: Annotated[int, Field(ge=0)]  # KV blocks in use
     total_blocks: Annotated[int, Field(ge=0)]
     waiting: Annotated[int, Field(ge=0)]
     running: Annotated[int, Field(ge=0)]
+    # prompt tokens queued for prefill compute (uncached; a prefill worker's bootstrap queue counts whole)
+    waiting_prefill_tokens: Annotated[int, Field(ge=0)] = 0
+    # disaggregation: a prefill worker's requests waiting for their decode leg's handshake (bootstrap)
+    # and sending their KV (transfer); a decode worker's requests waiting for KV memory or the handshake
+    # (prealloc) and receiving their KV (transfer)
+    bootstrap_queue: Annotated[int, Field(ge=0)] = 0
+    prealloc_queue: Annotated[int, Field(ge=0)] = 0
+    transfer_queue: Annotated[int, Field(ge=0)] = 0
 
 
 def kv_events_subject(namespace: str) -> str:
@@ -447,6 +460,11 @@ class ImageSpan(_Wire):
 
     offset: Annotated[int, Field(ge=0)]
     embedding: ImageEmbedding
+
+
+# GenerateRequest names ImageSpan before it is defined: build its validator now, at import, not on the
+# first request a process handles (tens of milliseconds that a first request would otherwise wait for).
+GenerateRequest.model_rebuild()
 
 
 def image_pad_id(content_hash: str) -> int:

@@ -188,3 +188,25 @@ async def _wait_workers(
 def wait_workers():
     """``await wait_workers(frontend, count, mockers=[...])``: until the model is served by ``count``."""
     return _wait_workers
+
+
+async def _wait_warm(fe: Frontend, count: int, within_s: float = 30.0) -> None:
+    """Wait until the frontend's warm-ups (``serving.warmup``) made ``count`` prefill/decode pairs warm;
+    each warm-up is one request that both workers of its pair count."""
+    from tests.support.wait import wait_until_async
+
+    assert fe.warmer is not None
+    warmer = fe.warmer
+    await wait_until_async(
+        lambda: warmer.warm_count() >= count,
+        f"{count} warm prefill/decode pair(s)",
+        timeout_s=within_s,
+        interval_s=0.02,
+        explain=lambda: f"warm: {warmer.warm_count()}",
+    )
+
+
+@pytest.fixture
+def wait_warm():
+    """``await wait_warm(frontend, count)``: until ``count`` prefill/decode pairs are warm."""
+    return _wait_warm

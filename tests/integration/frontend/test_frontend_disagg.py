@@ -37,10 +37,11 @@ def inflight(metrics: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def test_disaggregated_request_streams_decode_leg(mockers, frontend_factory, wait_workers):
+async def test_disaggregated_request_streams_decode_leg(mockers, frontend_factory, wait_workers, wait_warm):
     p, d = mockers("prefill"), mockers("decode")
     fe = await frontend_factory()
     await wait_workers(fe, 2, mockers=[p, d])
+    await wait_warm(fe, 1)  # the frontend's warm-up request: one more on each worker
     async with client(fe) as c:
         whole = await c.chat.completions.create(
             model=MODEL, messages=MESSAGES, max_tokens=8, seed=1, extra_body={"ignore_eos": True}
@@ -57,18 +58,21 @@ async def test_disaggregated_request_streams_decode_leg(mockers, frontend_factor
         return counter(p.metrics(), "length") + counter(p.metrics(), "stop"), counter(d.metrics(), "length")
 
     await wait_until_async(
-        lambda: legs() == (2, 2),
-        "both legs to count 2 requests",
+        lambda: legs() == (3, 3),
+        "both legs to count 2 requests and the warm-up",
         timeout_s=BOUND_S,
         interval_s=0.1,
         explain=lambda: f"(prefill, decode) counted {legs()}",
     )
 
 
-async def test_prefill_leg_failure_cancels_decode_and_errors(mockers, frontend_factory, wait_workers):
+async def test_prefill_leg_failure_cancels_decode_and_errors(
+    mockers, frontend_factory, wait_workers, wait_warm
+):
     p, d = mockers("prefill"), mockers("decode", "--bootstrap-timeout-s", "120")
     fe = await frontend_factory()
     await wait_workers(fe, 2, mockers=[p, d])
+    await wait_warm(fe, 1)
     p.kill()  # still in discovery until its TTL expires: the prefill leg cannot connect
     started = time.monotonic()
     async with client(fe) as c:
@@ -82,15 +86,16 @@ async def test_prefill_leg_failure_cancels_decode_and_errors(mockers, frontend_f
     await wait_until_async(
         lambda: inflight(d.metrics()) == 0, "the decode leg to end", timeout_s=BOUND_S, interval_s=0.1
     )
-    assert counter(d.metrics(), "length") == 0
+    assert counter(d.metrics(), "length") == 1  # the warm-up only
 
 
-async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers):
+async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers, wait_warm):
     """The model was served, so its requests are held for a prefill worker to come back (bounded here
     to 1 s); then the 503 names what is missing. Never a request to a decode worker alone."""
     p, d = mockers("prefill", "--discovery-ttl", "2"), mockers("decode")
     fe = await frontend_factory(scale_up_timeout_s=1.0)
     await wait_workers(fe, 2, mockers=[p, d])
+    await wait_warm(fe, 1)  # the warm-up: one request the decode worker counts
     p.stop()  # graceful: deregisters at once
     assert fe.registry is not None
     await wait_until_async(
@@ -104,7 +109,7 @@ async def test_decode_only_left_is_503(mockers, frontend_factory, wait_workers):
             await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
     assert e.value.status_code == 503 and e.value.body["code"] == "model_scaling_up"
     assert "1 decode worker(s) but no prefill worker" in e.value.body["message"]
-    assert sum(counter(d.metrics(), o) for o in ("length", "stop", "cancelled", "error")) == 0
+    assert sum(counter(d.metrics(), o) for o in ("length", "stop", "cancelled", "error")) == 1
 
 
 async def test_decode_killed_mid_stream_errors_not_hangs(mockers, frontend_factory, wait_workers):
@@ -130,16 +135,19 @@ async def test_decode_killed_mid_stream_errors_not_hangs(mockers, frontend_facto
     )
 
 
-async def test_dead_decode_worker_still_in_discovery_is_skipped(mockers, frontend_factory, wait_workers):
+async def test_dead_decode_worker_still_in_discovery_is_skipped(
+    mockers, frontend_factory, wait_workers, wait_warm
+):
     p, d1, d2 = mockers("prefill"), mockers("decode"), mockers("decode")
     fe = await frontend_factory()
     await wait_workers(fe, 3, mockers=[p, d1, d2])
+    await wait_warm(fe, 2)
     d1.kill()  # its record lives until the TTL expires; requests must go to the other decode worker
     async with client(fe) as c:
         for _ in range(4):
             r = await c.completions.create(model=MODEL, prompt="hi", max_tokens=3)
             assert r.choices[0].finish_reason in ("length", "stop")
-    assert counter(d2.metrics(), "length") + counter(d2.metrics(), "stop") == 4
+    assert counter(d2.metrics(), "length") + counter(d2.metrics(), "stop") == 4 + 1  # and the warm-up
 
 
 async def test_dead_prefill_worker_still_in_discovery_is_skipped(mockers, frontend_factory, wait_workers):

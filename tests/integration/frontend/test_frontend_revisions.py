@@ -65,12 +65,15 @@ async def test_workers_of_different_layouts_are_never_paired(mockers, frontend_f
     assert "dynamo_worker_requests_total{" not in old_p.metrics()  # the old prefill worker got no leg
 
 
-async def test_the_newest_complete_revision_serves_during_a_rollout(mockers, frontend_factory, wait_workers):
+async def test_the_newest_complete_revision_serves_during_a_rollout(
+    mockers, frontend_factory, wait_workers, wait_warm
+):
     old = [mockers("prefill", "--page-size", "4"), mockers("decode", "--page-size", "4")]
     fe = await frontend_factory()
     await wait_workers(fe, 2, mockers=old)
     new = [mockers("prefill", "--page-size", "8"), mockers("decode", "--page-size", "8")]
     await wait_workers(fe, 4, mockers=old + new)
+    await wait_warm(fe, 2)  # until then the old revision's warm pair serves (serving.warmup)
     async with client(fe) as c:
         for _ in range(6):
             out = await c.completions.create(
@@ -83,5 +86,6 @@ async def test_the_newest_complete_revision_serves_during_a_rollout(mockers, fro
         return float(found.group(1)) if found else 0.0
 
     # the new revision's decode worker served all (it counts a request as it ends, maybe after the client)
-    await wait_until_async(lambda: served(new[1]) == 6, "the new decode worker to count 6", timeout_s=10)
-    assert served(old[1]) == 0
+    # (and each decode worker its pair's warm-up)
+    await wait_until_async(lambda: served(new[1]) == 7, "the new decode worker to count 6", timeout_s=10)
+    assert served(old[1]) == 1

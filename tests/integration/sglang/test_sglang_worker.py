@@ -177,10 +177,16 @@ async def test_disaggregated_workers_pair_legs_on_one_room_and_match_aggregated(
     assert found["decode"].bootstrap_port is None
     async with frontend(nats_url, namespace, {"prefill", "decode"}) as client:
         text, usage = await complete(client, "hello sglang worker")
-    prefill_calls = [
-        c for c in fleet.fakes["prefill"].calls if c.get("bootstrap_host") != FAKE_BOOTSTRAP_HOST
-    ]
-    decode_calls = [c for c in fleet.fakes["decode"].calls if c.get("bootstrap_host") != FAKE_BOOTSTRAP_HOST]
+
+    # neither the workers' canaries (the fake bootstrap host) nor the frontend's warm-up of the pair
+    def served(role: str) -> list[dict]:
+        return [
+            c
+            for c in fleet.fakes[role].calls
+            if c.get("bootstrap_host") != FAKE_BOOTSTRAP_HOST and not str(c.get("rid")).startswith("warmup-")
+        ]
+
+    prefill_calls, decode_calls = served("prefill"), served("decode")
     assert prefill_calls[0]["sampling_params"]["max_new_tokens"] == 1
     assert prefill_calls[0]["bootstrap_room"] == decode_calls[0]["bootstrap_room"]
     assert decode_calls[0]["bootstrap_port"] == 8998

@@ -111,3 +111,33 @@ def test_dispatcher_answers_503_naming_the_revisions_when_none_is_complete(dispa
     assert err.code == "no_matching_revision" and err.headers["Retry-After"] == "1"
     assert "old" in err.message and "new" in err.message and "share a revision" in err.message
     assert err.message == no_pair_message("m", e.by_role("prefill"), e.by_role("decode"))
+
+
+def test_user_requests_take_warm_combinations_while_there_is_one():
+    """``routable_pair``: every combination warm -> no filter; some warm -> only those; the newest
+    revision not warm yet -> the older revision's warm ones; nothing warm anywhere -> the newest, any."""
+    from dynamo_worker.frontend.models.pairing import WarmPairs, routable_pair
+
+    p_old, d_old = worker("prefill", "old", 1.0), worker("decode", "old", 1.0)
+    p1, p2, d1 = worker("prefill", "new", 2.0), worker("prefill", "new", 2.0), worker("decode", "new", 2.0)
+    prefill, decode = [p_old, p1, p2], [d_old, d1]
+    warm = WarmPairs()
+
+    def route():
+        found = routable_pair(newest_pair(prefill, decode), prefill, decode, warm.is_warm)
+        assert found is not None
+        pair, allowed = found
+        combos = {(p.instance_id, d.instance_id) for p in pair.prefill for d in pair.decode}
+        return pair.revision, combos if allowed is None else {c for c in combos if allowed(*c)}
+
+    # a fresh graph: nothing warm, the newest revision, any combination (never a refusal)
+    assert route() == ("new", {(p1.instance_id, d1.instance_id), (p2.instance_id, d1.instance_id)})
+    warm.set(p_old.instance_id, d_old.instance_id, "warm")  # a rollout: the old pair is warm
+    warm.set(p1.instance_id, d1.instance_id, "warming")
+    assert route() == ("old", {(p_old.instance_id, d_old.instance_id)})
+    warm.set(p1.instance_id, d1.instance_id, "warm")
+    assert route() == ("new", {(p1.instance_id, d1.instance_id)})
+    warm.set(p2.instance_id, d1.instance_id, "failed")
+    assert route() == ("new", {(p1.instance_id, d1.instance_id)})
+    warm.set(p2.instance_id, d1.instance_id, "warm")
+    assert route() == ("new", {(p1.instance_id, d1.instance_id), (p2.instance_id, d1.instance_id)})

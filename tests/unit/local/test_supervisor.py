@@ -15,3 +15,14 @@ def test_the_frontend_worker_gauges_are_summed_and_absent_means_unknown():
     )
     assert workers_seen(text) == 3
     assert workers_seen("dynamo_frontend_requests_total 3.0\n") is None
+
+
+def test_a_declared_worker_gauge_without_samples_means_no_worker_seen_yet():
+    """A frontend that has seen no worker yet declares the gauge and has no sample: 0, not unknown (the
+    frontend must not count as ready then, whatever its /health says for a graph's listed models)."""
+    text = (
+        "# HELP dynamo_frontend_workers Workers in discovery by model and role.\n"
+        "# TYPE dynamo_frontend_workers gauge\n"
+        "dynamo_frontend_requests_total 3.0\n"
+    )
+    assert workers_seen(text) == 0

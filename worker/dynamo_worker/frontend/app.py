@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 
 from dynamo_worker.frontend.http.server import OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.models.pairing import WarmPairs
 from dynamo_worker.frontend.models.preprocess import ModelFiles, Preprocessor
 from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
 from dynamo_worker.frontend.requests.multimodal import ImageFetcher, MultimodalProcessor
@@ -32,6 +33,7 @@ from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.frontend.serving.images import ImagesApi
 from dynamo_worker.frontend.serving.migration import MigratingDispatcher
 from dynamo_worker.frontend.serving.quarantine import Quarantine
+from dynamo_worker.frontend.serving.warmup import PairWarmer
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router
@@ -83,6 +85,7 @@ class Frontend:
         self._runner: web.AppRunner | None = None
         self.registry: ModelRegistry | None = None
         self.quarantine: Quarantine | None = None
+        self.warmer: PairWarmer | None = None
         self.server: OpenAIServer | None = None
         self.multimodal: MultimodalProcessor | None = None
         self.images: ImagesApi | None = None
@@ -144,6 +147,7 @@ class Frontend:
         self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
         self._tasks.append(self.discovery)
         self.quarantine = Quarantine(self.registry.has_worker)
+        warm = WarmPairs() if s.pair_warmup_timeout_s > 0 else None
         dispatcher = Dispatcher(
             self.router,
             self.client,
@@ -152,7 +156,18 @@ class Frontend:
             inter_token_timeout_s=s.inter_token_timeout_s,
             kv_transfer_timeout_s=s.kv_transfer_timeout_s,
             quarantine=self.quarantine,
+            warm=warm,
         )
+        if warm is not None:
+            self.warmer = PairWarmer(
+                self.registry,
+                warm,
+                dispatcher.warm_up,
+                timeout_s=s.pair_warmup_timeout_s,
+                metrics=self.metrics,
+            )
+            self.registry.add_listener(self.warmer.changed)
+            self.warmer.changed()  # the workers discovery listed before this listener was added
         migrating = MigratingDispatcher(
             dispatcher,
             s.migration_limit,
@@ -186,6 +201,7 @@ class Frontend:
                 queue_ttl_s=s.queue_ttl_s,
                 scale_up_timeout_s=s.scale_up_timeout_s,
             ),
+            starting=self.warmer.starting if self.warmer is not None else None,
         )
         reuse_port = s.http_reuse_port or s.http_workers > 1
         self._runner, self.port = await serve(
@@ -230,6 +246,8 @@ class Frontend:
             await self.registry.close()
         if self.quarantine is not None:
             await self.quarantine.close()
+        if self.warmer is not None:
+            await self.warmer.close()
         if self._watcher is not None:
             await self._watcher.stop()
             self._watcher = None

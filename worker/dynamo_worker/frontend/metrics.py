@@ -107,6 +107,19 @@ class FrontendMetrics:
             ["model", "revision", "role"],
             registry=r,
         )
+        self.warm_pairs = Gauge(
+            "dynamo_frontend_warm_pairs",
+            "Prefill/decode worker combinations whose KV transfer connection is open (serving.warmup): "
+            "user requests go to these while there is one.",
+            ["model"],
+            registry=r,
+        )
+        self.pair_warmups = Counter(
+            "dynamo_frontend_pair_warmups",
+            "Warm-up requests through new prefill/decode combinations, by outcome (warm, failed).",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.errors = Counter(
             "dynamo_frontend_errors",
             "Errors by type (invalid_request_error, model_not_found, no_workers, "

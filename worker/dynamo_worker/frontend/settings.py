@@ -214,6 +214,15 @@ class FrontendSettings(Settings):
         "frees their KV cache) and the request goes once to another prefill/decode pair, else the client "
         "gets 504 kv_transfer_timeout. Raise it if prefills legitimately queue this long under load.",
     )
+    pair_warmup_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="Bound on the warm-up request the frontend sends through every new prefill/decode "
+        "worker pair, which opens their KV transfer connection (NIXL: seconds) before user requests use it. "
+        "User requests go to warm pairs while there is one, /health waits (this long at most) for a model's "
+        "first warm pair, and a failed warm-up is logged and retried. 0: no warm-ups.",
+    )
     migration_limit: int = Field(
         1,
         ge=0,

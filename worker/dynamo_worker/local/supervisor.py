@@ -292,8 +292,9 @@ FRONTEND_WORKERS_METRIC = "dynamo_frontend_workers"
 
 
 def workers_seen(metrics_text: str) -> int | None:
-    """The sum of the frontend's per-model, per-role worker gauges; None when it exports none."""
-    total = None
+    """The sum of the frontend's per-model, per-role worker gauges; 0 while it declares the gauge with no
+    sample yet (it has seen no worker), None when it exports no such gauge."""
+    total = 0 if f"# TYPE {FRONTEND_WORKERS_METRIC} gauge" in metrics_text else None
     for line in metrics_text.splitlines():
         if line.startswith(FRONTEND_WORKERS_METRIC + "{"):
             try:
@@ -304,18 +305,19 @@ def workers_seen(metrics_text: str) -> int | None:
 
 
 def is_ready(spec: ProcessSpec) -> bool:
-    """Its readinessProbe answers 200 (none: ready once started) and, for a frontend, it sees every
-    worker (when it exports the gauge)."""
-    if spec.health_url is not None and not http_ok(spec.health_url):
-        return False
-    if spec.metrics_url is None or spec.expected_workers == 0:
-        return True
-    try:
-        with urllib.request.urlopen(spec.metrics_url, timeout=1.0) as resp:
-            seen = workers_seen(resp.read().decode(errors="replace"))
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return seen is None or seen >= spec.expected_workers
+    """For a frontend, it sees every worker (when it exports the gauge), and then its readinessProbe
+    answers 200 (none: ready once started). The probe is read after the gauge, so it answers for every
+    worker counted: a frontend that just saw a new prefill/decode pair is not ready until that pair is
+    warm (its /health waits for it), and a /health read before the pair existed does not count."""
+    if spec.metrics_url is not None and spec.expected_workers > 0:
+        try:
+            with urllib.request.urlopen(spec.metrics_url, timeout=1.0) as resp:
+                seen = workers_seen(resp.read().decode(errors="replace"))
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        if seen is not None and seen < spec.expected_workers:
+            return False
+    return spec.health_url is None or http_ok(spec.health_url)
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:

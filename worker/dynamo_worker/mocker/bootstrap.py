@@ -1,12 +1,16 @@
 """The mocker's prefill/decode rendezvous: a small HTTP server on the prefill worker's bootstrap port.
 
 The frontend sends both legs of a disaggregated request at once, with the same
-``{bootstrap_host, bootstrap_port, bootstrap_room}``. The prefill leg computes the prompt, then posts
-its result to its own ``BootstrapServer`` (``prefill_done``) and waits until the decode leg picked it
-up. The decode leg long-polls ``GET /v1/bootstrap/rooms/<room>?wait_s=...`` on the prefill worker
-(``fetch_prefill``), which answers once the prefill of that room is done. Either side waits at most
-``bootstrap_timeout_s`` for the other and then fails with ``BootstrapTimeout`` (the request ends with
-error type ``bootstrap_timeout``). Either side may arrive first.
+``{bootstrap_host, bootstrap_port, bootstrap_room}``. As in SGLang, the prefill leg waits for its decode
+leg's handshake before it is prefilled (``decode_arrived``: SGLang's bootstrap queue, which a prefill
+leaves once the decode worker has allocated the KV memory the cache will land in and told the prefill
+worker where). The decode leg first reserves that memory on its own worker, then long-polls
+``GET /v1/bootstrap/rooms/<room>?wait_s=...`` on the prefill worker (``fetch_prefill``): its arrival is
+the handshake, and the answer comes once the prefill of that room is done (``prefill_done``, which
+waits until the decode leg picked it up). Either side waits at most ``bootstrap_timeout_s`` for the
+other and then fails with ``BootstrapTimeout`` (the request ends with error type
+``bootstrap_timeout``). Either side may arrive first. The answer names the prefill engine
+(``PrefillResult.engine``, new at each start), so a decode worker knows a peer it never moved KV from.
 
 Each side knows its KV layout (``kv_layout``: the served model and the page size). A decode leg sends
 its own with the fetch, and a prefill worker whose layout differs refuses it (HTTP 409): both legs end
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -34,6 +39,7 @@ __all__ = [
     "BootstrapRefused",
     "BootstrapServer",
     "BootstrapTimeout",
+    "PeerConnections",
     "PrefillResult",
     "fetch_prefill",
     "kv_layout",
@@ -64,6 +70,7 @@ class PrefillResult:
     prompt_tokens: int
     cached_tokens: int
     host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory (HiCache)
+    engine: str = field(default="", compare=False)  # the prefill engine's id (BootstrapServer.engine)
 
 
 @dataclass
@@ -72,6 +79,7 @@ class _Room:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     picked_up: asyncio.Event = field(default_factory=asyncio.Event)
+    decode_arrived: asyncio.Event = field(default_factory=asyncio.Event)  # the handshake
     refused: str | None = None  # why a decode leg of another layout was refused
 
 
@@ -86,6 +94,7 @@ class BootstrapServer:
         self._rooms: dict[int, _Room] = {}
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.engine = uuid.uuid4().hex[:12]  # a new peer for every decode worker, as a restarted engine
 
     @property
     def open_rooms(self) -> int:
@@ -121,6 +130,29 @@ class BootstrapServer:
     def _drop(self, room: int, state: _Room) -> None:
         if self._rooms.get(room) is state:
             del self._rooms[room]
+
+    async def decode_arrived(self, room: int, wait_s: float) -> None:
+        """Wait (``wait_s`` at most) for the decode leg of ``room`` to arrive (its handshake). Raises
+        ``BootstrapTimeout`` when none did, ``BootstrapRefused`` when the one that came had another KV
+        layout."""
+        state = self._room(room)
+        try:
+            async with asyncio.timeout(wait_s):
+                await state.decode_arrived.wait()
+        except TimeoutError:
+            self._drop(room, state)
+            raise BootstrapTimeout(
+                f"no decode leg came for bootstrap_room={room} within {wait_s:.1f}s, so its prefill never "
+                "started; the decode worker did not get its leg of the request, could not reserve KV memory "
+                "for it, or could not reach this prefill worker's bootstrap port"
+            ) from None
+        except asyncio.CancelledError:
+            if not state.result.done():
+                self._drop(room, state)
+            raise
+        if state.refused is not None:
+            self._drop(room, state)
+            raise BootstrapRefused(state.refused)
 
     async def prefill_done(self, room: int, result: PrefillResult, wait_s: float) -> None:
         """Publish the prefill of ``room`` and wait (``wait_s`` at most) until a decode leg took it.
@@ -163,7 +195,9 @@ class BootstrapServer:
             )
             log.error("Refused a decode leg of another KV layout: %s", state.refused)
             state.picked_up.set()
+            state.decode_arrived.set()
             return web.json_response({"error": state.refused}, status=409)
+        state.decode_arrived.set()
         try:
             async with asyncio.timeout(wait_s):
                 result = await asyncio.shield(state.result)
@@ -182,6 +216,7 @@ class BootstrapServer:
             "prompt_tokens": result.prompt_tokens,
             "cached_tokens": result.cached_tokens,
             "host_cached_tokens": result.host_cached_tokens,
+            "engine": self.engine,
         }
         return web.json_response(body)
 
@@ -209,6 +244,7 @@ async def fetch_prefill(
                     int(data["prompt_tokens"]),
                     int(data["cached_tokens"]),
                     int(data.get("host_cached_tokens") or 0),
+                    str(data.get("engine", "")),
                 )
             if response.status == 504:
                 last_error = "the prefill leg never arrived there"
@@ -227,3 +263,30 @@ async def fetch_prefill(
         f"{info.bootstrap_host}:{info.bootstrap_port} within {timeout_s:.1f}s: {last_error}; check that "
         "the prefill worker is running and received the prefill leg"
     )
+
+
+class PeerConnections:
+    """A decode worker's KV transfer connections, one per prefill engine: the first transfer from an
+    engine opens it and costs ``first_transfer_s`` (on GPUs, the first NIXL transfer between a pair:
+    seconds), paid once however many transfers wait for it; later ones cost nothing here."""
+
+    def __init__(self, first_transfer_s: float) -> None:
+        self.first_transfer_s = first_transfer_s
+        self._open: dict[str, asyncio.Future[None]] = {}
+
+    @property
+    def peers(self) -> int:
+        return len(self._open)
+
+    async def ready(self, engine: str) -> None:
+        """Wait until the connection to ``engine`` is open (opening it the first time)."""
+        opening = self._open.get(engine)
+        if opening is None:
+            if self.first_transfer_s > 0:
+                log.info(
+                    "Opening the KV transfer connection to a new prefill engine engine=%s seconds=%.2f",
+                    engine,
+                    self.first_transfer_s,
+                )
+            opening = self._open[engine] = asyncio.ensure_future(asyncio.sleep(self.first_transfer_s))
+        await asyncio.shield(opening)

@@ -10,12 +10,18 @@ front of the queue, to be recomputed (mostly from the prefix cache).
 
 Roles:
 - ``agg``: prefill and decode here.
-- ``prefill``: computes the prompt, returns one token (like SGLang's prefill with max_new_tokens=1)
-  once the decode leg of the same ``bootstrap_room`` has fetched the result from this worker's
-  bootstrap server; fails with ``bootstrap_timeout`` when no decode leg comes.
-- ``decode``: fetches the prefill result from ``bootstrap_info`` (failing with ``bootstrap_timeout``
-  when it never comes), waits the simulated KV transfer, then decodes, starting with the prefill's
-  token.
+- ``prefill``: waits in its bootstrap queue for the decode leg of the same ``bootstrap_room`` to shake
+  hands (as SGLang's prefill waits for its decode worker to reserve the KV memory), computes the
+  prompt, returns one token (like SGLang's prefill with max_new_tokens=1) once that decode leg has
+  fetched the result from this worker's bootstrap server; fails with ``bootstrap_timeout`` when no
+  decode leg comes.
+- ``decode``: reserves the prompt's KV blocks (its prealloc queue: it waits while the cache is full, and
+  so does the prefill leg), shakes hands and fetches the prefill result from ``bootstrap_info`` (failing
+  with ``bootstrap_timeout`` when it never comes), waits the simulated KV transfer (the first from a
+  prefill engine also opens the connection: ``--kv-first-transfer-s``), then decodes, starting with
+  the prefill's token. It publishes no KV events (SGLang's decode radix cache is off by default).
+The load it reports is SGLang's (``sglang.engine.snapshot``): queued requests and prefill tokens,
+running requests, KV in use, and the handoff's bootstrap, prealloc and transfer queues.
 
 Tokens: see ``tokens.TokenSampler``; they depend on the prompt, ``sampling.seed`` (else
 ``--random-seed``) and the position only (temperature, top-p etc. change nothing). A
@@ -67,6 +73,7 @@ from dynamo_worker.mocker.bootstrap import (
     BootstrapRefused,
     BootstrapServer,
     BootstrapTimeout,
+    PeerConnections,
     PrefillResult,
     fetch_prefill,
     kv_layout,
@@ -212,6 +219,7 @@ class _Seq:
     finished: bool = False
     rank: int = 0  # data-parallel rank whose KV cache holds it
     script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
+    queued_tokens: int = 0  # uncached prompt tokens while it waits for a prefill (load reports)
 
     @property
     def lora(self) -> str | None:
@@ -238,6 +246,10 @@ class MockerEngine(Engine):
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._last_load: LoadSnapshot | None = None
+        self._queues = {"bootstrap": 0, "prealloc": 0, "transfer": 0}  # the KV handoff's queues
+        self._bootstrap_tokens = 0
+        self._freed = asyncio.Event()  # KV blocks were released (a decode leg may reserve now)
+        self._peers = PeerConnections(settings.kv_first_transfer_s / settings.speedup)
         self.bootstrap: BootstrapServer | None = None
         self._layout = ""  # kv_layout(), once started
         host = settings.host_blocks(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
@@ -474,7 +486,6 @@ class MockerEngine(Engine):
             for chunk in await self._embed(request):
                 yield chunk
             return
-        prompt = list(request.token_ids)
         seq = self._new_seq(request)
         scripted = self._scripted(request, seq.digest)
         if isinstance(scripted, GenerateChunk):
@@ -482,33 +493,15 @@ class MockerEngine(Engine):
             return
         seq.script = scripted
         try:
-            if self.role == "decode":
-                assert request.bootstrap_info is not None and self._session is not None
-                try:
-                    result = await fetch_prefill(
-                        self._session,
-                        request.bootstrap_info,
-                        self.settings.bootstrap_timeout_s,
-                        self._layout,
-                    )
-                except BootstrapTimeout as e:
-                    log.warning("Bootstrap timed out request_id=%s: %s", request.request_id, e)
-                    yield _error("bootstrap_timeout", str(e))
-                    return
-                except BootstrapRefused as e:
-                    yield _error("bootstrap_failed", str(e))
-                    return
-                await asyncio.sleep(self.timing.kv_transfer_s(len(prompt)))
-                await self._stuck_transfer(request)
-                seq.kv_ready, seq.preset_first, seq.cached_tokens = (
-                    True,
-                    result.first_token,
-                    result.cached_tokens,
-                )
-                seq.host_cached_tokens = result.host_cached_tokens
+            refused = await self._handoff(seq)
+            if refused is not None:
+                yield refused
+                return
+            seq.queued_tokens = 0 if seq.kv_ready else self._uncached(seq)
             self._waiting.append(seq)
             queued = True
             self._wakeup.set()
+            self._publish_load()
             while True:
                 chunk = await seq.out.take()
                 if (
@@ -521,9 +514,92 @@ class MockerEngine(Engine):
                 if chunk.finish_reason is not None:
                     return
         finally:
-            if queued and not seq.finished:
+            if not seq.finished and (queued or self.kvs[seq.rank].has_seq(seq.key)):
                 self._drop(seq)
                 log.info("Aborted request request_id=%s", request.request_id)
+
+    # --- the KV handoff (SGLang's bootstrap, prealloc and transfer queues) -------------------------
+
+    async def _handoff(self, seq: _Seq) -> GenerateChunk | None:
+        """A disaggregated leg's part of the KV handoff before it is queued (``_receive`` for a decode
+        leg, ``_await_handshake`` for a prefill leg); the error chunk that ends it, if it failed."""
+        try:
+            if self.role == "decode":
+                await self._receive(seq)
+            elif self.role == "prefill":
+                await self._await_handshake(seq)
+        except BootstrapTimeout as e:
+            log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
+            return _error("bootstrap_timeout", str(e))
+        except BootstrapRefused as e:
+            return _error("bootstrap_failed", str(e))
+        return None
+
+    async def _await_handshake(self, seq: _Seq) -> None:
+        """Prefill leg: wait in the bootstrap queue for the decode leg's handshake (SGLang prefills a
+        request only once its decode worker has reserved the memory for its KV)."""
+        info = seq.request.bootstrap_info
+        assert info is not None and self.bootstrap is not None
+        self._queues["bootstrap"] += 1
+        self._bootstrap_tokens += len(seq.tokens)
+        self._publish_load()
+        try:
+            await self.bootstrap.decode_arrived(info.bootstrap_room, self.settings.bootstrap_timeout_s)
+        finally:
+            self._queues["bootstrap"] -= 1
+            self._bootstrap_tokens -= len(seq.tokens)
+
+    async def _receive(self, seq: _Seq) -> None:
+        """Decode leg: reserve KV memory for the prompt (prealloc queue), shake hands with the prefill
+        leg and wait for its result, then receive the KV (transfer queue; the first transfer from a
+        prefill engine also opens the connection, ``--kv-first-transfer-s``)."""
+        request = seq.request
+        assert request.bootstrap_info is not None and self._session is not None
+        deadline = time.monotonic() + self.settings.bootstrap_timeout_s
+        self._queues["prealloc"] += 1
+        self._publish_load()
+        try:
+            await self._reserve(seq, deadline)
+        finally:
+            self._queues["prealloc"] -= 1
+        self._queues["transfer"] += 1
+        self._publish_load()
+        try:
+            result = await fetch_prefill(
+                self._session,
+                request.bootstrap_info,
+                max(deadline - time.monotonic(), 0.5),
+                self._layout,
+            )
+            await self._peers.ready(result.engine)
+            await asyncio.sleep(self.timing.kv_transfer_s(len(seq.tokens)))
+            await self._stuck_transfer(request)
+        finally:
+            self._queues["transfer"] -= 1
+        seq.kv_ready, seq.preset_first, seq.cached_tokens = True, result.first_token, result.cached_tokens
+        seq.host_cached_tokens = result.host_cached_tokens
+
+    async def _reserve(self, seq: _Seq, deadline: float) -> None:
+        """Allocate the prompt's KV blocks, waiting (until ``deadline``) while the cache is full."""
+        kv = self.kvs[seq.rank]
+        while True:
+            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
+            if alloc is not None:
+                self._kv_events(alloc.events, seq.rank)
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BootstrapTimeout(
+                    f"the decode worker's KV cache had no room for {len(seq.tokens)} tokens within "
+                    f"{self.settings.bootstrap_timeout_s:.0f}s (--num-kv-blocks)"
+                )
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._freed.wait()
+
+    def _uncached(self, seq: _Seq) -> int:
+        return len(seq.tokens) - self.kvs[seq.rank].cached_prefix_tokens(seq.tokens, seq.lora)
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -655,6 +731,8 @@ class MockerEngine(Engine):
             first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens
         )
         left = max(self.settings.bootstrap_timeout_s - (time.monotonic() - started), 0.5)
+        self._queues["transfer"] += 1
+        self._publish_load()
         try:
             await self.bootstrap.prefill_done(info.bootstrap_room, result, left)
         except BootstrapTimeout as e:
@@ -664,6 +742,9 @@ class MockerEngine(Engine):
             return _error("bootstrap_failed", str(e))
         except RuntimeError as e:
             return _error("invalid_request", str(e))
+        finally:
+            self._queues["transfer"] -= 1
+            self._publish_load()
         return chunk
 
     # --- scheduler -------------------------------------------------------------------------------
@@ -720,6 +801,11 @@ class MockerEngine(Engine):
                 passed.append(self._waiting.popleft())
                 continue
             kv = self.kvs[seq.rank]
+            if seq.kv_ready and kv.has_seq(seq.key):  # a decode leg's KV, reserved when it arrived
+                self._waiting.popleft()
+                admitted += 1
+                self._join(seq, adapters)
+                continue
             new_tokens = (
                 0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens, seq.lora)
             )
@@ -736,17 +822,12 @@ class MockerEngine(Engine):
                 break
             self._waiting.popleft()
             admitted += 1
-            if adapters is not None:
-                adapters.add(seq.lora)
             self._kv_events(alloc.events, seq.rank)
             if seq.cached_tokens is None:
                 seq.cached_tokens = alloc.cached_tokens
                 seq.host_cached_tokens = alloc.host_cached_tokens
-            self._running.append(seq)
-            if seq.kv_ready:
-                if seq.preset_first is not None and not seq.generated:
-                    self._advance(seq)  # the transferred first token goes out at once
-            else:
+            self._join(seq, adapters)
+            if not seq.kv_ready:
                 uncached = len(seq.tokens) - alloc.cached_tokens
                 prefills.append((uncached, alloc.cached_tokens))
                 loaded += alloc.host_cached_tokens
@@ -755,6 +836,15 @@ class MockerEngine(Engine):
         self._waiting.extendleft(reversed(passed))
         step_s = self.timing.prefill_batch_s(prefills) + self.timing.load_back_s(loaded)
         return step_s + self._lora_swap_s(), prefilled
+
+    def _join(self, seq: _Seq, adapters: set[str | None] | None) -> None:
+        """``seq`` joins the running batch (its adapter takes a batch slot); a transferred first token
+        goes out at once."""
+        if adapters is not None:
+            adapters.add(seq.lora)
+        self._running.append(seq)
+        if seq.kv_ready and seq.preset_first is not None and not seq.generated:
+            self._advance(seq)
 
     def _lora_swap_s(self) -> float:
         """The time this step spends copying the batch's adapters into the GPU slots."""
@@ -837,6 +927,7 @@ class MockerEngine(Engine):
 
     def _release(self, seq: _Seq) -> None:
         self.kvs[seq.rank].free(seq.key)
+        self._freed.set()
         if seq in self._running:
             self._running.remove(seq)
         if seq.lora is not None and self._lora_drained is not None:
@@ -853,15 +944,29 @@ class MockerEngine(Engine):
     # --- events ----------------------------------------------------------------------------------
 
     def _kv_events(self, events: Sequence[KvEvent], rank: int = 0) -> None:
-        if events:
+        # A decode worker publishes none: SGLang's decode radix cache is off by default
+        # (--disaggregation-decode-enable-radix-cache), so its blocks serve no prefix for a router.
+        if events and self.role != "decode":
             self._sink.kv_events(events, rank)
 
     def _publish_load(self) -> None:
+        """Report the load as SGLang does (``sglang.engine.snapshot``): ``waiting`` counts the handoff
+        queues too, queued prefill tokens are the waiting requests' uncached ones (and a prefill
+        worker's bootstrap queue, whole)."""
+        q = self._queues
         snap = LoadSnapshot(
             active_blocks=sum(kv.active_blocks for kv in self.kvs),
             total_blocks=sum(kv.total_blocks for kv in self.kvs),
-            waiting=len(self._waiting),
+            waiting=len(self._waiting)
+            + q["bootstrap"]
+            + q["prealloc"]
+            + q["transfer"] * (self.role == "decode"),
             running=len(self._running),
+            waiting_prefill_tokens=sum(s.queued_tokens for s in self._waiting if not s.finished)
+            + self._bootstrap_tokens,
+            bootstrap_queue=q["bootstrap"],
+            prealloc_queue=q["prealloc"],
+            transfer_queue=q["transfer"],
         )
         if snap != self._last_load:
             self._last_load = snap

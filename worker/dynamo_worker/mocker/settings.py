@@ -149,6 +149,13 @@ class MockerSettings(Settings):
     )
     kv_transfer_gbps: float = Field(100.0, gt=0, description="Prefill->decode bandwidth (gigabits/s).")
     kv_transfer_latency_ms: float = Field(1.0, ge=0, description="Fixed cost of a KV transfer (ms).")
+    kv_first_transfer_s: float = Field(
+        3.0,
+        ge=0,
+        description="Decode workers: what the first KV transfer from a prefill engine costs on top (s), once "
+        "per pair, as opening a NIXL connection does on GPUs (3 s measured on a warm H100/H200 machine, 12 s "
+        "on a cold one); the frontend warms each new pair before user traffic. 0: free.",
+    )
     host_load_gb_s: float = Field(
         50.0,
         gt=0,

@@ -18,9 +18,13 @@ A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of
         at routing time for requests whose KV events have not arrived yet), one in host memory
         (SGLang's HiCache) saves what is left after loading it back over PCIe, one in HiCache's storage
         tier less again.
-    prefill_blocks(t) = the new blocks of the requests this frontend sent to t that have not produced
-        their first token yet (prefill queued or running there: exact and immediate), plus one block for
-        each request t reports waiting that is not ours (other frontends' queue).
+    prefill_blocks(t) = the new blocks of the requests this frontend sent to t that are not prefilled
+        yet (exact and immediate: a burst from this frontend spreads at once), plus the rest of the
+        prefill t's engine reports queued (``LoadMetrics.waiting_prefill_tokens``, in blocks: other
+        frontends' requests; a prefill worker's bootstrap queue included) less the most new blocks this
+        frontend had queued on t since the report before (``router.Router.on_load``: what was ours in
+        the report, at most; so ours never count twice, and a report between two of ours is never
+        stale by more than one report period).
     decode_blocks(t) = KV blocks held by sequences decoding on t: the prompt blocks of this
         frontend's requests there past their first token, plus the rest of t's active blocks from its
         latest ``LoadMetrics`` (max(0, active_blocks - the most blocks this frontend had in flight on
@@ -48,6 +52,15 @@ in host memory take no GPU block, and a host hit takes GPU blocks when it is loa
 has room, only an imbalance
 ``PRESSURE_FACTOR`` times the absolute threshold moves it (to the cheapest least loaded one). A
 prefix copied to an idle worker then serves there too, so the load evens out.
+
+Disaggregated requests: the prefill worker is chosen by the cost above (its share of a request ends
+when its leg ends: a prefill worker holds nothing of a request once its KV has moved), the decode worker
+by ``decode_cost``: the KV blocks it holds (ours exact, others' from its reports), weighed
+``decode_weight`` as above, after one rule: a decode worker without room for the prompt's KV is chosen
+only when every one lacks it, because SGLang's decode worker reserves that memory before the prefill
+leg may even start (its prealloc queue), so a full decode worker stalls the prefill too. The pair is
+one decision (``choose_pair``): among the pairs allowed (e.g. warm ones), the prefill worker whose
+best decode partner has room, then that partner.
 
 LoRA adapters: a request for an adapter goes only to workers that hold it (the frontend's candidates),
 and its blocks are the adapter's own (``KvIndex``). Among those workers, one whose GPU batch slots hold
@@ -93,11 +106,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "DecodeCandidate",
     "KvCandidate",
     "KvWeights",
     "RoundRobin",
     "RouterMode",
     "choose_random",
+    "decode_cost",
+    "decode_rank",
     "kv_choose",
     "kv_cost",
     "new_blocks",
@@ -240,3 +256,31 @@ def _cheapest(
     best = min(costs[c.key] for c in candidates)
     tied = sorted((c for c in candidates if costs[c.key] == best), key=lambda c: c.key)
     return rng.choice(tied)
+
+
+@dataclass(frozen=True)
+class DecodeCandidate:
+    """One decode cache (worker, or dp rank of a worker) as the decode choice sees it."""
+
+    worker_id: str
+    held_blocks: int = 0  # KV blocks held there: ours (from dispatch: SGLang reserves them at once) + others'
+    capacity_blocks: int | None = None  # its KV cache size in blocks (None: unknown, always has room)
+    dp_rank: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.worker_id if self.dp_rank == 0 else f"{self.worker_id}/dp{self.dp_rank}"
+
+    def has_room(self, prompt_blocks: int) -> bool:
+        """Whether the prompt's KV (and one block for its first tokens) fits next to what it holds."""
+        return self.capacity_blocks is None or self.held_blocks + prompt_blocks + 1 <= self.capacity_blocks
+
+
+def decode_cost(candidate: DecodeCandidate, weights: KvWeights) -> float:
+    """What a decode worker costs a request, in blocks of prefill (see the module docstring)."""
+    return weights.decode_weight * candidate.held_blocks
+
+
+def decode_rank(candidate: DecodeCandidate, prompt_blocks: int, weights: KvWeights) -> tuple[bool, float]:
+    """Order of decode workers: those with room first, then the cheapest."""
+    return (not candidate.has_room(prompt_blocks), decode_cost(candidate, weights))

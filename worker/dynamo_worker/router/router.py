@@ -5,11 +5,22 @@ No I/O: discovery, KV events, snapshots and load metrics are pushed in by the fr
 the kv cost formula and its knobs.
 
 In kv mode every decision is remembered twice: the chosen cache's share of the request
-(``Flight``: its new blocks count as prefill until the first token, its prompt blocks as decode load
-until it ends), and the prompt's blocks as *predicted* in that cache for ``predict_ttl_s`` seconds
-(``KvIndex.predict``), so that the next request with the same prefix finds it there before the
-worker's KV events arrive. A data-parallel worker (``dp_size`` > 1) is one candidate per rank; the
-choice names the rank (``Choice.dp_rank``), which the frontend sends as ``data_parallel_rank``.
+(``Flight``, by the role the worker plays in it: on an aggregated worker its new blocks count as
+prefill until the first token, its prompt blocks as decode load until it ends; on a prefill worker
+only its prefill counts, until the prefill leg ends; on a decode worker its prompt blocks count as held
+from dispatch to the end), and the prompt's blocks as *predicted* in the prefill cache for
+``predict_ttl_s`` seconds (``KvIndex.predict``), so that the next request with the same prefix finds
+it there before the worker's KV events arrive. A data-parallel worker (``dp_size`` > 1) is one
+candidate per rank; the choice names the rank (``Choice.dp_rank``), which the frontend sends as
+``data_parallel_rank``.
+
+Load reports (``on_load``, each worker's ``LoadMetrics`` every 50 ms or so while it changes) bring in
+what this frontend cannot see: other frontends' requests, queued prefill tokens, KV in use. A report
+counts our own requests too, so what it says beyond ours is kept as *others'* load: the report less the
+most this frontend had on that worker since the report before (at most what was ours in it, so ours
+never count twice), and ours are added from our own counts, which change at once. Between two reports
+a burst of this frontend's requests therefore sees each of its own, and another frontend's burst is
+unseen for at most one report period.
 
 LoRA: a request for an adapter (``lora_name``) is hashed in the adapter's namespace, and each cache
 remembers the adapters it ran last (as many as its ``max_loras_per_batch``, the size of SGLang's GPU
@@ -24,25 +35,31 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from dynamo_api import contract
 
 from dynamo_worker.protocol import InstanceRecord, KvEventBatch, LoadMetrics, hash_token_blocks
 from dynamo_worker.router.index import KvIndex
 from dynamo_worker.router.policy import (
+    DecodeCandidate,
     KvCandidate,
     KvWeights,
     RoundRobin,
     RouterMode,
     choose_random,
+    decode_rank,
     kv_choose,
     new_blocks,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_PREDICT_TTL_S", "Choice", "Flight", "Router"]
+__all__ = ["DEFAULT_PREDICT_TTL_S", "Choice", "Flight", "FlightRole", "PairFilter", "Router"]
+
+FlightRole = Literal["agg", "prefill", "decode"]  # what the chosen worker does for the request
+PairFilter = Callable[[str, str], bool]  # (prefill instance id, decode instance id) -> may pair
 
 DEFAULT_PREDICT_TTL_S = 30.0
 SILENT_AFTER_REQUESTS = 3  # requests a worker finishes without any KV event before we say so
@@ -67,18 +84,29 @@ class Choice:
 
 
 class Flight:
-    """One request's share of its cache's load, from ``Router.started`` to ``done`` (idempotent):
-    its new blocks count as queued prefill until ``first_token``, then its prompt blocks as decode."""
+    """One request's share of its cache's load, from ``Router.started`` to ``done`` (idempotent), by
+    ``role``: ``agg``: its new blocks count as queued prefill until ``first_token``, then its prompt
+    blocks as decode; ``prefill``: its new blocks count as queued prefill until the leg ends (``done``,
+    or ``first_token``: the decode leg has the KV); ``decode``: its prompt blocks count as held from
+    the start (SGLang's decode worker reserves them before the transfer) to ``done``."""
 
-    def __init__(self, router: Router, choice: Choice) -> None:
+    def __init__(self, router: Router, choice: Choice, role: FlightRole = "agg") -> None:
         self._router = router
         self.choice = choice
-        self._prefilling = True
+        self.role: FlightRole = role
+        self._prefilling = role != "decode"
         self._done = False
+        c = choice
+        if role == "decode":
+            router._add(c, decode=c.prompt_blocks, blocks=c.prompt_blocks, requests=1)
+        else:
+            router._add(c, prefill=c.new_blocks, prefilling=1, blocks=c.prompt_blocks, requests=1)
 
     def first_token(self) -> None:
         """The prefill is over: the request now decodes."""
-        if self._prefilling and not self._done:
+        if self.role == "prefill":
+            self.done()
+        elif self._prefilling and not self._done:
             self._prefilling = False
             c = self.choice
             self._router._add(c, prefill=-c.new_blocks, prefilling=-1, decode=c.prompt_blocks)
@@ -92,7 +120,48 @@ class Flight:
             self._router._add(c, prefill=-c.new_blocks, prefilling=-1)
         else:
             self._router._add(c, decode=-c.prompt_blocks)
-        self._router._finished(c)
+        self._router._finished(c, self.role)
+
+
+@dataclass
+class _WorkerLoad:
+    """One worker's load as this frontend knows it: its own requests there (exact, at once), the most
+    of each since the last load report, and what that report said beyond ours (``others_*``)."""
+
+    blocks: int = 0  # prompt blocks of our requests holding KV there
+    prefill: int = 0  # new blocks of our requests not prefilled yet
+    prefilling: int = 0  # our requests not prefilled yet
+    requests: int = 0
+    peak_blocks: int = 0
+    peak_prefill: int = 0
+    peak_prefilling: int = 0
+    peak_requests: int = 0
+    others_blocks: int = 0  # KV blocks in use beyond ours
+    others_prefill: int = 0  # blocks of prefill queued beyond ours
+    others_requests: int = 0  # requests running or queued beyond ours
+
+    def add(self, blocks: int, prefill: int, prefilling: int, requests: int) -> None:
+        self.blocks = max(self.blocks + blocks, 0)
+        self.prefill = max(self.prefill + prefill, 0)
+        self.prefilling = max(self.prefilling + prefilling, 0)
+        self.requests = max(self.requests + requests, 0)
+        self.peak_blocks = max(self.peak_blocks, self.blocks)
+        self.peak_prefill = max(self.peak_prefill, self.prefill)
+        self.peak_prefilling = max(self.peak_prefilling, self.prefilling)
+        self.peak_requests = max(self.peak_requests, self.requests)
+
+    def report(self, metrics: LoadMetrics, page_size: int) -> None:
+        """Take a load report: what it says beyond the most that was ours since the one before."""
+        m = metrics
+        self.others_blocks = max(m.active_blocks - self.peak_blocks, 0)
+        queued = -(-m.waiting_prefill_tokens // page_size)
+        if m.waiting_prefill_tokens:
+            self.others_prefill = max(queued - self.peak_prefill, 0)
+        else:  # a worker that reports no token count (an older one): one block per waiting request
+            self.others_prefill = max(m.waiting - self.peak_prefilling, 0)
+        self.others_requests = max(m.running + m.waiting - self.peak_requests, 0)
+        self.peak_blocks, self.peak_prefill = self.blocks, self.prefill
+        self.peak_prefilling, self.peak_requests = self.prefilling, self.requests
 
 
 class Router:
@@ -118,12 +187,8 @@ class Router:
         self._decode_blocks: dict[str, int] = {}
         self._prefill_blocks: dict[str, int] = {}
         self._requests: dict[str, int] = {}
-        # per worker: what its load reports say beyond our own requests
-        self._worker_blocks: dict[str, int] = {}  # our in-flight prompt blocks on the worker
-        self._worker_prefilling: dict[str, int] = {}  # our requests still prefilling there
-        self._window_peak: dict[str, int] = {}  # most blocks in flight since the last load report
-        self._other_blocks: dict[str, int] = {}
-        self._other_waiting: dict[str, int] = {}
+        # per worker: ours, and what its load reports say beyond ours
+        self._load: dict[str, _WorkerLoad] = {}
         self._finished_count: dict[str, int] = {}
         self._silent_reported: set[str] = set()
         # per cache key: the adapters it ran last (most recent at the end), and runs now (None: base)
@@ -147,15 +212,8 @@ class Router:
     def remove_worker(self, instance_id: str) -> None:
         self.index.remove_worker(instance_id)
         self._records.pop(instance_id, None)
-        for per_worker in (
-            self._worker_blocks,
-            self._worker_prefilling,
-            self._window_peak,
-            self._other_blocks,
-            self._other_waiting,
-            self._finished_count,
-        ):
-            per_worker.pop(instance_id, None)
+        self._load.pop(instance_id, None)
+        self._finished_count.pop(instance_id, None)
         prefix = instance_id + "/"
         for per_key in (
             self._decode_blocks,
@@ -171,19 +229,22 @@ class Router:
         self.index.apply(batch)
 
     def on_load(self, metrics: LoadMetrics) -> None:
-        w = metrics.instance_id
-        if w not in self._records:
+        record = self._records.get(metrics.instance_id)
+        if record is None:
             return
-        ours = self._window_peak.get(w, 0)
-        self._other_blocks[w] = max(metrics.active_blocks - ours, 0)
-        self._other_waiting[w] = max(metrics.waiting - self._worker_prefilling.get(w, 0), 0)
-        self._window_peak[w] = self._worker_blocks.get(w, 0)
+        self._load.setdefault(record.instance_id, _WorkerLoad()).report(metrics, record.page_size)
 
-    def started(self, choice: Choice) -> Flight:
-        """A request was sent as ``choice`` says; call ``first_token`` and ``done`` on the result."""
-        self._add(choice, prefill=choice.new_blocks, prefilling=1, blocks=choice.prompt_blocks, requests=1)
+    def load_of(self, instance_id: str) -> dict[str, int]:
+        """What this frontend counts on a worker now (ours and others'), for logs and tests."""
+        load = self._load.get(instance_id, _WorkerLoad())
+        return {f.name: getattr(load, f.name) for f in fields(load) if not f.name.startswith("peak")}
+
+    def started(self, choice: Choice, role: FlightRole = "agg") -> Flight:
+        """A request was sent as ``choice`` says, the worker serving it as ``role``; call
+        ``first_token`` and ``done`` on the result."""
+        flight = Flight(self, choice, role)
         self._lora_started(choice)
-        return Flight(self, choice)
+        return flight
 
     def _lora_started(self, choice: Choice) -> None:
         lora = choice.worker.lora
@@ -237,20 +298,16 @@ class Router:
         ):
             if delta:
                 state[key] = max(state.get(key, 0) + delta, 0)
-        if blocks:
-            now = max(self._worker_blocks.get(w, 0) + blocks, 0)
-            self._worker_blocks[w] = now
-            self._window_peak[w] = max(self._window_peak.get(w, 0), now)
-        if prefilling:
-            self._worker_prefilling[w] = max(self._worker_prefilling.get(w, 0) + prefilling, 0)
+        self._load.setdefault(w, _WorkerLoad()).add(blocks, prefill, prefilling, requests)
 
-    def _finished(self, choice: Choice) -> None:
+    def _finished(self, choice: Choice, role: FlightRole) -> None:
         w = choice.worker.instance_id
         if w not in self._records:
             return
         self._add(choice, blocks=-choice.prompt_blocks, requests=-1)
         self._lora_finished(choice)
-        if self.mode == "kv" and choice.prompt_blocks > 0:
+        # a decode worker caches nothing for routing (SGLang's decode radix cache is off by default)
+        if self.mode == "kv" and choice.prompt_blocks > 0 and role != "decode":
             n = self._finished_count[w] = self._finished_count.get(w, 0) + 1
             if (
                 n >= SILENT_AFTER_REQUESTS
@@ -297,6 +354,61 @@ class Router:
             return Choice(worker, len(token_ids) // worker.page_size, 0, lora_name=lora_name)
         return self._choose_kv(by_id, token_ids, lora_name)
 
+    def choose_pair(
+        self,
+        key: str,
+        prefill: Sequence[InstanceRecord],
+        decode: Sequence[InstanceRecord],
+        token_ids: Sequence[int],
+        allowed: PairFilter | None = None,
+        lora_name: str | None = None,
+    ) -> tuple[Choice, Choice]:
+        """A prefill and a decode worker for one disaggregated request, as one decision: only pairs that
+        ``allowed`` accepts (all when None; at least one must be); in kv mode the prefill worker by the
+        kv cost among those whose best allowed decode partner has room for the prompt's KV (all, when
+        none has), then that partner (``policy.decode_rank``). ``key`` scopes round-robin cursors."""
+        partners = {
+            p.instance_id: [d for d in decode if allowed is None or allowed(p.instance_id, d.instance_id)]
+            for p in prefill
+        }
+        firsts = [p for p in prefill if partners[p.instance_id]]
+        if not firsts:
+            raise ValueError("no allowed prefill/decode pair to choose from")
+        if self.mode != "kv":
+            first = self.choose(f"{key}/prefill", firsts, token_ids, lora_name)
+            second = self.choose(f"{key}/decode", partners[first.worker.instance_id], token_ids, lora_name)
+            return first, second
+        prompt = max(len(token_ids) // d.page_size for d in decode)
+        best = {p.instance_id: self._best_decode(partners[p.instance_id], prompt) for p in firsts}
+        roomy = [p for p in firsts if best[p.instance_id][0].has_room(prompt)]
+        first = self._choose_kv({p.instance_id: p for p in roomy or firsts}, token_ids, lora_name)
+        chosen, record = best[first.worker.instance_id]
+        rank = chosen.dp_rank if record.dp_size > 1 else None
+        return first, Choice(record, len(token_ids) // record.page_size, 0, rank, lora_name=lora_name)
+
+    def _best_decode(
+        self, decode: Sequence[InstanceRecord], prompt_blocks: int
+    ) -> tuple[DecodeCandidate, InstanceRecord]:
+        """The decode cache ``policy.decode_rank`` puts first (ties broken at random)."""
+        ranked: list[tuple[tuple[bool, float], DecodeCandidate, InstanceRecord]] = []
+        for record in decode:
+            w, share = record.instance_id, record.dp_size
+            load = self._load.get(w, _WorkerLoad())
+            capacity = record.total_kv_blocks // share if record.total_kv_blocks else None
+            for rank in range(share):
+                key = Choice(record, 0, 0, rank).key
+                c = DecodeCandidate(
+                    worker_id=w,
+                    dp_rank=rank,
+                    held_blocks=self._decode_blocks.get(key, 0) + load.others_blocks // share,
+                    capacity_blocks=capacity,
+                )
+                ranked.append((decode_rank(c, prompt_blocks, self.weights), c, record))
+        top = min(r[0] for r in ranked)
+        tied = sorted((r for r in ranked if r[0] == top), key=lambda r: r[1].key)
+        _, candidate, record = self._rng.choice(tied)
+        return candidate, record
+
     def _choose_kv(
         self, by_id: dict[str, InstanceRecord], token_ids: Sequence[int], lora_name: str | None
     ) -> Choice:
@@ -314,8 +426,7 @@ class Router:
             ranks = range(record.dp_size)
             overlaps = self.index.tier_overlaps(hashes, [(worker_id, r) for r in ranks])
             share = record.dp_size
-            others = self._other_blocks.get(worker_id, 0) // share
-            waiting = self._other_waiting.get(worker_id, 0)
+            load = self._load.get(worker_id, _WorkerLoad())
             capacity = record.total_kv_blocks // share if record.total_kv_blocks else None
             for rank in ranks:
                 c = Choice(record, len(hashes), 0, rank)
@@ -329,9 +440,9 @@ class Router:
                         overlap_blocks=tiers.gpu,
                         host_blocks=tiers.host,
                         disk_blocks=tiers.disk,
-                        prefill_blocks=self._prefill_blocks.get(c.key, 0) + waiting // share,
-                        decode_blocks=self._decode_blocks.get(c.key, 0) + others,
-                        requests=self._requests.get(c.key, 0) + waiting // share,
+                        prefill_blocks=self._prefill_blocks.get(c.key, 0) + load.others_prefill // share,
+                        decode_blocks=self._decode_blocks.get(c.key, 0) + load.others_blocks // share,
+                        requests=self._requests.get(c.key, 0) + load.others_requests // share,
                         free_blocks=max(capacity - held, 0) if capacity is not None else None,
                         capacity_blocks=capacity,
                         lora_resident=resident,

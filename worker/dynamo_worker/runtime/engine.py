@@ -45,10 +45,17 @@ class EngineInfo:
 
 @dataclass(frozen=True)
 class LoadSnapshot:
+    """What the engine reports of its load; the fields of ``protocol.LoadMetrics`` (which says what each
+    means). An engine reports a new one when it changes; the runtime rate-limits what it publishes."""
+
     active_blocks: int
     total_blocks: int
     waiting: int
     running: int
+    waiting_prefill_tokens: int = 0
+    bootstrap_queue: int = 0
+    prealloc_queue: int = 0
+    transfer_queue: int = 0
 
 
 class EngineEventSink(Protocol):

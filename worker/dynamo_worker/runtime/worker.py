@@ -161,6 +161,19 @@ class _EventRelay:
         self._total = Gauge("dynamo_worker_kv_total_blocks", "KV blocks in all.", registry=registry)
         self._waiting = Gauge("dynamo_worker_waiting_requests", "Requests queued.", registry=registry)
         self._running = Gauge("dynamo_worker_running_requests", "Requests running.", registry=registry)
+        self._queued_prefill = Gauge(
+            "dynamo_worker_waiting_prefill_tokens",
+            "Prompt tokens queued for prefill (uncached; a prefill worker's bootstrap queue whole).",
+            registry=registry,
+        )
+        self._handoff = Gauge(
+            "dynamo_worker_kv_handoff_requests",
+            "Requests in the KV handoff of disaggregated serving: a prefill worker's bootstrap (waiting for "
+            "the decode leg's handshake) and transfer queues, a decode worker's prealloc (waiting for KV "
+            "memory or the handshake) and transfer queues.",
+            ["queue"],
+            registry=registry,
+        )
         self._kv_events = Counter(
             "dynamo_worker_kv_events",
             "KV cache events (stored, removed, cleared) handed to the event plane for the KV router.",
@@ -177,6 +190,9 @@ class _EventRelay:
         self._total.set(snapshot.total_blocks)
         self._waiting.set(snapshot.waiting)
         self._running.set(snapshot.running)
+        self._queued_prefill.set(snapshot.waiting_prefill_tokens)
+        for queue in ("bootstrap", "prealloc", "transfer"):
+            self._handoff.labels(queue).set(getattr(snapshot, f"{queue}_queue"))
         if self.load_pub is not None:
             self.load_pub.update(snapshot)
 

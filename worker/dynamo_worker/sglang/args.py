@@ -97,7 +97,10 @@ class SglangSettings(Settings):
         "otherwise wait for. 0: no warmup.",
     )
     load_interval_s: float = Field(
-        1.0, gt=0, description="Seconds between two reads of SGLang's load (event plane and /metrics)."
+        0.05,
+        gt=0,
+        description="Seconds between two reads of SGLang's load (event plane and /metrics): a read of what "
+        "its schedulers wrote to shared memory, which costs them nothing; routers weigh it in.",
     )
 
 

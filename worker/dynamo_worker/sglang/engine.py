@@ -75,7 +75,15 @@ from dynamo_worker.sglang.kv_events import KvEventRelay
 from dynamo_worker.sglang.resolved import resolved_args
 from dynamo_worker.sglang.transport import TransportWatch, observation_env
 
-__all__ = ["EngineStartError", "SglangEngine", "canary", "diagnose", "kill_sglang_children", "sglang_engine"]
+__all__ = [
+    "EngineStartError",
+    "SglangEngine",
+    "canary",
+    "diagnose",
+    "kill_sglang_children",
+    "sglang_engine",
+    "snapshot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +475,7 @@ class SglangEngine(Engine):
                 log.warning("Could not read SGLang load error=%r", e)
                 loads = []
             if loads:
-                self._sink.load(_snapshot(loads, self._page_size))
+                self._sink.load(snapshot(loads, self._page_size, self.role))
                 for load in loads:
                     for key, gauge in self._gauges.items():
                         gauge.labels(dp_rank=str(load.dp_rank)).set(float(getattr(load, key, 0) or 0))
@@ -573,12 +581,32 @@ async def embedding_canary(engine: Any, timeout_s: float) -> str | None:
         return f"SGLang did not answer an embedding canary within {timeout_s:.0f}s"
 
 
-def _snapshot(loads: list[Any], page_size: int) -> LoadSnapshot:
+def snapshot(loads: Sequence[Any], page_size: int, role: Role) -> LoadSnapshot:
+    """Our ``LoadSnapshot`` from SGLang's per-rank ones (``get_loads``: what the schedulers last wrote to
+    shared memory, after every prefill batch, on idle and every few decode steps; reading it costs the
+    scheduler nothing). Queued prefill tokens: the uncached tokens of the waiting queue; a prefill worker
+    adds its bootstrap queue, whose requests SGLang matches against its cache only when they leave it,
+    so they count whole (``num_total_tokens`` less the tokens in use is every queued token)."""
+    queued = _sum(loads, "num_waiting_uncached_tokens")
+    if role == "prefill":
+        queued = max(queued, _sum(loads, "num_total_tokens") - _sum(loads, "num_used_tokens"))
+    prefill, decode = role == "prefill", role == "decode"
     return LoadSnapshot(
-        active_blocks=sum(load.num_used_tokens for load in loads) // page_size,
-        total_blocks=sum(load.max_total_num_tokens for load in loads) // page_size,
-        waiting=sum(load.num_waiting_reqs for load in loads),
-        running=sum(load.num_running_reqs for load in loads),
+        active_blocks=_sum(loads, "num_used_tokens") // page_size,
+        total_blocks=_sum(loads, "max_total_num_tokens") // page_size,
+        waiting=_sum(loads, "num_waiting_reqs"),
+        running=_sum(loads, "num_running_reqs"),
+        waiting_prefill_tokens=0 if decode else queued,
+        bootstrap_queue=_sum(loads, "disaggregation.prefill_bootstrap_queue_reqs") if prefill else 0,
+        prealloc_queue=_sum(loads, "disaggregation.decode_prealloc_queue_reqs") if decode else 0,
+        transfer_queue=_sum(
+            loads,
+            "disaggregation.prefill_inflight_queue_reqs"
+            if prefill
+            else "disaggregation.decode_transfer_queue_reqs",
+        )
+        if prefill or decode
+        else 0,
     )
 
 

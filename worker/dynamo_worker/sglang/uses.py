@@ -105,7 +105,9 @@ DECLARED: tuple[Use, ...] = (
             "dp_rank",
             "num_running_reqs",
             "num_waiting_reqs",
+            "num_waiting_uncached_tokens",
             "num_used_tokens",
+            "num_total_tokens",
             "max_total_num_tokens",
             "max_running_requests",
             "token_usage",
@@ -118,7 +120,7 @@ DECLARED: tuple[Use, ...] = (
     ),
     Use(_LOADS, "QueueMetrics", "waiting", by="engine (canary diagnosis)"),
     *(
-        Use(_LOADS, "DisaggregationMetrics", f, by="engine (canary diagnosis)")
+        Use(_LOADS, "DisaggregationMetrics", f, by="engine (canary diagnosis, load reports)")
         for f in (
             "prefill_bootstrap_queue_reqs",
             "prefill_inflight_queue_reqs",

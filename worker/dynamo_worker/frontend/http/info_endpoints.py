@@ -4,11 +4,14 @@ frontend serves and how it is doing, read from the model registry and the metric
 ``/v1/models`` lists the models served now and those kept (``models.registry``: a graph's models at 0
 replicas, a model whose workers left within the retention), whose requests wait for a worker.
 ``/health`` is ready while it lists one: a frontend whose models scale from zero must stay in its
-Service, or the requests that signal the demand never reach it. Each LoRA adapter a listed model's
-workers hold follows as a model of its own, as SGLang lists them: ``root`` its source, ``parent`` the
-model."""
+Service, or the requests that signal the demand never reach it; and not while a model's first
+prefill/decode pairs warm up (``serving.warmup``, bounded), so that Ready means a warm pair. Each LoRA
+adapter a listed model's workers hold follows as a model of its own, as SGLang lists them: ``root`` its
+source, ``parent`` the model."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,9 +27,15 @@ __all__ = ["InfoEndpoints"]
 
 
 class InfoEndpoints:
-    def __init__(self, registry: ModelRegistry, metrics: FrontendMetrics) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        metrics: FrontendMetrics,
+        starting: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.registry = registry
         self.metrics = metrics
+        self.starting = starting or list  # models whose first prefill/decode pairs warm up (serving.warmup)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
@@ -52,7 +61,7 @@ class InfoEndpoints:
         return json_response(dump(card))
 
     async def health(self, _: web.Request) -> web.Response:
-        status, body = health(self.registry.listed(), self.registry.namespace)
+        status, body = health(self.registry.listed(), self.registry.namespace, self.starting())
         return json_response(dump(body), status=status)
 
     async def live(self, _: web.Request) -> web.Response:

@@ -79,7 +79,9 @@ class OpenAIServer:
         multimodal: MultimodalProcessor | None = None,
         images: ImagesApi | None = None,
         admission: Admission | None = None,
+        starting: Callable[[], list[str]] | None = None,
     ) -> None:
+        self.starting = starting  # models whose first prefill/decode pairs warm up (/health waits)
         self.admission = admission or Admission(
             registry, metrics, max_queued=0, queue_ttl_s=0.0, scale_up_timeout_s=0.0
         )
@@ -103,7 +105,7 @@ class OpenAIServer:
         )
         app.router.add_post("/v1/embeddings", self._endpoint("embedding", EmbeddingRequest, self._embeddings))
         app.router.add_post("/v1/images/generations", self._image_generations)
-        InfoEndpoints(self.registry, self.metrics).add_routes(app)
+        InfoEndpoints(self.registry, self.metrics, self.starting).add_routes(app)
         return app
 
     # --- images -----------------------------------------------------------------------------

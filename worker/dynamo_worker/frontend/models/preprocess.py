@@ -104,6 +104,7 @@ class Preprocessor:
         features: ServingFeatures | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.features = features or ServingFeatures()  # what the model serves (from its model card)
         self.special_tokens = special_tokens
         self.eos_token_ids = tuple(eos_token_ids)
@@ -214,7 +215,9 @@ class Preprocessor:
         return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def check_ids(self, ids: Sequence[int]) -> None:
-        vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        vocab = self._vocab_size
+        if not ids or max(ids) < vocab:  # the common case at C speed: a long prompt costs microseconds
+            return
         for i, t in enumerate(ids):
             if t >= vocab:
                 raise InvalidRequest(

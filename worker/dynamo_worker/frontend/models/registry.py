@@ -349,6 +349,10 @@ class ModelRegistry:
         base = self._models[view.base or ""]
         return unserved_reason(view.lora_name or "", list(base.workers.values()), list(view.workers.values()))
 
+    def entries(self) -> list[ModelEntry]:
+        """Every model the registry knows of (with workers or not)."""
+        return list(self._models.values())
+
     def has_worker(self, instance_id: str) -> bool:
         """Whether discovery lists this worker now (under any model)."""
         return any(instance_id in e.workers for e in self._models.values())

@@ -7,6 +7,7 @@ Nothing here does I/O or reads a clock; the same input gives the same bytes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -88,9 +89,16 @@ def model_list(cards: list[ModelCard]) -> ModelList:
     return ModelList(data=cards)
 
 
-def health(served: list[str], namespace: str) -> tuple[int, Health]:
+def health(served: list[str], namespace: str, starting: Sequence[str] = ()) -> tuple[int, Health]:
     """(HTTP status, body) of ``/health``: healthy while some model is listed (served, or kept while it
-    scales up: ``models.registry``)."""
+    scales up: ``models.registry``) and none is ``starting`` (its first prefill/decode pairs are being
+    warmed up, bounded: ``serving.warmup``)."""
+    if starting:
+        reason = (
+            f"opening the KV transfer connections of the first prefill/decode pairs of {', '.join(starting)} "
+            "(a warm-up request through each; bounded by --pair-warmup-timeout-s)"
+        )
+        return 503, Health(status="unhealthy", models=served, reason=reason)
     if served:
         return 200, Health(status="healthy", models=served)
     reason = (

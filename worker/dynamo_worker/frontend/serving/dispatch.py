@@ -4,7 +4,9 @@ Serving mode per model, decided from the workers discovery knows now (``plan_rol
 adapter, the model's workers that hold it (its entry is the adapter's view, ``models.adapters``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
-  are chosen (the newest revision that has both roles, ``models.pairing``), a random 63-bit
+  are chosen as one decision (``Router.choose_pair``), among the warm combinations while there is one
+  (``models.pairing.routable_pair``: the newest revision with a warm combination; ``serving.warmup``
+  warms each new one), a random 63-bit
   ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
   ``bootstrap_info`` (the prefill worker's bootstrap host/port): waiting for the prefill before starting
   the decode can deadlock SGLang's KV handshake. The decode leg is streamed back; the prefill leg
@@ -36,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,7 +50,13 @@ from dynamo_worker.frontend.errors import (
     UpstreamTimeout,
     WorkerLost,
 )
-from dynamo_worker.frontend.models.pairing import newest_pair, no_pair_message
+from dynamo_worker.frontend.models.pairing import (
+    Pair,
+    WarmPairs,
+    newest_pair,
+    no_pair_message,
+    routable_pair,
+)
 from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.protocol import (
@@ -62,6 +70,7 @@ from dynamo_worker.protocol import (
     WorkerError,
 )
 from dynamo_worker.router import Choice, Router
+from dynamo_worker.router.router import PairFilter
 from dynamo_worker.runtime.request_plane import (
     RequestClient,
     RequestPlaneError,
@@ -156,11 +165,13 @@ class Dispatcher:
         inter_token_timeout_s: float,
         kv_transfer_timeout_s: float = 60.0,
         quarantine: Quarantine | None = None,
+        warm: WarmPairs | None = None,
     ) -> None:
         self.router = router
         self.client = client
         self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.quarantine = quarantine if quarantine is not None else Quarantine()
+        self.warm = warm  # warm prefill/decode pairs (serving.warmup); None: warm-ups off, any pair
         self._timeouts = {
             "connect_timeout": connect_timeout_s,
             "first_chunk_timeout": first_token_timeout_s,
@@ -174,18 +185,23 @@ class Dispatcher:
         out = exclude | self.quarantine.ids
         if mode == "disagg":
             prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
-            pair = entry.pair() if not out else newest_pair(prefill, decode)
-            if pair is None:
+            newest = entry.pair() if not out else newest_pair(prefill, decode)
+            routable: tuple[Pair, PairFilter | None] | None = None
+            if newest is not None and self.warm is None:
+                routable = (newest, None)
+            elif newest is not None and self.warm is not None:
+                routable = routable_pair(newest, prefill, decode, self.warm.is_warm)
+            if routable is None:
                 raise ServiceUnavailable(
                     no_pair_message(entry.name, prefill, decode),
                     code="no_matching_revision",
                     headers={"Retry-After": "1"},
                 )
-            return Plan(
-                "disagg",
-                self.router.choose(f"{entry.name}/prefill", pair.prefill, token_ids, entry.lora_name),
-                self.router.choose(f"{entry.name}/decode", pair.decode, token_ids, entry.lora_name),
+            pair, allowed = routable
+            first, second = self.router.choose_pair(
+                entry.name, pair.prefill, pair.decode, token_ids, allowed, entry.lora_name
             )
+            return Plan("disagg", first, second)
         agg = self._live(entry, "agg", out)
         return Plan("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
 
@@ -219,26 +235,31 @@ class Dispatcher:
                     raise failure from None  # no other worker to retry on: the first failure says why
                 raise unavailable from None  # 503 naming the role with no live worker
             started = False
-            chosen = [plan.first] + ([plan.decode] if plan.decode else [])
-            flights = [self.router.started(c) for c in chosen]
-            try:
-                stream = (
-                    self._agg(plan.first.worker, _on_rank(request, plan.first))
-                    if plan.decode is None
-                    else self._disagg(
-                        plan.first.worker,
-                        plan.decode.worker,
-                        request,
-                        prefill_rank=plan.first.dp_rank,
-                        decode_rank=plan.decode.dp_rank,
-                    )
+            if plan.decode is None:
+                flights = [self.router.started(plan.first)]
+                stream = self._agg(plan.first.worker, _on_rank(request, plan.first))
+            else:
+                prefill_flight = self.router.started(plan.first, "prefill")
+                flights = [prefill_flight, self.router.started(plan.decode, "decode")]
+                stream = self._disagg(
+                    plan.first.worker,
+                    plan.decode.worker,
+                    request,
+                    prefill_rank=plan.first.dp_rank,
+                    decode_rank=plan.decode.dp_rank,
+                    prefill_ended=prefill_flight.done,
                 )
+            try:
                 async with contextlib.aclosing(stream) as chunks:
                     async for chunk in chunks:
                         if not started:
                             started = True
                             for flight in flights:
                                 flight.first_token()
+                            if plan.decode is not None and self.warm is not None:  # its KV moved: warm
+                                self.warm.set(
+                                    plan.first.worker.instance_id, plan.decode.worker.instance_id, "warm"
+                                )
                         yield chunk
                 return
             except _Retryable as e:
@@ -278,10 +299,14 @@ class Dispatcher:
         except RequestPlaneError as e:
             raise self._failed(e, role, worker, first) from None
 
-    async def _prefill_leg(self, worker: InstanceRecord, request: GenerateRequest) -> None:
+    async def _prefill_leg(
+        self, worker: InstanceRecord, request: GenerateRequest, ended: Callable[[], None] | None
+    ) -> None:
         async with contextlib.aclosing(self._agg(worker, request, "prefill")) as chunks:
             async for _ in chunks:
                 pass
+        if ended is not None:
+            ended()  # the prefill worker is done with this request: its KV has moved
 
     async def _disagg(
         self,
@@ -291,6 +316,7 @@ class Dispatcher:
         *,
         prefill_rank: int | None = None,
         decode_rank: int | None = None,
+        prefill_ended: Callable[[], None] | None = None,
     ) -> AsyncGenerator[GenerateChunk, None]:
         if prefill.bootstrap_port is None:
             raise ServiceUnavailable(
@@ -323,7 +349,7 @@ class Dispatcher:
             info.bootstrap_room,
         )
         prefill_task = asyncio.create_task(
-            self._prefill_leg(prefill, prefill_request), name=f"prefill-{request.request_id}"
+            self._prefill_leg(prefill, prefill_request, prefill_ended), name=f"prefill-{request.request_id}"
         )
         decode_stream = self._stream(decode, decode_request)
         first = True  # no decode chunk yet: a worker that cannot be reached may be replaced
@@ -365,6 +391,19 @@ class Dispatcher:
                 prefill_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
                     await prefill_task
+
+    async def warm_up(self, model: str, prefill: InstanceRecord, decode: InstanceRecord) -> None:
+        """One tiny disaggregated request through this pair (``serving.warmup``): its first KV transfer
+        opens the pair's connection. Raises ``ApiError`` (or ``_Retryable``) when it fails."""
+        request = GenerateRequest(
+            request_id=f"warmup-{prefill.instance_id[:8]}-{decode.instance_id[:8]}-{secrets.token_hex(4)}",
+            model=model,
+            token_ids=list(range(1, prefill.page_size + 1)),  # one block: ids every vocabulary has
+            stop=StopConditions(max_tokens=1, ignore_eos=True),
+        )
+        async with contextlib.aclosing(self._disagg(prefill, decode, request)) as chunks:
+            async for _ in chunks:
+                pass
 
     def _handoff_timeout(
         self, prefill: InstanceRecord, decode: InstanceRecord, info: BootstrapInfo, prefill_done: bool
