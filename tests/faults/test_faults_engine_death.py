@@ -13,8 +13,12 @@ Bounds (what a user is promised, generous for a loaded 2-core machine):
   worker's pidfd watch, the stream handed back, a new connection and the prefill of prompt + streamed
   tokens on another worker), as for a SIGKILLed worker.
 - ``RETRY_BOUND_S`` 5 s: a disaggregated request whose prefill engine died mid-prefill is answered by
-  another prefill worker: the kill to the answer, with a 1.5 s prefill to redo.
+  another prefill worker: the kill to the answer, with a 1.5 s prefill to redo; by the same one once it
+  restarted its engine (plus ``RESTART_BOUND_S``) when it is the only one.
 - ``RESTART_BOUND_S`` 5 s: the worker whose engine died serves again (restarted in place, registered).
+- ``ONLY_WORKER_STALL_BOUND_S`` 8 s: with no other worker of the role, a stream's continuation waits for the
+  restarted engine (the frontend holds it as a new request for a model with no worker): the restart
+  (``RESTART_BOUND_S``) plus a stall (``STALL_BOUND_S``) at most.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ MODEL = "tiny"
 STALL_BOUND_S = 5.0
 RETRY_BOUND_S = 5.0
 RESTART_BOUND_S = 5.0
+ONLY_WORKER_STALL_BOUND_S = 8.0
 WAIT_S = 30.0
 OSL = 120
 PROMPTS = [f"Story number {i}: tell it long, with every detail you know." for i in range(6)]
@@ -216,19 +221,39 @@ async def test_engine_death_in_a_decode_worker_holding_transferred_kv_is_migrate
     assert row.within_bound(), f"a stream stalled {row.observed_s:.2f}s"
 
 
-async def test_engine_death_in_a_prefill_worker_mid_transfer_is_retried_on_another(
+async def test_streams_of_the_only_decode_worker_wait_for_its_restarted_engine(
     mockers, frontend_factory, wait_workers, fault_row
 ):
     row = fault_row(
-        "engine death, prefill worker",
-        "2 prefill + 1 decode; SIGKILL the prefilling worker's scheduler during a 1.5s prefill",
-        RETRY_BOUND_S,
+        "engine death, the only decode worker",
+        f"1 prefill + 1 decode, {len(PROMPTS)} streams; SIGKILL the decode scheduler: they wait for it",
+        ONLY_WORKER_STALL_BOUND_S,
+    )
+    p, d = mockers("prefill", speedup=1.0), mockers("decode", speedup=1.0)
+    fe = await frontend_factory(migration_limit=1)
+    await wait_workers(fe, 2, mockers=[p, d])
+    async with client(fe) as c:
+        refs = await references(c)
+        outcomes, _ = await streams_with_a_kill(c, [d], kill_engine)
+    count(row, outcomes, refs, migrations(fe))
+    assert migrations(fe) == len(PROMPTS)  # every stream was on the dead engine, and continued
+    assert row.within_bound(), f"a stream stalled {row.observed_s:.2f}s"
+
+
+@pytest.mark.parametrize("prefills", [2, 1])
+async def test_engine_death_in_a_prefill_worker_mid_transfer_is_retried(
+    mockers, frontend_factory, wait_workers, fault_row, prefills
+):
+    row = fault_row(
+        "engine death, prefill worker" + ("" if prefills == 2 else ", the only one"),
+        f"{prefills} prefill + 1 decode; SIGKILL the prefilling worker's scheduler during a 1.5s prefill",
+        RETRY_BOUND_S if prefills == 2 else RETRY_BOUND_S + RESTART_BOUND_S,
     )
     slow = ("--prefill-base-ms", "1500")
-    p1, p2 = mockers("prefill", *slow, speedup=1.0), mockers("prefill", *slow, speedup=1.0)
+    ps = [mockers("prefill", *slow, speedup=1.0) for _ in range(prefills)]
     d = mockers("decode", speedup=1.0)
     fe = await frontend_factory(migration_limit=1)
-    await wait_workers(fe, 3, mockers=[p1, p2, d])
+    await wait_workers(fe, prefills + 1, mockers=[*ps, d])
     prompt = PROMPTS[0]
     async with client(fe) as c:
         reference = await c.completions.create(
@@ -240,7 +265,7 @@ async def test_engine_death_in_a_prefill_worker_mid_transfer_is_retried_on_anoth
             )
         )
         busy = await wait_until_async(
-            lambda: [m for m in (p1, p2) if inflight(m) > 0] if inflight(d) > 0 else None,
+            lambda: [m for m in ps if inflight(m) > 0] if inflight(d) > 0 else None,
             "both legs to reach their workers",
             timeout_s=WAIT_S,
         )
@@ -254,7 +279,8 @@ async def test_engine_death_in_a_prefill_worker_mid_transfer_is_retried_on_anoth
         row.answered(time.monotonic() - killed)
     assert answer.choices[0].text == reference.choices[0].text
     assert answer.usage is not None and answer.usage.completion_tokens == 16
-    row.done += " -> 1 retried on the other prefill worker, 0 lost"
+    row.done += " -> 1 retried on the other prefill worker" if prefills == 2 else " -> 1 waited for it"
+    row.done += ", 0 lost"
     await wait_until_async(lambda: inflight(d) == 0, "the first decode leg to end", timeout_s=WAIT_S)
     assert row.within_bound(), f"answered {row.observed_s:.2f}s after the kill"
 

@@ -119,9 +119,14 @@ def _containers(graph: dict) -> list[dict]:
     return found
 
 
-def user_manifest(example: str, folder: Path, frontend_args: list[str] | None = None) -> Path:
-    """``example`` with ``USER_FLAGS`` appended to every SGLang worker's args (and ``frontend_args`` to
-    the frontend's), written into ``folder``."""
+def user_manifest(
+    example: str,
+    folder: Path,
+    frontend_args: list[str] | None = None,
+    worker_args: list[str] | None = None,
+) -> Path:
+    """``example`` with ``USER_FLAGS`` (then ``worker_args``) appended to every SGLang worker's args (and
+    ``frontend_args`` to the frontend's), written into ``folder``."""
     graph = yaml.safe_load((ROOT / example).read_text())
     for svc in (graph["spec"].get("services") or {}).values():  # v1alpha1, as the examples are
         if frontend_args and svc.get("componentType") == "frontend":
@@ -139,9 +144,9 @@ def user_manifest(example: str, folder: Path, frontend_args: list[str] | None = 
         if (
             len(args) >= 1 and isinstance(args[-1], str) and " -m " in f" {args[-1]}"
         ):  # sh -c "python3 -m ..."
-            args[-1] = f"{args[-1]} {' '.join(USER_FLAGS + EXTRA_FLAGS)}"
+            args[-1] = f"{args[-1]} {' '.join(USER_FLAGS + EXTRA_FLAGS + (worker_args or []))}"
         else:
-            container["args"] = [*map(str, args), *USER_FLAGS, *EXTRA_FLAGS]
+            container["args"] = [*map(str, args), *USER_FLAGS, *EXTRA_FLAGS, *(worker_args or [])]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / Path(example).name
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
@@ -197,9 +202,11 @@ def dump_stacks(root: int, tag: str) -> Path | None:
 
 
 class Graph:
-    """``dynamo-run MANIFEST --engine $ENGINE --model-dir ...`` until Ready (bounded)."""
+    """``dynamo-run MANIFEST --engine $ENGINE --model-dir ... [run_args]`` until Ready (bounded)."""
 
-    def __init__(self, name: str, manifest: Path, gpus: str, cold: bool = False) -> None:
+    def __init__(
+        self, name: str, manifest: Path, gpus: str, cold: bool = False, run_args: tuple[str, ...] = ()
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.logs = OUT / "logs" / name
@@ -208,7 +215,7 @@ class Graph:
         # python -m: the GPU machine runs the checkout, so there is no dynamo-run script beside python
         argv = [sys.executable, "-m", "dynamo_worker.local", str(manifest), "--engine", ENGINE,
                 "--port", str(self.port), "--startup-timeout", str(STARTUP_S),
-                "--log-dir", str(self.logs)]  # fmt: skip
+                "--log-dir", str(self.logs), *run_args]  # fmt: skip
         if ENGINE == "sglang":
             argv += ["--model-dir", str(MODEL_DIR)]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}

@@ -222,8 +222,14 @@ class Dispatcher:
             try:
                 plan = self.plan(entry, request.token_ids, frozenset(excluded))
             except ServiceUnavailable as unavailable:
-                if failure is not None and (failure.status == 503 or isinstance(failure, UpstreamTimeout)):
-                    raise failure from None  # no other worker to retry on: the first failure says why
+                # no other worker to retry on: the first failure says why (and an engine that died lets
+                # migration wait for it to come back)
+                if failure is not None and (
+                    failure.status == 503
+                    or isinstance(failure, UpstreamTimeout)
+                    or failure.code == "engine_died"
+                ):
+                    raise failure from None
                 raise unavailable from None  # 503 naming the role with no live worker
             started = False
             chosen = [plan.first] + ([plan.decode] if plan.decode else [])
