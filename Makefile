@@ -51,17 +51,18 @@ test-e2e: venv ## dynamo-run driven by the official openai client
 	$(BIN)/python -m pytest -q $(XDIST) tests/e2e $(PYTEST_ARGS)
 
 faults: venv binaries ## the fault suite: one row per fault (what was done, bound, time to a clear answer, lost)
-	FAULTS_TABLE=.faults/table.json $(BIN)/python -m pytest -q $(XDIST) tests/faults $(PYTEST_ARGS)
+	FAULTS_TABLE=.faults/table.json FAULTS_MARKDOWN=docs/faults.md $(BIN)/python -m pytest -q $(XDIST) tests/faults $(PYTEST_ARGS)
 
 lint: lint-code lint-chart ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
 
-lint-code: venv ## ruff, formatting, types (mypy), import contracts, CRD drift (no control-plane binary)
+lint-code: venv ## ruff, formatting, types (mypy), import contracts, CRD drift, complexity, Markdown links
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m dynamo_api.crdgen --check
 	$(BIN)/python hack/check-complexity.py
+	$(BIN)/python hack/check-links.py
 
 lint-chart: venv binaries ## helm lint + kubeconform of the chart, hadolint of the Dockerfiles
 	bash hack/lint-chart.sh
@@ -88,7 +89,7 @@ image-operator: venv ## build the operator image with buildah (root, no registry
 image-runtime: ## build the CPU runtime image (mocker, no CUDA) with buildah and serve a disagg graph in it
 	FLAVOUR=cpu bash hack/build-runtime-image.sh
 
-image-runtime-cuda: ## build the CUDA runtime image (SGLang 0.5.17, torch 2.11, NIXL; several GB; not in CI)
+image-runtime-cuda: ## build the CUDA runtime image (SGLang, torch, NIXL as images/gpu-lock.txt pins them; several GB; not in CI)
 	FLAVOUR=cuda bash hack/build-runtime-image.sh
 
 .PHONY: bench bench-peers image-operator image-runtime image-runtime-cuda

@@ -25,7 +25,11 @@ How the fields map (the rules of NVIDIA Dynamo's conversion)::
       livenessProbe, readinessProbe                main.livenessProbe, main.readinessProbe
       extraPodMetadata {annotations, labels}       podTemplate.metadata {annotations, labels}
       scalingAdapter {enabled: true}               scalingAdapter {} (present: enabled)
+      topologyConstraint, eppConfig                the same
+      gpuMemoryService                             experimental.gpuMemoryService
     spec.envs, spec.backendFramework             spec.env, spec.backendFramework
+    spec.annotations, labels, priorityClassName,  the same
+      topologyConstraint
     status                                       status (one schema, unchanged)
 
 Nothing is lost on a round trip. What one version cannot express is kept in an annotation of the
@@ -35,12 +39,12 @@ converted object and restored when it is converted back:
   service, the fields v1beta1 has no place for (``volumeMounts``, ``annotations``, ``labels``,
   ``serviceName``, ``dynamoNamespace``, ``autoscaling``, ``ingress``, ``pvc``, a ``componentType`` outside
   v1beta1's enum such as ``main``);
-- ``nvidia.com/dgd-v1beta1-fields`` (on v1alpha1 objects): the v1beta1-only graph fields (``annotations``,
-  ``labels``, ``priorityClassName``, ``restart``, ``topologyConstraint``, ``experimental``,
-  ``providerOverride``), the order of ``spec.components``, and per component its v1beta1-only fields
-  (``minAvailable``, ``roles``, ``eppConfig``, ``frontendSidecar``, ``dynamoSidecar``,
-  ``compilationCache``, ``runtimeVersionOverride``, ``topologyConstraint``, ``experimental``,
-  ``providerOverride``).
+- ``nvidia.com/dgd-v1beta1-fields`` (on v1alpha1 objects): the v1beta1-only graph fields (``restart``,
+  ``experimental``, ``providerOverride``), the order of ``spec.components``, and per component its
+  v1beta1-only fields (``minAvailable``, ``roles``, ``frontendSidecar``, ``dynamoSidecar``,
+  ``compilationCache``, ``runtimeVersionOverride``, ``experimental`` but its ``gpuMemoryService``,
+  ``providerOverride``). A record written before v1alpha1 had ``annotations``, ``labels``,
+  ``priorityClassName`` and ``topologyConstraint`` still restores them where the spec has none.
 
 Those fields are restored whatever else changed. Where the mapping above is not one-to-one (e.g. env set
 in both ``envs`` and ``mainContainer.env`` arrives in v1beta1 as one list), the annotation also keeps the
@@ -89,27 +93,22 @@ _ALPHA_ONLY_SERVICE = (
     "ingress",
     "pvc",
 )
-_BETA_ONLY_SPEC = (
-    "annotations",
-    "labels",
-    "priorityClassName",
-    "restart",
-    "topologyConstraint",
-    "experimental",
-    "providerOverride",
-)
+_BETA_ONLY_SPEC = ("restart", "experimental", "providerOverride")
+# Graph fields both versions have, the same way.
+_SAME_SPEC = ("annotations", "labels", "priorityClassName", "topologyConstraint")
 _BETA_ONLY_COMPONENT = (
     "runtimeVersionOverride",
     "minAvailable",
     "roles",
-    "eppConfig",
     "frontendSidecar",
     "dynamoSidecar",
     "compilationCache",
-    "topologyConstraint",
     "experimental",
     "providerOverride",
 )
+# v1alpha1's service-level gpuMemoryService is v1beta1's experimental.gpuMemoryService.
+_EXPERIMENTAL = "experimental"
+_GMS = "gpuMemoryService"
 _BETA_TYPES = ("frontend", "worker", "prefill", "decode", "planner", "epp")
 _SPLIT_TYPES = ("prefill", "decode")
 
@@ -220,7 +219,14 @@ def _resources_from_k8s(res: dict[str, Any] | None) -> dict[str, Any]:
 # memory, the scaling adapter, then the pod (metadata, and the main container: env, envFrom, resources,
 # probes).
 
-_SAME_FIELDS = ("replicas", "multinode", "modelRef", "globalDynamoNamespace")
+_SAME_FIELDS = (
+    "replicas",
+    "multinode",
+    "modelRef",
+    "globalDynamoNamespace",
+    "topologyConstraint",
+    "eppConfig",
+)
 _PROBES = ("livenessProbe", "readinessProbe")
 
 
@@ -335,6 +341,8 @@ def _service_to_component(name: str, svc: dict[str, Any]) -> dict[str, Any]:
     comp.update(_shm_size(svc.get("sharedMemory")))
     comp.update(_beta_adapter(svc.get("scalingAdapter")))
     comp.update(_compilation_cache(svc.get("volumeMounts")))
+    if svc.get(_GMS) is not None:
+        comp[_EXPERIMENTAL] = {_GMS: svc[_GMS]}
 
     spec = dict(svc.get("extraPodSpec") or {})
     main = dict(spec.pop("mainContainer", None) or {})
@@ -360,6 +368,8 @@ def _component_to_service(comp: dict[str, Any]) -> dict[str, Any]:
     _copy_set(comp, svc, _SAME_FIELDS)
     svc.update(_alpha_adapter(comp.get("scalingAdapter")))
     svc.update(_shm(comp.get("sharedMemorySize")))
+    if isinstance(comp.get(_EXPERIMENTAL), dict) and comp[_EXPERIMENTAL].get(_GMS) is not None:
+        svc[_GMS] = comp[_EXPERIMENTAL][_GMS]
 
     template = comp.get("podTemplate") or {}
     meta = _pod_metadata(template.get("metadata"))
@@ -393,10 +403,28 @@ def _alpha_only(svc: dict[str, Any], _regenerated: dict[str, Any]) -> dict[str, 
 
 def _beta_only(comp: dict[str, Any], regenerated: dict[str, Any]) -> dict[str, Any]:
     """A v1beta1 component's fields v1alpha1 has no place for, unless the mapping back makes them
-    again (``regenerated``: e.g. compilationCache from a volume mount)."""
-    return {
+    again (``regenerated``: e.g. compilationCache from a volume mount); of ``experimental``, the entries
+    other than gpuMemoryService (which v1alpha1 has)."""
+    keep = {
         k: comp[k] for k in _BETA_ONLY_COMPONENT if comp.get(k) is not None and regenerated.get(k) != comp[k]
     }
+    if isinstance(keep.get(_EXPERIMENTAL), dict):
+        rest = {k: v for k, v in keep[_EXPERIMENTAL].items() if k != _GMS}
+        keep.pop(_EXPERIMENTAL)
+        if rest:
+            keep[_EXPERIMENTAL] = rest
+    return keep
+
+
+def _restore(converted: dict[str, Any], keep: dict[str, Any]) -> None:
+    """Put the fields an earlier conversion kept back on ``converted``; ``experimental`` entries join
+    the gpuMemoryService the mapping made."""
+    for key, value in keep.items():
+        made = converted.get(key)
+        if key == _EXPERIMENTAL and isinstance(made, dict) and isinstance(value, dict):
+            converted[key] = {**value, **made}
+        else:
+            converted[key] = value
 
 
 @dataclass(frozen=True)
@@ -453,7 +481,7 @@ def _convert_part(
     if saved.get(target.part) and saved.get("fingerprint") == _fingerprint(source.model, part):
         converted = saved[target.part]
     else:
-        converted.update(saved.get("keep") or {})
+        _restore(converted, saved.get("keep") or {})
     regenerated = source.to_part(name, converted)
     keep = source.only_part(part, regenerated)
     record: dict[str, Any] = {"keep": keep} if keep else {}
@@ -496,10 +524,13 @@ def _open(
 def _graph_spec(
     spec: dict[str, Any], restore: dict[str, Any], source: _Version, target: _Version
 ) -> dict[str, Any]:
-    """``target``'s graph fields: those only it has (restored), backendFramework, the graph's env."""
-    new_spec = {k: v for k, v in (restore.get("spec") or {}).items() if k in target.only_spec}
-    if spec.get("backendFramework") is not None:
-        new_spec["backendFramework"] = spec["backendFramework"]
+    """``target``'s graph fields: those only it has (restored; also a field both have now, from a record
+    written before, where the spec has none), the ones both have, the graph's env."""
+    restored = (restore.get("spec") or {}).items()
+    new_spec = {
+        k: v for k, v in restored if k in target.only_spec or (k in _SAME_SPEC and spec.get(k) is None)
+    }
+    _copy_set(spec, new_spec, ("backendFramework", *_SAME_SPEC))
     if spec.get(source.env):
         new_spec[target.env] = spec[source.env]
     return new_spec
@@ -587,21 +618,16 @@ def _invalid(loc: tuple[str | int, ...], value: Any, message: str) -> Validation
     )
 
 
-# v1beta1 fields this operator accepts and does not act on (named in the graph's SpecWarnings).
+# v1beta1 fields this operator accepts and does not act on (named in the graph's SpecWarnings; those
+# v1alpha1 has too, eppConfig and experimental.gpuMemoryService, are named from the internal model).
 _IGNORED_SPEC = ("restart", "experimental", "provider_override")
 _IGNORED_COMPONENT = (
     "runtime_version_override",
     "roles",
-    "epp_config",
     "compilation_cache",
     "experimental",
     "provider_override",
 )
-
-
-def _pack_domain(constraint: dict[str, Any] | None) -> str | None:
-    domain = (constraint or {}).get("packDomain")
-    return str(domain) if domain else None
 
 
 def _placement(beta: v1beta1.DynamoGraphDeployment) -> models.GraphPlacement:
@@ -615,18 +641,22 @@ def _placement(beta: v1beta1.DynamoGraphDeployment) -> models.GraphPlacement:
     services = {
         c.name: models.ServicePlacement(
             min_available=c.min_available,
-            pack_domain=_pack_domain(c.topology_constraint),
             dynamo_sidecar=c.dynamo_sidecar,
             frontend_sidecar=c.frontend_sidecar,
-            ignored=alias(v1beta1.ComponentSpec, _IGNORED_COMPONENT, c),
+            # experimental only with more than gpuMemoryService, which v1alpha1 has (and names)
+            ignored=alias(
+                v1beta1.ComponentSpec,
+                _IGNORED_COMPONENT,
+                c.model_copy(
+                    update={
+                        "experimental": {k: v for k, v in (c.experimental or {}).items() if k != _GMS} or None
+                    }
+                ),
+            ),
         )
         for c in spec.components
     }
     return models.GraphPlacement(
-        annotations=spec.annotations or {},
-        labels=spec.labels or {},
-        priority_class_name=spec.priority_class_name or None,
-        pack_domain=_pack_domain(spec.topology_constraint),
         ignored=alias(v1beta1.GraphSpec, _IGNORED_SPEC, spec),
         services={k: v for k, v in services.items() if v != models.ServicePlacement()},
     )
@@ -637,7 +667,7 @@ def load_graph(raw: dict[str, Any]) -> models.DynamoGraphDeployment:
 
     A v1beta1 manifest is validated against the v1beta1 model first, so errors name its own fields
     (``spec.components[1].replicas``); without ``apiVersion`` the manifest is read as v1alpha1. The
-    v1beta1 fields v1alpha1 has no place for (priority class, minAvailable, topology, ...) travel in
+    v1beta1 fields v1alpha1 has no place for (minAvailable, sidecars, ...) travel in
     ``.v1beta1`` (:class:`dynamo_api.models.GraphPlacement`), also from a v1alpha1 object that
     keeps them in its ``nvidia.com/dgd-v1beta1-fields`` annotation. Raises ``pydantic.ValidationError``
     (with the field and what is wrong) for any invalid manifest."""

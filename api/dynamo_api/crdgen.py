@@ -10,7 +10,9 @@ operator's webhook (the operator writes its address and CA bundle into it at sta
 structural: every field typed, enums and minimums from the models, defaults from the
 models' primitive defaults. ``x-kubernetes-preserve-unknown-fields`` appears only where Dynamo accepts
 arbitrary content: ``extraPodSpec`` (a PodSpec plus ``mainContainer``, a Container) and the
-HorizontalPodAutoscaler blocks of the deprecated, ignored ``autoscaling``.
+HorizontalPodAutoscaler blocks of the deprecated, ignored ``autoscaling``, and on the Dynamo shapes
+kept as given (``topologyConstraint``, ``eppConfig``, ``gpuMemoryService``; v1beta1's ``experimental``,
+``restart``, ... likewise).
 
 The adapter CRD (:mod:`dynamo_api.scaling`) serves v1alpha1 only, with a ``scale`` subresource
 (``.spec.replicas``, ``.status.replicas``, ``.status.selector``) for HPA, KEDA and ``kubectl scale``.
@@ -150,7 +152,8 @@ def _model_schema(model: type[BaseModel], *, preserve: bool = False) -> dict[str
 
 
 # Where the API server sends ConversionReviews until the operator writes its own address and CA at
-# start-up (the chart's Service in namespace "dynamo"; see README "Conversion webhook").
+# start-up (the chart's Service in namespace "dynamo"; see docs/kubernetes.md, "Two API versions, one
+# conversion webhook").
 DEFAULT_WEBHOOK_SERVICE = {
     "namespace": "dynamo",
     "name": "dynamo-operator-webhook",

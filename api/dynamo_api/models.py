@@ -65,6 +65,7 @@ __all__ = [
     "ServiceStatus",
     "SharedMemory",
     "VolumeMount",
+    "pack_domain",
 ]
 
 # Final, and the apiVersions spelled out (GROUP/VERSION), so that their types are the literals the
@@ -102,6 +103,9 @@ def _number_to_str(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) else value
 
 
+# Kept as given (x-kubernetes-preserve-unknown-fields): Dynamo's shapes this operator reads at most a
+# part of, or none (topologyConstraint, eppConfig, gpuMemoryService, ...).
+Opaque = Annotated[dict[str, Any], CrdHint(preserve_unknown=True)]
 # A Kubernetes quantity ("1", "500m", "8Gi"); YAML integers are accepted and kept as strings.
 Quantity = Annotated[str, BeforeValidator(_number_to_str), CrdHint(int_or_string=True)]
 IntOrString = Annotated[int | str, CrdHint(int_or_string=True)]
@@ -121,6 +125,12 @@ class _Open(_Model):
     """A model whose unknown fields are kept (Kubernetes objects we pass through)."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def pack_domain(constraint: dict[str, Any] | None) -> str | None:
+    """``topologyConstraint.packDomain``, when set."""
+    domain = (constraint or {}).get("packDomain")
+    return str(domain) if domain else None
 
 
 # --- Kubernetes core types, as far as Dynamo's fields use them --------------------------------------
@@ -340,6 +350,11 @@ class ServiceSpec(_Model):
     )
     annotations: dict[str, str] = Field(default_factory=dict, description="Added to generated objects.")
     labels: dict[str, str] = Field(default_factory=dict, description="Added to generated objects.")
+    topology_constraint: Opaque | None = Field(
+        None,
+        description="packDomain: the service's pods (a multinode group's, per group) in one topology domain, "
+        "a node label the operator knows (--topology-domains).",
+    )
     # Accepted for compatibility with Dynamo; not acted on (the renderer says so in a Notice).
     service_name: str | None = Field(None, description="Ignored (Dynamo: the component name).")
     dynamo_namespace: str | None = Field(None, description="Ignored: <namespace>-<graph name> is used.")
@@ -348,10 +363,18 @@ class ServiceSpec(_Model):
     ingress: Ingress | None = None
     model_ref: ModelRef | None = None
     pvc: PVC | None = Field(None, description="Older Dynamo manifests: one volume for this service.")
+    epp_config: Opaque | None = Field(None, description="Not supported (Dynamo's EPP component); ignored.")
+    gpu_memory_service: Opaque | None = Field(
+        None, description="Not supported (Dynamo's GPU Memory Service sidecar); ignored."
+    )
 
     @property
     def node_count(self) -> int:
         return self.multinode.node_count if self.multinode else 1
+
+    @property
+    def pack_domain(self) -> str | None:
+        return pack_domain(self.topology_constraint)
 
 
 class GraphSpec(_Model):
@@ -362,6 +385,24 @@ class GraphSpec(_Model):
     )
     pvcs: list[PVC] = Field(default_factory=list, description="Volumes services mount by name.")
     dynamo_graph: str | None = Field(None, description="Ignored (older Dynamo manifests).")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Added to every generated object and pod; a service's own win."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Added to every generated object and pod; a service's own win."
+    )
+    priority_class_name: str | None = Field(
+        None, description="The PriorityClass of every pod whose extraPodSpec sets none."
+    )
+    topology_constraint: Opaque | None = Field(
+        None,
+        description="packDomain: every pod of the graph in one topology domain, a node label the operator "
+        "knows (--topology-domains); topologyProfile (Dynamo's ClusterTopology) is not used.",
+    )
+
+    @property
+    def pack_domain(self) -> str | None:
+        return pack_domain(self.topology_constraint)
 
 
 # --- status ----------------------------------------------------------------------------------------
@@ -425,7 +466,6 @@ class ServicePlacement(_Model):
     :func:`dynamo_api.conversion.load_graph`; empty for a plain v1alpha1 manifest)."""
 
     min_available: int | None = None  # replicas (groups, when multinode) started as one gang
-    pack_domain: str | None = None  # topologyConstraint.packDomain
     dynamo_sidecar: str | None = None
     frontend_sidecar: str | None = None
     ignored: tuple[str, ...] = ()  # fields that are set and not acted on, by name
@@ -434,10 +474,6 @@ class ServicePlacement(_Model):
 class GraphPlacement(_Model):
     """The graph-level v1beta1 fields v1alpha1 has no place for, and each component's."""
 
-    annotations: dict[str, str] = Field(default_factory=dict)  # on every child and pod template
-    labels: dict[str, str] = Field(default_factory=dict)
-    priority_class_name: str | None = None
-    pack_domain: str | None = None  # topologyConstraint.packDomain: every pod of the graph in one domain
     ignored: tuple[str, ...] = ()
     services: dict[str, ServicePlacement] = Field(default_factory=dict)
 

@@ -18,7 +18,7 @@ load_graph` turns a raw manifest of either version into it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -33,6 +33,7 @@ from dynamo_api.models import (
     ModelRef,
     Multinode,
     ObjectMeta,
+    Opaque,
     Quantity,
     _Model,
 )
@@ -55,7 +56,7 @@ MAIN_CONTAINER = "main"  # the container of podTemplate that runs the component
 ComponentType = Literal["frontend", "worker", "prefill", "decode", "planner", "epp"]
 
 # Kept as given (x-kubernetes-preserve-unknown-fields): Dynamo's shapes the operator does not act on.
-_Opaque = Annotated[dict[str, Any], CrdHint(preserve_unknown=True)]
+_Opaque = Opaque
 
 
 class CompilationCache(_Model):

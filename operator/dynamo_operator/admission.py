@@ -16,7 +16,8 @@ reach it converted, scoped by a namespace selector to the namespaces the operato
 its Service (chart) or URL (``--webhook-url``, an operator outside the cluster) with the CA bundle it
 serves. ``failurePolicy`` is ``--webhook-failure-policy``: with ``Ignore`` (the default) a graph applied
 while the operator is down is stored unvalidated and judged (condition + Event) when it is back; with
-``Fail`` every create and update is refused until it is back. README "Validating webhook" says more.
+``Fail`` every create and update is refused until it is back. docs/kubernetes.md
+("Validating webhook") says more.
 """
 
 from __future__ import annotations

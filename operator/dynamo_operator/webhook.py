@@ -12,7 +12,8 @@ every minute, so a ``kubectl apply`` of the CRD file (which resets them) heals b
 
 While the operator is down, requests at v1alpha1 fail with ``conversion webhook for
 nvidia.com/v1beta1, Kind=DynamoGraphDeployment failed: ...``; v1beta1 requests (and the operator's own,
-and garbage collection) never need it. README "Conversion webhook" says what users do then.
+and garbage collection) never need it. docs/kubernetes.md
+("Two API versions, one conversion webhook") says what users do then.
 """
 
 from __future__ import annotations

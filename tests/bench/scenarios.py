@@ -21,6 +21,10 @@ generator); processes from ``tests.bench.fleet`` (on ports they bind on 127.0.0.
 6. planner: one traffic pattern served by a fixed 1P:1D graph, a fixed pair of aggregated workers, and
    a graph the SLA planner scales within a GPU budget: GPU-seconds and SLO attainment of each
    (``tests/bench/bench_planner.py``).
+7. kv-tiers: tier-aware kv routing (default weights) vs GPU-only (``--kv-host-hit-weight 0``), each on a
+   fresh fleet of 4 mockers with a small GPU cache and a HiCache host tier, on a longmultiturn-like
+   trace (interleaved conversations whose KV is 3.4 times the fleet's GPU caches): TTFT p50/p90 and the
+   cached share of prompt tokens, split into found on the GPU and loaded from host memory.
 
 Side by side with NVIDIA Dynamo's frontend: ``python -m tests.bench.peers`` (``make bench-peers``).
 
@@ -57,7 +61,7 @@ from dynamo_worker.bench.workload import (
 from tests.bench.fleet import MODEL, Fleet
 
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
-SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner")
+SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -317,6 +321,86 @@ def scenario_disagg(workdir: Path, scale: float) -> dict[str, Report]:
     return {"disagg": dis, "agg": agg}
 
 
+TIERS_WORKERS, TIERS_PAGE, TIERS_BLOCKS, TIERS_HOST_RATIO = 4, 16, 256, 16
+TIERS_CONCURRENCY, TIERS_OUT, TIERS_SPEEDUP = 8, 16, 1.0
+
+
+def _host_cached_tokens(fe_port: int) -> float:
+    """The frontend's ``dynamo_frontend_cached_tokens_host`` so far (all models)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{fe_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(r"^dynamo_frontend_cached_tokens_host_total(?:{[^}]*})? (\S+)$", text, re.M)
+    return sum(float(v) for v in found)
+
+
+def scenario_kv_tiers(workdir: Path, scale: float) -> dict:
+    """Tier-aware vs GPU-only kv routing on mockers with a HiCache host tier: a trace of interleaved
+    conversations (each comes back after every other one spoke, its KV long evicted from the GPU into
+    host memory). Both sides run the same trace on their own fresh fleet."""
+    conversations = max(16, int(32 * scale))
+    system, user, answer, turns = 256, 384, 64, 4
+    own = turns * user + (turns - 1) * answer
+    fleet_tokens = TIERS_WORKERS * TIERS_BLOCKS * TIERS_PAGE
+    print(
+        f"\n== 7. KV tiers: tier-aware (--kv-host-hit-weight 0.75) vs GPU-only (0) kv routing, "
+        f"{TIERS_WORKERS} mockers x {TIERS_BLOCKS} KV blocks of {TIERS_PAGE} tokens + HiCache host "
+        f"memory {TIERS_HOST_RATIO}x that, closed loop at concurrency {TIERS_CONCURRENCY}, {TIERS_OUT} "
+        f"output tokens; {conversations} conversations x {turns} turns (a shared {system}-token system "
+        f"prompt, {user} tokens of user text a turn, {answer} of answer resent), interleaved: their KV is "
+        f"{(conversations * own + system) / fleet_tokens:.1f}x the fleet's GPU caches ==",
+        flush=True,
+    )
+    specs = conversation_trace(
+        random.Random(35), conversations=conversations, turns=turns, system_prompts=1, system_tokens=system,
+        user_tokens=user, answer_tokens=answer, max_tokens=TIERS_OUT,
+    )  # fmt: skip
+    prompt_tokens = sum(len(s.prompt_ids or ()) for s in specs)
+    reports: dict = {}
+    lines = []
+    with Fleet(workdir / "kv-tiers") as fleet:
+        for side, extra in (
+            ("tier-aware", []),
+            ("gpu-only", ["--kv-host-hit-weight", "0", "--kv-disk-hit-weight", "0"]),
+        ):
+            ns = _namespace(f"tiers-{side}")
+            workers = [
+                fleet.mocker(
+                    ns, "null", "--page-size", str(TIERS_PAGE), "--num-kv-blocks", str(TIERS_BLOCKS),
+                    "--enable-hierarchical-cache", "--hicache-ratio", str(TIERS_HOST_RATIO),
+                    speedup=TIERS_SPEEDUP,
+                )
+                for _ in range(TIERS_WORKERS)
+            ]  # fmt: skip
+            fe = fleet.frontend(ns, "kv", *extra)
+            fleet.wait_workers(fe, {"agg": TIERS_WORKERS})
+            report = measure(
+                _openai(fe.ports["http"]),
+                lambda: IteratorWorkload(iter(specs)),
+                concurrency=TIERS_CONCURRENCY,
+                num_requests=len(specs),
+                duration_s=300,
+            )
+            host = _host_cached_tokens(fe.ports["http"]) / prompt_tokens
+            cached = report.cache_hit_rate or 0.0
+            reports[side] = {
+                "report": report.to_dict(),
+                "cached_share_host": host,
+                "cached_share_gpu": cached - host,
+            }
+            p50 = report.ttft_ms.p50 if report.ttft_ms is not None else float("nan")
+            p90 = report.ttft_ms.p90 if report.ttft_ms is not None else float("nan")
+            lines.append(
+                f"  {side:10}: TTFT p50 {p50:7.1f} ms, p90 {p90:7.1f} ms; cached share {cached:.3f} "
+                f"(GPU {cached - host:.3f}, host memory {host:.3f}); errors {sum(report.errors.values())}"
+            )
+            fleet.retire([*workers, fe])
+    print("\nKV tiers summary:\n" + "\n".join(lines), flush=True)
+    return reports
+
+
 def _run_bounded(cmd: list[str], bound_s: float) -> int | None:
     """Run another benchmark script; its exit code, or None when it overran ``bound_s``. On overrun (or
     Ctrl-C / an error here) it gets SIGINT, not SIGTERM, so its cleanup runs and stops what it started."""
@@ -388,6 +472,7 @@ RUNNERS = {
     "frontend": scenario_frontend,
     "router": scenario_router,
     "disagg": scenario_disagg,
+    "kv-tiers": scenario_kv_tiers,
     "operator": scenario_operator,
     "request-plane": scenario_request_plane,
     "planner": scenario_planner,

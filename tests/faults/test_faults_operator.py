@@ -51,7 +51,7 @@ def children(kc: Kubectl, graph: str) -> list[tuple[str, str]]:
 def ready(kc: Kubectl, name: str):
     """The graph when its status (one read) says Ready for its current generation, else None. Read at
     the storage version (v1beta1): while the operator, and so its conversion webhook, is down, a
-    v1alpha1 read fails by design (README, "Two API versions")."""
+    v1alpha1 read fails by design (docs/kubernetes.md, "Two API versions")."""
     obj = kc.get("dynamographdeployments.v1beta1.nvidia.com", name)
     status = (obj or {}).get("status") or {}
     if not obj or status.get("observedGeneration") != obj["metadata"]["generation"]:

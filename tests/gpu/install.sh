@@ -52,6 +52,11 @@ for name in ("sglang.srt.entrypoints.engine", "nixl._api", "dynamo_worker.sglang
 print("imports ok" if not missing else "MISSING:\n" + "\n".join(missing))
 raise SystemExit(1 if missing else 0)
 PY
+  # the device's own torch is the one the CUDA image pins (images/gpu-lock.txt): else a proof here says
+  # nothing about the image
+  local torch_pin; torch_pin=$(python3 hack/gpu-lock.py version torch)
+  python3 -c "import sys, torch; v = torch.__version__.split('+')[0]; print('torch', torch.__version__); \
+sys.exit(0 if v == '$torch_pin' else f'the device has torch {v}; images/gpu-lock.txt pins $torch_pin: update the lock')"
   nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv
 }
 case "${1:?usage: install.sh part|1|2|3|f}" in
@@ -61,7 +66,7 @@ case "${1:?usage: install.sh part|1|2|3|f}" in
   1)
     pipi .gpuw/a/*.whl
     tar xzf .gpuw/e/*.tgz -C "$site"
-    # sglang 0.5.17 imports under the image's transformers 5.17 (which already registers qwen3_asr)
+    # the pinned SGLang imports under the device's transformers 5.17 (which already registers qwen3_asr)
     sed -i '167,168s/Config)$/Config, exist_ok=True)/' "$site/sglang/srt/configs/qwen3_asr.py"
     # ... and load Qwen-VL models there (transformers 5.17 renamed a class SGLang's qwen2_5_vl.py imports)
     python3 tests/gpu/patch_sglang.py "$site"

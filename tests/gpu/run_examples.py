@@ -77,6 +77,7 @@ EXTRA_FLAGS = os.environ.get("EXTRA_FLAGS", "").split()
 EXAMPLES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "agg": ("examples/agg.yaml", 1, ()),
     "agg-router": ("examples/agg-router.yaml", 2, ("kv_events",)),
+    "agg-hicache": ("examples/agg-hicache.yaml", 2, ("kv_events",)),
     "disagg": ("examples/disagg.yaml", 2, ()),
     "disagg-router": ("examples/disagg-router.yaml", 4, ("kv_events",)),
     "disagg-tp2": ("tests/gpu/examples/disagg-tp2.yaml", 4, ()),
@@ -127,7 +128,18 @@ def user_manifest(
 ) -> Path:
     """``example`` with ``USER_FLAGS`` (then ``worker_args``) appended to every SGLang worker's args (and
     ``frontend_args`` to the frontend's), written into ``folder``."""
-    graph = yaml.safe_load((ROOT / example).read_text())
+    graph = user_graph(yaml.safe_load((ROOT / example).read_text()), frontend_args, worker_args)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(example).name
+    path.write_text(yaml.safe_dump(graph, sort_keys=False))
+    return path
+
+
+def user_graph(
+    graph: dict, frontend_args: list[str] | None = None, worker_args: list[str] | None = None
+) -> dict:
+    """The graph document with ``USER_FLAGS`` (then ``worker_args``) appended to every SGLang worker's
+    args (and ``frontend_args`` to the frontend's), changed in place."""
     for svc in (graph["spec"].get("services") or {}).values():  # v1alpha1, as the examples are
         if frontend_args and svc.get("componentType") == "frontend":
             main = svc.setdefault("extraPodSpec", {}).setdefault("mainContainer", {})
@@ -147,10 +159,7 @@ def user_manifest(
             args[-1] = f"{args[-1]} {' '.join(USER_FLAGS + EXTRA_FLAGS + (worker_args or []))}"
         else:
             container["args"] = [*map(str, args), *USER_FLAGS, *EXTRA_FLAGS, *(worker_args or [])]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / Path(example).name
-    path.write_text(yaml.safe_dump(graph, sort_keys=False))
-    return path
+    return graph
 
 
 # --- one dynamo-run --------------------------------------------------------------------------------

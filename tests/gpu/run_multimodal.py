@@ -9,7 +9,10 @@ way a user runs them) and drives it with the official ``openai`` client:
 
 - ``vlm`` (examples/multimodal-agg.yaml): an image chat request answers; the same image again is an
   embedding-cache hit (the encode worker's ``dynamo_encode_cache_hits_total``) and a KV-cache hit
-  (``cached_tokens``); two images in one message count both images' tokens; a broken image is a 400.
+  (``cached_tokens``); two images in one message count both images' tokens; a broken image is a 400;
+  an image chat is served or refused as the same chat without its image (``response_format`` and a
+  required tool: the same 400, the example's workers run no grammar backend; ``logprobs``: one per
+  token, with the asked alternatives).
 - ``diffusion`` (examples/diffusion.yaml): ``n=2`` images as ``b64_json`` are two PNGs of the asked size;
   ``url`` images are files under the worker's ``--media-output-fs-url``.
 
@@ -150,6 +153,49 @@ def image_chat(client: openai.OpenAI, model: str, *urls: str, **kw):
     )
 
 
+def refusal(create: Callable[[], object]) -> dict | None:
+    """The 400's error body, or None when the request was served."""
+    try:
+        create()
+    except openai.BadRequestError as e:
+        return e.body if isinstance(e.body, dict) else {"message": e.message}
+    return None
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+PERSON = {"type": "json_schema", "json_schema": {"name": "person", "schema": {"type": "object"}}}
+
+
+def feature_checks(client: openai.OpenAI, model: str, url: str) -> dict[str, bool]:
+    """An image chat is served or refused as the same chat without its image."""
+    checks = {}
+    text_only = [{"role": "user", "content": QUESTION}]
+    asks = {"response_format": {"response_format": PERSON}, "tool_choice required": {"tools": [WEATHER]}}
+    asks["tool_choice required"]["tool_choice"] = "required"
+    for name, kw in asks.items():
+        text = refusal(
+            lambda kw=kw: client.chat.completions.create(model=model, messages=text_only, max_tokens=8, **kw)
+        )
+        image = refusal(lambda kw=kw: image_chat(client, model, url, **kw))
+        code = (text or {}).get("code")
+        checks[f"{name}: the image chat gets the text chat's 400 ({code})"] = (
+            text is not None and image == text
+        )
+    reply = image_chat(client, model, url, logprobs=True, top_logprobs=2)
+    entries = reply.choices[0].logprobs.content if reply.choices[0].logprobs else None
+    got = entries or []
+    checks["an image chat with logprobs gets one per token"] = (
+        bool(got) and len(got) == reply.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in got)
+    )
+    return checks
+
+
 def answer(reply) -> tuple[str, int, int]:
     """What a greedy reply is compared by: its text and token counts."""
     return reply.choices[0].message.content or "", reply.usage.completion_tokens, reply.usage.prompt_tokens
@@ -254,6 +300,7 @@ def phase_vlm(checks: dict[str, bool]) -> None:
             checks["a broken image is a 400"] = False
         except openai.BadRequestError as e:
             checks["a broken image is a 400"] = e.code == "invalid_image"
+        checks.update(feature_checks(run.client, model, cat))
     finally:
         run.stop()
 

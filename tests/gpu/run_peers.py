@@ -18,12 +18,26 @@ on 2 GPUs, 2P2D on 4; ``SPLIT=1`` gives 1P3D). Every engine sees only its own GP
 
 Workloads (``WORKLOADS``): ``rag`` (8192 prompt ids / 256 out), ``chat`` (2048 / 512), ``multiturn``
 (conversations whose prompt grows by one turn each time over a shared system prompt: the prefix cache
-and cache-aware routing matter). Each is swept over concurrency (``SWEEP``) until TTFT p90 or ITL p90
-passes its SLO (``TTFT_SLO_MS`` 2000, ``ITL_SLO_MS`` 50; the first point past it is kept). Recorded per
-point: output tokens/s per GPU, TTFT p50/p90, ITL p50/p90 (per request: (last - first token) / (n - 1)),
-the cached share of prompt tokens, errors. Ours is driven through ``/v1/completions`` with token-id
+and cache-aware routing matter), ``longmultiturn`` (many concurrent conversations, their turns
+interleaved, whose KV in all is ``LONG_KV_FACTOR`` (3.5) times the GPUs' KV cache: each engine's cache
+is cut to ``LONG_POOL_TOKENS`` tokens with ``--max-total-tokens``, the conversations are counted to fill
+3.5 times that per GPU, and the sizing is printed; between two turns of a conversation every other one
+takes a turn, so its KV has left the GPU when it returns: HiCache's host tier and tier-aware routing
+matter). Each is swept over concurrency (``SWEEP``; longmultiturn from c8 up) until TTFT p90 or ITL
+p90 passes its SLO (``TTFT_SLO_MS`` 2000, ``ITL_SLO_MS`` 50; the first point past it is kept); goodput
+is reported at those SLOs and beside them at a tight ITL SLO (``TIGHT_ITL_SLO_MS``, 10 ms), where
+disaggregation should pay. Recorded per point: output tokens/s per GPU, TTFT p50/p90, ITL p50/p90 (per
+request: (last - first token) / (n - 1)), the cached share of prompt tokens and of it the share loaded
+from host memory (ours: the frontend's ``dynamo_frontend_cached_tokens_host``; SGLang: its
+``meta_info.cached_tokens_details``), errors. Ours is driven through ``/v1/completions`` with token-id
 prompts, the gateway through SGLang's ``/generate`` with ``input_ids``; both stream and both count the
 server's own usage.
+
+Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical cache
+(``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
+write_through``), and longmultiturn adds its ``--max-total-tokens``. ``HOST_WEIGHT=0`` gives our
+frontend ``--kv-host-hit-weight 0 --kv-disk-hit-weight 0`` (GPU-only routing, the baseline of tier-aware
+routing); its stacks are named ``ours-agg-hw0`` etc. so both kinds of points can share a report.
 
 A stack pair per device call keeps each call inside its 10 minutes (``ours-disagg smg-pd``, then
 ``ours-agg smg-agg``; ``STACK_BUDGET_S`` stops a stack's sweep before a point that would start too
@@ -31,7 +45,8 @@ late): each stack's points wait in ``$GPU_STATE`` (and ``$OUT/peers-STACK.json``
 every call so far.
 Prints the table, then per workload the goodput per GPU at the SLOs (the best tokens/s per GPU of a
 point within both) of every stack and the ratios ours / smg, and writes ``$OUT/peers.json`` and
-``$OUT/peers.png`` (tokens/s per GPU against ITL p90, one panel per workload). ``ENGINE=mocker`` runs
+``$OUT/peers.png`` (tokens/s per GPU against ITL p90, and below against TTFT p90, one column per
+workload). ``ENGINE=mocker`` runs
 our two stacks on the simulated engine (the gateway's need SGLang and are skipped), which checks the
 script without a GPU.
 """
@@ -43,6 +58,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -50,7 +66,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -67,6 +83,13 @@ SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,8,16,32,64").split(",") if
 WORKLOADS = os.environ.get("WORKLOADS", "rag,chat,multiturn").split(",")
 TTFT_SLO_MS = float(os.environ.get("TTFT_SLO_MS", 2000))
 ITL_SLO_MS = float(os.environ.get("ITL_SLO_MS", 50))
+TIGHT_ITL_SLO_MS = float(os.environ.get("TIGHT_ITL_SLO_MS", 10))  # reported beside the SLOs above
+HICACHE = os.environ.get("HICACHE", "0") == "1"
+HICACHE_RATIO = os.environ.get("HICACHE_RATIO", "4")
+HOST_WEIGHT = os.environ.get("HOST_WEIGHT")  # ours: --kv-host-hit-weight (and disk), e.g. 0 for GPU-only
+LONG_POOL_TOKENS = int(os.environ.get("LONG_POOL_TOKENS", 24576))  # longmultiturn: --max-total-tokens
+LONG_KV_FACTOR = float(os.environ.get("LONG_KV_FACTOR", 3.5))  # its KV in all / the GPUs' KV caches'
+LONG_MIN_CONC = 8  # longmultiturn's many conversations need clients enough to finish a point in time
 REQ_PER_CONC = int(os.environ.get("REQ_PER_CONC", 3))  # requests per point: conc x this ...
 MIN_REQ = int(os.environ.get("MIN_REQ", 8))  # ... and at least this many
 # A device call lasts at most 10 minutes: STACK_BUDGET_S seconds after a stack begins to start, no new point
@@ -79,20 +102,53 @@ STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
 @dataclass(frozen=True)
 class Workload:
     name: str
-    isl: int
+    isl: int  # rag/chat: the prompt; multiturn: the shared system prompt; longmultiturn: each one's document
     osl: int
     turns: int = 1  # multiturn: each conversation sends this many requests, the prompt growing each time
+    user: int = 0  # tokens of user text a turn adds (0: isl // 2)
+    system: int = 0  # longmultiturn: a system prompt shared by every conversation, before its document
+    interleaved: bool = False  # longmultiturn: conversations take turns, one turn at a time
+
+    @property
+    def final_context(self) -> int:
+        """Tokens of a conversation's last turn with its answer."""
+        return self.system + self.isl + self.turns * ((self.user or self.isl // 2) + self.osl)
 
 
 SHAPES = {
     "rag": Workload("rag", 8192, 256),
     "chat": Workload("chat", 2048, 512),
     "multiturn": Workload("multiturn", 1024, 128, turns=4),  # 1024 shared + 512 per turn
+    # 512 shared + a 1536-token document + 4 turns of 256 user + 64 answer: 3328 tokens in the end
+    "longmultiturn": Workload("longmultiturn", 1536, 64, turns=4, user=256, system=512, interleaved=True),
 }
 if os.environ.get("SMALL"):  # the mocker check: the same shapes, scaled down
     SHAPES = {
-        k: Workload(w.name, max(64, w.isl // 64), max(8, w.osl // 32), w.turns) for k, w in SHAPES.items()
+        k: replace(
+            w, isl=max(64, w.isl // 64), osl=max(8, w.osl // 32), user=w.user // 32, system=w.system // 32
+        )
+        for k, w in SHAPES.items()
     }
+
+
+def long_conversations(w: Workload, gpus: int) -> int:
+    """How many conversations longmultiturn runs: their KV in all (the shared system prompt once) is
+    LONG_KV_FACTOR x the GPUs' caches."""
+    own = w.final_context - w.system
+    return -(-(int(LONG_KV_FACTOR * LONG_POOL_TOKENS * gpus) - w.system) // own)
+
+
+def long_sizing(gpus: int) -> str:
+    w = SHAPES["longmultiturn"]
+    n = long_conversations(w, gpus)
+    total = n * (w.final_context - w.system) + w.system
+    host = f", host memory {HICACHE_RATIO}x that (HiCache)" if HICACHE else ", no host tier (HICACHE=0)"
+    pool = LONG_POOL_TOKENS * gpus
+    return (
+        f"longmultiturn sizing: {n} conversations x {w.final_context} tokens in the end ({w.turns} turns) "
+        f"= {total} tokens of KV; each engine's KV cache {LONG_POOL_TOKENS} tokens (--max-total-tokens) x "
+        f"{gpus} GPUs = {pool}: {total / pool:.1f}x{host}"
+    )
 
 
 @dataclass
@@ -111,10 +167,14 @@ class Point:
     cached_share: float = 0.0
     errors: int = 0
     notes: list[str] = field(default_factory=list)
+    cached_share_host: float | None = None  # of the prompt tokens, those loaded from host memory (when told)
 
     @property
     def within_slo(self) -> bool:
-        return self.errors == 0 and self.ttft_p90 <= TTFT_SLO_MS and self.itl_p90 <= ITL_SLO_MS
+        return self.within(TTFT_SLO_MS, ITL_SLO_MS)
+
+    def within(self, ttft_ms: float, itl_ms: float) -> bool:
+        return self.errors == 0 and self.ttft_p90 <= ttft_ms and self.itl_p90 <= itl_ms
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -126,18 +186,19 @@ def pct(xs: list[float], q: float) -> float:
 
 def conversations(w: Workload, count: int, seed: int) -> list[list[list[int]]]:
     """``count`` request sequences: one prompt each for rag/chat; for multiturn a shared system prompt
-    plus per-turn user text and a stand-in for the previous answer, growing turn by turn."""
+    plus per-turn user text and a stand-in for the previous answer, growing turn by turn; longmultiturn
+    the same over a shared system prompt and a document of each conversation's own."""
     rng = random.Random(seed)
     top = 800 if ex.ENGINE != "sglang" else 30000  # the mocker's tiny tokenizer has 825 ids
     ids = lambda n: [rng.randrange(100, top) for _ in range(n)]  # noqa: E731
     if w.turns == 1:
         return [[ids(w.isl)] for _ in range(count)]
-    system = ids(w.isl)
+    system = ids(w.system) if w.system else ids(w.isl)
     out = []
     for _ in range(count):
-        history, turns = list(system), []
+        history, turns = [*system, *(ids(w.isl) if w.system else [])], []
         for _ in range(w.turns):
-            history += ids(w.isl // 2)
+            history += ids(w.user or w.isl // 2)
             turns.append(list(history))
             history += ids(w.osl)  # the previous answer, resent by the client
         out.append(turns)
@@ -145,7 +206,10 @@ def conversations(w: Workload, count: int, seed: int) -> list[list[list[int]]]:
 
 
 def ours_request(session, base: str, osl: int, model: str):
-    async def one(prompt: list[int]) -> tuple[float, list[float], int, int]:
+    """One streamed completion: (start, token stamps, output tokens, cached tokens, None: the host
+    share comes from the frontend's counter, see ``host_counter``)."""
+
+    async def one(prompt: list[int]) -> tuple[float, list[float], int, int, int | None]:
         body = {"model": model, "prompt": prompt, "max_tokens": osl, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}  # fmt: skip
         t0, stamps, n, cached = time.perf_counter(), [], 0, 0
@@ -163,16 +227,33 @@ def ours_request(session, base: str, osl: int, model: str):
                 if usage := event.get("usage"):
                     n = usage["completion_tokens"]
                     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        return t0, stamps, n, cached
+        return t0, stamps, n, cached, None
 
     return one
 
 
+def host_counter(base: str):
+    """Our frontend's ``dynamo_frontend_cached_tokens_host`` (all models): the prompt tokens its workers
+    loaded from host memory so far."""
+
+    def read() -> float:
+        url = base.removesuffix("/v1") + "/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        found = re.findall(r"^dynamo_frontend_cached_tokens_host_total(?:{[^}]*})? (\S+)$", text, re.M)
+        return sum(float(v) for v in found)
+
+    return read
+
+
 def smg_request(session, base: str, osl: int, model: str):
-    async def one(prompt: list[int]) -> tuple[float, list[float], int, int]:
+    """One streamed ``/generate``: (start, token stamps, output tokens, cached tokens, of them loaded from
+    host memory or storage per ``meta_info.cached_tokens_details``)."""
+
+    async def one(prompt: list[int]) -> tuple[float, list[float], int, int, int | None]:
         body = {"input_ids": prompt, "stream": True,
                 "sampling_params": {"max_new_tokens": osl, "temperature": 0, "ignore_eos": True}}  # fmt: skip
-        t0, stamps, n, cached = time.perf_counter(), [], 0, 0
+        t0, stamps, n, cached, host = time.perf_counter(), [], 0, 0, 0
         async with session.post(f"{base}/generate", json=body) as r:
             if r.status != 200:
                 raise RuntimeError(f"{r.status}: {(await r.text())[:200]}")
@@ -181,45 +262,67 @@ def smg_request(session, base: str, osl: int, model: str):
                     meta = json.loads(line[6:]).get("meta_info") or {}
                     stamps.append(time.perf_counter())
                     n, cached = meta.get("completion_tokens", n), meta.get("cached_tokens", cached)
-        return t0, stamps, n, cached
+                    details = meta.get("cached_tokens_details") or {}
+                    host = (
+                        int(details.get("host") or 0) + int(details.get("storage") or 0) if details else host
+                    )
+        return t0, stamps, n, cached, host
 
     return one
 
 
-async def measure(stack: str, gpus: int, w: Workload, conc: int, one) -> Point:
-    """``conc`` clients at once, each running its conversations' turns in order (closed loop)."""
+async def measure(stack: str, gpus: int, w: Workload, conc: int, one, host_total=None) -> Point:
+    """``conc`` clients at once (closed loop), each running a conversation's turns in order; with
+    ``w.interleaved`` a client sends one turn and puts the conversation back at the end of the line, so
+    every other conversation takes a turn before its next one. ``host_total``: a reading of the server's
+    host-loaded prompt tokens so far, where requests do not tell them."""
     seed = zlib.crc32(f"{w.name}/{conc}".encode())  # the same prompts for every stack
     requests = max(MIN_REQ, conc * REQ_PER_CONC)
-    convs = conversations(w, max(conc, -(-requests // w.turns)), seed)  # every client has a conversation
+    count = long_conversations(w, gpus) if w.interleaved else max(conc, -(-requests // w.turns))
+    convs = conversations(w, count, seed)  # every client has a conversation
     queue: asyncio.Queue[list[list[int]]] = asyncio.Queue()
     for c in convs:
         queue.put_nowait(c)
-    ttft, itl, tokens, prompt_tokens, cached, errors = [], [], [0], [0], [0], [0]
+    ttft, itl, tokens, prompt_tokens, cached, host, errors = [], [], [0], [0], [0], [0], [0]
+
+    async def send(prompt: list[int]) -> None:
+        try:
+            t0, stamps, n, hit, from_host = await one(prompt)
+        except Exception as e:  # counted and named; the point goes on
+            errors[0] += 1
+            if errors[0] <= 3:
+                ex.log(f"{stack} {w.name} c={conc}: request failed: {e}")
+            return
+        if stamps:
+            ttft.append(stamps[0] - t0)
+            if n > 1 and len(stamps) > 1:
+                itl.append((stamps[-1] - stamps[0]) / (n - 1))
+        tokens[0] += n
+        prompt_tokens[0] += len(prompt)
+        cached[0] += hit
+        host[0] += from_host or 0
 
     async def client() -> None:
         while not queue.empty():
-            for prompt in queue.get_nowait():
-                try:
-                    t0, stamps, n, hit = await one(prompt)
-                except Exception as e:  # counted and named; the point goes on
-                    errors[0] += 1
-                    if errors[0] <= 3:
-                        ex.log(f"{stack} {w.name} c={conc}: request failed: {e}")
-                    continue
-                if stamps:
-                    ttft.append(stamps[0] - t0)
-                    if n > 1 and len(stamps) > 1:
-                        itl.append((stamps[-1] - stamps[0]) / (n - 1))
-                tokens[0] += n
-                prompt_tokens[0] += len(prompt)
-                cached[0] += hit
+            turns = queue.get_nowait()
+            if not w.interleaved:
+                for prompt in turns:
+                    await send(prompt)
+                continue
+            await send(turns[0])
+            if len(turns) > 1:
+                queue.put_nowait(turns[1:])
 
+    host_before = await asyncio.to_thread(host_total) if host_total else 0.0
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(conc)))
     seconds = time.perf_counter() - start
+    if host_total:
+        host[0] = int(await asyncio.to_thread(host_total) - host_before)
+    share = lambda x: x / prompt_tokens[0] if prompt_tokens[0] else 0.0  # noqa: E731
     point = Point(stack, w.name, conc, gpus, sum(len(c) for c in convs), seconds, tokens[0] / seconds / gpus,
-                  pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9),
-                  cached[0] / prompt_tokens[0] if prompt_tokens[0] else 0.0, errors[0])  # fmt: skip
+                  pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9), share(cached[0]), errors[0],
+                  cached_share_host=share(host[0]))  # fmt: skip
     ex.log(f"{fmt(point)}")
     return point
 
@@ -232,14 +335,17 @@ async def sweep(stack: str, gpus: int, base: str, kind: str, model: str, deadlin
         for name in WORKLOADS:
             w = SHAPES[name]
             one = (ours_request if kind == "ours" else smg_request)(session, base, w.osl, model)
-            await measure(stack, gpus, Workload(w.name, 64, 4), 2, one)  # warm the path, not measured
-            for conc in SWEEP:
+            host_total = host_counter(base) if kind == "ours" else None
+            await measure(
+                stack, gpus, Workload(f"{w.name}-warm", 64, 4), 2, one
+            )  # warm the path, not measured
+            for conc in [c for c in SWEEP if not w.interleaved or c >= min(LONG_MIN_CONC, max(SWEEP))]:
                 if time.monotonic() > deadline:
                     ex.log(f"{stack} {w.name}: past STACK_BUDGET_S={STACK_BUDGET_S:.0f}s, no c={conc}")
                     if points:
                         points[-1].notes.append(f"sweep cut short by STACK_BUDGET_S before c={conc}")
                     break
-                point = await measure(stack, gpus, w, conc, one)
+                point = await measure(stack, gpus, w, conc, one, host_total)
                 points.append(point)
                 if not point.within_slo:
                     break
@@ -262,7 +368,12 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
     path = folder / f"ours-{kind}.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
-    return ex.user_manifest(str(path), folder)  # an absolute path: read from there, written back there
+    frontend = (
+        ["--kv-host-hit-weight", HOST_WEIGHT, "--kv-disk-hit-weight", HOST_WEIGHT] if HOST_WEIGHT else None
+    )
+    return ex.user_manifest(
+        str(path), folder, frontend
+    )  # an absolute path: read from there, written back there
 
 
 class Processes:
@@ -307,8 +418,9 @@ def wait_ok(url: str, proc: subprocess.Popen, name: str, limit_s: float = ex.STA
 
 def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     """SGLang's servers (one per GPU) and the gateway in front of them; the gateway's base URL."""
-    flags = [*ex.USER_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT), "--host", "127.0.0.1",
-             "--model-path", str(ex.MODEL_DIR), "--served-model-name", MODEL]  # fmt: skip
+    flags = [*ex.USER_FLAGS, *ex.EXTRA_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT),
+             "--host", "127.0.0.1", "--model-path", str(ex.MODEL_DIR),
+             "--served-model-name", MODEL]  # fmt: skip
     servers = []
     for i, gpu in enumerate(gpus):
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
@@ -369,7 +481,7 @@ def run_stack(stack: str, gpus: list[str], prefill: int) -> list[Point]:
     ex.log(f"=== {stack} on GPUs {','.join(gpus)}")
     deadline = time.monotonic() + STACK_BUDGET_S
     if stack.startswith("ours"):
-        kind = stack.split("-")[1]
+        kind = stack.split("-")[1]  # agg or disagg (ours-agg, ours-agg-hw0, ...)
         decode = len(gpus) - prefill
         manifest = ours_manifest(kind, prefill, decode, OUT / "manifests")
         graph = ex.Graph(stack, manifest, ",".join(gpus))
@@ -389,29 +501,48 @@ def run_stack(stack: str, gpus: list[str], prefill: int) -> list[Point]:
 
 
 def fmt(p: Point) -> str:
-    return (f"{p.stack:12} {p.workload:10} {p.conc:4d} {p.requests:4d} {p.out_tok_s_per_gpu:8.0f} "
+    host = "     -" if p.cached_share_host is None else f"{p.cached_share_host:6.2f}"
+    return (f"{p.stack:14} {p.workload:13} {p.conc:4d} {p.requests:4d} {p.out_tok_s_per_gpu:8.0f} "
             f"{p.ttft_p50:8.0f} {p.ttft_p90:8.0f} {p.itl_p50:6.1f} {p.itl_p90:6.1f} {p.cached_share:6.2f} "
-            f"{p.errors:3d}{'' if p.within_slo else '  past SLO'}")  # fmt: skip
+            f"{host} {p.errors:3d}{'' if p.within_slo else '  past SLO'}")  # fmt: skip
 
 
-def goodput(points: list[Point], stack: str, workload: str) -> float:
-    ok = [p.out_tok_s_per_gpu for p in points if p.stack == stack and p.workload == workload and p.within_slo]
+def goodput(points: list[Point], stack: str, workload: str, itl_ms: float = ITL_SLO_MS) -> float:
+    ok = [
+        p.out_tok_s_per_gpu
+        for p in points
+        if p.stack == stack and p.workload == workload and p.within(TTFT_SLO_MS, itl_ms)
+    ]
     return max(ok, default=0.0)
 
 
+# (ours, theirs): the ratios the report prints, where both were measured
+PAIRS = (
+    ("ours-disagg", "smg-pd"),
+    ("ours-agg", "smg-agg"),
+    ("ours-disagg", "ours-agg"),
+    ("ours-agg", "ours-agg-hw0"),  # tier-aware against GPU-only routing (HOST_WEIGHT=0)
+    ("ours-disagg", "ours-disagg-hw0"),
+)
+
+
 def report(points: list[Point]) -> str:
-    lines = [f"{'stack':12} {'workload':10} {'conc':>4} {'req':>4} {'tok/s/GPU':>8} {'TTFT50':>8} "
-             f"{'TTFT90':>8} {'ITL50':>6} {'ITL90':>6} {'cached':>6} {'err':>3}   (ms)"]  # fmt: skip
+    lines = [f"{'stack':14} {'workload':13} {'conc':>4} {'req':>4} {'tok/s/GPU':>8} {'TTFT50':>8} "
+             f"{'TTFT90':>8} {'ITL50':>6} {'ITL90':>6} {'cached':>6} {'host':>6} {'err':>3}   (ms; host: "
+             "the share of prompt tokens loaded from host memory)"]  # fmt: skip
     lines += [fmt(p) for p in points]
-    lines.append(f"\ngoodput per GPU at TTFT p90 <= {TTFT_SLO_MS:.0f} ms and ITL p90 <= {ITL_SLO_MS:.0f} ms:")
+    long_gpus = sorted({p.gpus for p in points if p.workload == "longmultiturn"})
+    lines += [long_sizing(g) for g in long_gpus]
     stacks = list(dict.fromkeys(p.stack for p in points))
-    for w in WORKLOADS:
-        cells = {s: goodput(points, s, w) for s in stacks}
-        line = f"  {w:10} " + "  ".join(f"{s} {v:7.0f}" for s, v in cells.items())
-        for ours, theirs in (("ours-disagg", "smg-pd"), ("ours-agg", "smg-agg"), ("ours-disagg", "ours-agg")):
-            if cells.get(theirs):
-                line += f"  {ours}/{theirs} {cells.get(ours, 0.0) / cells[theirs]:.2f}"
-        lines.append(line)
+    for itl in dict.fromkeys((ITL_SLO_MS, TIGHT_ITL_SLO_MS)):
+        lines.append(f"\ngoodput per GPU at TTFT p90 <= {TTFT_SLO_MS:.0f} ms and ITL p90 <= {itl:.0f} ms:")
+        for w in WORKLOADS:
+            cells = {s: goodput(points, s, w, itl) for s in stacks}
+            line = f"  {w:13} " + "  ".join(f"{s} {v:7.0f}" for s, v in cells.items())
+            for ours, theirs in PAIRS:
+                if cells.get(theirs) and ours in cells:
+                    line += f"  {ours}/{theirs} {cells[ours] / cells[theirs]:.2f}"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -424,14 +555,23 @@ def plot(points: list[Point], path: Path) -> None:
     except ImportError:
         ex.log("matplotlib is not installed: no plot")
         return
-    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(5 * len(WORKLOADS), 4), squeeze=False)
-    for ax, w in zip(axes[0], WORKLOADS, strict=True):
-        for stack in dict.fromkeys(p.stack for p in points):
-            mine = [p for p in points if p.stack == stack and p.workload == w]
-            ax.plot([p.itl_p90 for p in mine], [p.out_tok_s_per_gpu for p in mine], marker="o", label=stack)
-        ax.axvline(ITL_SLO_MS, linestyle="--", color="grey")
-        ax.set(title=w, xlabel="ITL p90 (ms)", ylabel="output tokens/s per GPU")
-        ax.legend()
+    fig, axes = plt.subplots(2, len(WORKLOADS), figsize=(5 * len(WORKLOADS), 8), squeeze=False)
+    for col, w in enumerate(WORKLOADS):
+        for row, (attr, slos, label) in enumerate(
+            (
+                ("itl_p90", (ITL_SLO_MS, TIGHT_ITL_SLO_MS), "ITL p90 (ms)"),
+                ("ttft_p90", (TTFT_SLO_MS,), "TTFT p90 (ms)"),
+            )
+        ):
+            ax = axes[row][col]
+            for stack in dict.fromkeys(p.stack for p in points):
+                mine = [p for p in points if p.stack == stack and p.workload == w]
+                ax.plot([getattr(p, attr) for p in mine], [p.out_tok_s_per_gpu for p in mine], marker="o",
+                        label=stack)  # fmt: skip
+            for slo in dict.fromkeys(slos):
+                ax.axvline(slo, linestyle="--", color="grey")
+            ax.set(title=w, xlabel=label, ylabel="output tokens/s per GPU")
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path)
 
@@ -441,13 +581,24 @@ def write_report(folder: Path) -> None:
     ones'), into ``$OUT``."""
     measured = [
         Point(**row) for f in sorted(folder.glob("peers-*.json")) for row in json.loads(f.read_text())
-    ]
+    ]  # points of earlier versions have no cached_share_host: None
     measured = [p for p in measured if p.workload != "-"]
     (OUT / "peers.json").write_text(json.dumps([asdict(p) for p in measured], indent=1))
     plot(measured, OUT / "peers.png")
     text = report(measured)
     (OUT / "peers.txt").write_text(text + "\n")
     print(text)
+
+
+def engine_flags() -> list[str]:
+    """SGLang flags this run adds to every engine of both stacks: HiCache, longmultiturn's KV cache."""
+    flags = []
+    if HICACHE:
+        flags += ["--enable-hierarchical-cache", "--hicache-ratio", HICACHE_RATIO,
+                  "--hicache-write-policy", "write_through"]  # fmt: skip
+    if "longmultiturn" in WORKLOADS:
+        flags += ["--max-total-tokens", str(LONG_POOL_TOKENS)]
+    return flags
 
 
 def main(argv: list[str]) -> int:
@@ -459,6 +610,8 @@ def main(argv: list[str]) -> int:
     stacks = argv or list(STACKS)
     if ex.ENGINE != "sglang":
         stacks = [s for s in stacks if s.startswith("ours")]  # the gateway's stacks need SGLang
+    if HOST_WEIGHT:  # GPU-only routing (0) or another weight: its points apart from the default's
+        stacks = [f"{s}-hw{HOST_WEIGHT}" if s.startswith("ours") else s for s in stacks]
     else:
         from run_gpu import make_model
 
@@ -470,6 +623,9 @@ def main(argv: list[str]) -> int:
         ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
     gpus = ex.gpu_list()
     prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
+    ex.USER_FLAGS += engine_flags()  # the same for both stacks
+    if "longmultiturn" in WORKLOADS:
+        ex.log(long_sizing(len(gpus)))
     points: list[Point] = []
     STATE.mkdir(parents=True, exist_ok=True)  # one call per pair of stacks: the report takes them all
     for stack in stacks:

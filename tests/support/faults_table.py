@@ -1,7 +1,9 @@
 """The fault table of ``tests/faults`` (a pytest plugin, registered by ``tests/conftest.py``): each fault
 test's rows (``fault_row`` in ``tests/faults/conftest.py``) ride on its teardown report, so the table is
-printed whole also when pytest-xdist runs the tests in several worker processes, and written as JSON to
-``$FAULTS_TABLE`` when that is set (``make faults``: ``.faults/table.json``)."""
+printed whole also when pytest-xdist runs the tests in several worker processes, written as JSON to
+``$FAULTS_TABLE`` when that is set (``make faults``: ``.faults/table.json``), and written into the table of
+the Markdown file ``$FAULTS_MARKDOWN`` names (``make faults``: ``docs/faults.md``, between its two marker
+comments): a row of a fault that ran replaces the row of that name, rows of faults that did not run stay."""
 
 from __future__ import annotations
 
@@ -90,3 +92,32 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps([asdict(r) for r in _ROWS], indent=2) + "\n")
+    markdown = os.environ.get("FAULTS_MARKDOWN")
+    if markdown:
+        path = Path(markdown)
+        path.write_text(with_table(path.read_text(), _ROWS))
+
+
+MD_START = "<!-- make faults writes the table below"
+MD_END = "<!-- end of the fault table -->"
+MD_HEADER = "| fault | what was done | bound | observed | lost |\n|---|---|---|---|---|\n"
+
+
+def _md_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f} s" if unit == "s" else f"{value:g} {unit}"
+
+
+def with_table(text: str, rows: list[Row]) -> str:
+    """``text`` with the rows of its fault table (between the marker comments) updated from ``rows``."""
+    start = text.index("\n", text.index(MD_START)) + 1
+    end = text.index(MD_END)
+    kept: dict[str, str] = {}
+    for line in text[start:end].splitlines()[2:]:
+        kept[line.split(" | ")[0].removeprefix("| ")] = line
+    for r in rows:
+        observed = _md_value(r.observed_s, r.unit) + ("" if r.passed else " (FAILED)")
+        cells = (r.fault, r.done, _md_value(r.bound_s, r.unit), observed, str(r.lost))
+        kept[r.fault] = "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+    return text[:start] + MD_HEADER + "".join(line + "\n" for line in kept.values()) + text[end:]

@@ -7,7 +7,10 @@ returns an async iterator of output dicts shaped like SGLang's with ``skip_token
 ``incremental_streaming_output`` (``output_ids`` are the new ids; ``meta_info`` has ``finish_reason``
 as SGLang's ``to_json()`` dicts, ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``), and
 ``tokenizer_manager`` has ``abort_request``, ``auto_create_handle_loop``, ``get_loads`` and
-``bootstrap_server``.
+``bootstrap_server``. LoRA: ``async_load_lora_adapter`` / ``async_unload_lora_adapter`` answer as
+SGLang's ``LoRAUpdateOutput`` (``success``, ``error_message``, ``loaded_adapters``; past
+``max_loaded_loras`` the least recently loaded unpinned adapter is evicted), and a request's
+``lora_path`` shifts its tokens by the adapter (an adapter that is not loaded is SGLang's ValueError).
 
 With ``child_processes``, it also starts real child processes titled as SGLang titles its schedulers and
 detokenizer (``sglang::scheduler_TP0``, ``sglang::detokenizer``), listed in
@@ -163,6 +166,21 @@ class FakeServerArgs:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     grammar_backend: str | None = "xgrammar"
+    enable_lora: bool | None = None
+    lora_paths: list[Any] | None = None
+    max_lora_rank: int | None = None
+    lora_target_modules: list[str] | None = None
+    max_loras_per_batch: int = 8
+    max_loaded_loras: int | None = None
+
+
+@dataclass
+class FakeLoraResult:
+    """SGLang's ``LoRAUpdateOutput``."""
+
+    success: bool
+    error_message: str | None = None
+    loaded_adapters: dict[str, str] | None = None
 
 
 @dataclass
@@ -193,10 +211,42 @@ class FakeSglangEngine:
                     )
                 )
         self._scheduler_init_result = FakeSchedulerInitResult([c.pid for c in self._children])
+        self.loras: dict[str, tuple[str, bool]] = {}  # name -> (path, pinned), in load order
+        for item in self.server_args.lora_paths or []:
+            name, _, path = str(item).partition("=")
+            self.loras[name] = (path, False)
 
     def child(self, title: str) -> int:
         """The pid of the child titled ``sglang::<title>``."""
         return next(c.pid for c in self._children if f"sglang::{title}" in c.args)
+
+    async def async_load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> Any:
+        if not (self.server_args.enable_lora or self.server_args.lora_paths):
+            return FakeLoraResult(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if lora_name in self.loras:
+            return FakeLoraResult(
+                False, f"Failed to load LoRA adapter {lora_name} because it is already loaded"
+            )
+        self.loras[lora_name] = (lora_path, pinned)
+        cap = self.server_args.max_loaded_loras
+        while cap is not None and len(self.loras) > cap:
+            victim = next((n for n, (_, p) in self.loras.items() if not p and n != lora_name), None)
+            if victim is None:
+                raise ValueError("Didn't find any LoRA adapters when trying to evict LRU LoRA adapter.")
+            del self.loras[victim]
+        return FakeLoraResult(True, None, {n: p for n, (p, _) in self.loras.items()})
+
+    async def async_unload_lora_adapter(self, lora_name: str) -> Any:
+        if lora_name not in self.loras:
+            return FakeLoraResult(
+                False, f"LoRA with name {lora_name} does not exist. Loaded LoRAs: {list(self.loras)}"
+            )
+        del self.loras[lora_name]
+        return FakeLoraResult(True, None, {n: p for n, (p, _) in self.loras.items()})
+
+    def lora_shift(self, lora_path: str | None) -> int:
+        """How much an adapter moves every token id (0: the base model)."""
+        return 0 if lora_path is None else 1 + sum(map(ord, lora_path)) % 97
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -246,13 +296,21 @@ class FakeSglangEngine:
         call = {k: v for k, v in locals().items() if k != "self" and v not in (None, False, 0)}
         self.calls.append(call)
         assert isinstance(rid, str) and isinstance(input_ids, list) and isinstance(sampling_params, dict)
+        if lora_path is not None and lora_path not in self.loras:  # as SGLang's LoRARegistry.acquire
+            raise ValueError(f"The following requested LoRA adapters are not loaded: {lora_path}")
         generator = self._generate(
-            list(input_ids), dict(sampling_params), rid, bootstrap_host, bootstrap_room
+            list(input_ids), dict(sampling_params), rid, bootstrap_host, bootstrap_room, lora_path
         )
         return generator if stream else await generator.__anext__()
 
     async def _generate(
-        self, ids: list[int], params: dict[str, Any], rid: str, host: str | None, room: int | None
+        self,
+        ids: list[int],
+        params: dict[str, Any],
+        rid: str,
+        host: str | None,
+        room: int | None,
+        lora_path: Any = None,
     ) -> Any:
         if len(ids) > self.max_input_len:
             raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length")
@@ -292,7 +350,7 @@ class FakeSglangEngine:
                         "meta_info": {**meta, "finish_reason": reason, "completion_tokens": i},
                     }
                     return
-                token = (sum(ids) + 7 * i) % self.vocab + 1
+                token = (sum(ids) + 7 * i + self.lora_shift(lora_path)) % self.vocab + 1
                 done = token in stops or i + 1 == limit
                 if done:
                     reason = (
@@ -321,8 +379,8 @@ class FakeSglangEngine:
         for t in (task, abort):
             t.cancel()
 
-    def expected_tokens(self, ids: list[int], n: int) -> list[int]:
-        return [(sum(ids) + 7 * i) % self.vocab + 1 for i in range(n)]
+    def expected_tokens(self, ids: list[int], n: int, lora: str | None = None) -> list[int]:
+        return [(sum(ids) + 7 * i + self.lora_shift(lora)) % self.vocab + 1 for i in range(n)]
 
 
 async def eventually(predicate: Any, within_s: float = 10.0, what: str = "condition") -> None:

@@ -17,6 +17,13 @@ a few per chunk so that no line grows past what a reader buffers, the last chunk
 
 Discovery records (``InstanceRecord``) and event-plane messages (``KvEventBatch``, ``LoadMetrics``)
 are defined here too, so a frontend, a router and every kind of worker agree on one definition.
+
+Rolling upgrades: what a peer *tells* (discovery records, model cards, KV events and snapshots, load
+metrics, the chunks of an answer) ignores fields it does not know, so an older frontend or router reads
+a newer worker's messages and a mixed fleet keeps serving; new fields always have defaults, so a newer
+reader reads an older peer's too. What a peer is *asked to do* (``GenerateRequest``) refuses unknown
+fields: a worker that does not know a field cannot honour it, and serving the request without it would
+answer a different request than the one sent.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROTOCOL_VERSION: Final = 1
 MAX_ROOM = 2**63 - 1
+LORA_NAME_MAX = 256
 
 Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]
 LANGUAGE_ROLES = ("agg", "prefill", "decode")  # roles that serve GenerateRequests
@@ -47,7 +55,15 @@ ErrorType = Literal[
 
 
 class _Wire(BaseModel):
+    """What a peer is asked to do: an unknown field is refused (see the module docstring)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Told(BaseModel):
+    """What a peer tells: an unknown field (a newer peer's) is ignored (see the module docstring)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class SamplingOptions(_Wire):
@@ -118,6 +134,8 @@ class GenerateRequest(_Wire):
     embed: EmbedOptions | None = None
     # Multimodal: each image's span of ``token_ids`` and the embeddings that replace it (see below).
     images: list[ImageSpan] = Field(default_factory=list)
+    # The LoRA adapter to generate with (its name on the worker, ``/v1/loras``); None: the base model.
+    lora_name: Annotated[str, Field(min_length=1, max_length=LORA_NAME_MAX)] | None = None
 
     @model_validator(mode="after")
     def _embed_first_input(self) -> GenerateRequest:
@@ -135,23 +153,26 @@ class GenerateRequest(_Wire):
         return self
 
 
-class Usage(_Wire):
+class Usage(_Told):
     prompt_tokens: Annotated[int, Field(ge=0)]
     completion_tokens: Annotated[int, Field(ge=0)]
-    cached_tokens: Annotated[int, Field(ge=0)] = 0
+    cached_tokens: Annotated[int, Field(ge=0)] = 0  # prompt tokens not computed: found in any KV tier
+    # Of ``cached_tokens``, those loaded back from host memory or storage (SGLang's HiCache) rather than
+    # found on the GPU (SGLang's ``cached_tokens_details`` host + storage).
+    cached_tokens_host: Annotated[int, Field(ge=0)] = 0
 
 
-class WorkerError(_Wire):
+class WorkerError(_Told):
     type: ErrorType
     message: str
 
 
-class TopLogprob(_Wire):
+class TopLogprob(_Told):
     token_id: int
     logprob: float
 
 
-class TokenLogprob(_Wire):
+class TokenLogprob(_Told):
     """One output token's log probability and the ``logprobs`` most likely alternatives."""
 
     token_id: int
@@ -159,7 +180,7 @@ class TokenLogprob(_Wire):
     top: list[TopLogprob] = Field(default_factory=list)
 
 
-class GenerateChunk(_Wire):
+class GenerateChunk(_Told):
     token_ids: list[int] = Field(default_factory=list)
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
@@ -174,7 +195,7 @@ class GenerateChunk(_Wire):
         return self
 
 
-class ServingFeatures(_Wire):
+class ServingFeatures(_Told):
     """What a worker's model serves beyond plain generation, published in its model card.
 
     ``model_type``: ``generate`` (chat and completions) or ``embedding`` (``/v1/embeddings`` only).
@@ -224,7 +245,38 @@ def embedding_chunks(vectors: Sequence[Sequence[float]], usage: Usage) -> list[G
 # --- discovery ----------------------------------------------------------------------------------
 
 
-class InstanceRecord(_Wire):
+class LoraAdapter(_Told):
+    """A LoRA adapter a worker holds (loaded through ``/v1/loras`` or ``--lora-paths``)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=LORA_NAME_MAX)]
+    uri: str  # where it was loaded from: file:///..., hf://org/repo[@rev]
+    rank: Annotated[int, Field(ge=1)] | None = None
+    pinned: bool = False
+
+
+class LoraState(_Told):
+    """What a LoRA-enabled worker publishes in discovery: the adapters it holds and its slots.
+
+    ``max_loras_per_batch``: distinct adapters one batch runs (the base model counts as one, as in
+    SGLang); ``max_loaded_loras``: adapters it may hold at once (None: no limit); ``free_slots``: how
+    many more it can load before it must evict one (None: no limit)."""
+
+    adapters: list[LoraAdapter] = Field(default_factory=list)
+    max_loras_per_batch: Annotated[int, Field(ge=1)] = 8
+    max_loaded_loras: Annotated[int, Field(ge=1)] | None = None
+    max_lora_rank: Annotated[int, Field(ge=1)] | None = None
+
+    @property
+    def free_slots(self) -> int | None:
+        if self.max_loaded_loras is None:
+            return None
+        return max(self.max_loaded_loras - len(self.adapters), 0)
+
+    def holds(self, name: str) -> bool:
+        return any(a.name == name for a in self.adapters)
+
+
+class InstanceRecord(_Told):
     """What a worker registers in discovery, renewed by its heartbeat while it lives."""
 
     instance_id: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
@@ -245,32 +297,44 @@ class InstanceRecord(_Wire):
     # decode worker are paired only when their revisions are equal (``frontend.models.pairing``).
     revision: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     started_at: float | None = None  # unix time the worker started: orders revisions, newest first
+    # LoRA: None when the worker runs without --enable-lora; rewritten as soon as adapters change.
+    lora: LoraState | None = None
     version: Literal[1] = PROTOCOL_VERSION
 
 
 # --- event plane --------------------------------------------------------------------------------
 
 
-class BlockStored(_Wire):
+# Where a KV block is held (``BlockStored`` / ``BlockRemoved``): the GPU's KV pool, host memory
+# (SGLang's HiCache, ``--enable-hierarchical-cache``), or HiCache's storage tier. A block may be held in
+# several at once (a host backup of a GPU block); see ``router.index`` for what each event means.
+Medium = Literal["gpu", "host", "disk"]
+MEDIA: tuple[Medium, ...] = ("gpu", "host", "disk")
+
+
+class BlockStored(_Told):
     type: Literal["stored"] = "stored"
     parent_hash: int | None  # None: the blocks start at the beginning of a sequence
     block_hashes: list[int]  # the engine's hashes, in sequence order
     token_ids: list[int]  # len(block_hashes) * page_size tokens, the content of those blocks
+    medium: Medium = "gpu"  # the tier the blocks are now (also) held in
+    lora_name: str | None = None  # the adapter whose prefix cache holds them (None: the base model)
 
 
-class BlockRemoved(_Wire):
+class BlockRemoved(_Told):
     type: Literal["removed"] = "removed"
     block_hashes: list[int]
+    medium: Medium = "gpu"  # the tier the blocks left (they may still be held in another)
 
 
-class AllBlocksCleared(_Wire):
+class AllBlocksCleared(_Told):
     type: Literal["cleared"] = "cleared"
 
 
 KvEvent = Annotated[BlockStored | BlockRemoved | AllBlocksCleared, Field(discriminator="type")]
 
 
-class KvEventBatch(_Wire):
+class KvEventBatch(_Told):
     """KV cache events of one worker. ``seq`` grows by one per batch; a gap means events were lost.
     A data-parallel engine's batch holds the events of one attention dp rank, ``dp_rank``."""
 
@@ -280,15 +344,16 @@ class KvEventBatch(_Wire):
     dp_rank: Annotated[int, Field(ge=0)] = 0
 
 
-class KvSnapshotRequest(_Wire):
+class KvSnapshotRequest(_Told):
     """Asks one worker for the blocks it holds (``kv_snapshot_subject``); sent with a reply inbox."""
 
     requester: str = ""  # for the worker's log only
 
 
-class KvSnapshotPart(_Wire):
+class KvSnapshotPart(_Told):
     """One part of a worker's answer to ``KvSnapshotRequest``: the blocks it has published as stored
-    and not removed, as ``BlockStored`` events (parents before children) per dp rank. ``next_seq`` is
+    and not removed, as ``BlockStored`` events (parents before children, one per tier a block is
+    held in, each with its ``medium``) per dp rank. ``next_seq`` is
     the ``seq`` of the first event batch *not* included: batches below it are already in the snapshot.
     Large snapshots come in several parts, numbered ``part`` = 0, 1, ... and the last with ``last``."""
 
@@ -300,7 +365,7 @@ class KvSnapshotPart(_Wire):
     events: list[BlockStored] = Field(default_factory=list)
 
 
-class LoadMetrics(_Wire):
+class LoadMetrics(_Told):
     instance_id: str
     active_blocks: Annotated[int, Field(ge=0)]
     total_blocks: Annotated[int, Field(ge=0)]
@@ -323,12 +388,25 @@ def kv_snapshot_subject(namespace: str, instance_id: str) -> str:
 # --- block hashing ------------------------------------------------------------------------------
 
 
-def hash_token_blocks(token_ids: Sequence[int], page_size: int, parent: int | None = None) -> list[int]:
+def lora_seed(lora_name: str) -> int:
+    """The parent hash an adapter's first block chains from: the adapter's prefix cache is a namespace
+    of its own, keyed on its name (never on an engine's per-load id), so the same adapter prefix hashes
+    alike on every worker and after a reload."""
+    digest = hashlib.blake2b(b"lora\0" + lora_name.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & MAX_ROOM) or 1
+
+
+def hash_token_blocks(
+    token_ids: Sequence[int], page_size: int, parent: int | None = None, *, lora_name: str | None = None
+) -> list[int]:
     """Chained hashes of the full ``page_size`` blocks of ``token_ids`` (a trailing partial block is
     not hashed). Block i's hash covers its parent's hash and its own tokens, so equal hashes mean equal
-    prefixes. Stable across processes and machines (no Python ``hash``), 63-bit non-negative ints."""
+    prefixes. Stable across processes and machines (no Python ``hash``), 63-bit non-negative ints.
+    Blocks that start a sequence (``parent`` None) of a LoRA adapter chain from ``lora_seed``, so they
+    never equal the base model's blocks or another adapter's."""
     hashes: list[int] = []
-    prev = parent if parent is not None else 0
+    seed = lora_seed(lora_name) if lora_name is not None else 0
+    prev = parent if parent is not None else seed
     for start in range(0, len(token_ids) - page_size + 1, page_size):
         block = token_ids[start : start + page_size]
         digest = hashlib.blake2b(struct.pack(f"<q{len(block)}I", prev, *block), digest_size=8).digest()

@@ -1,23 +1,33 @@
 """The I/O around a graph's scaling adapters (``render.scaling``), one visit at a time; the rules are the
 pure ones of :mod:`dynamo_operator.reconcile.scaling`.
 
-- :func:`copy_replicas`: an adapter's ``spec.replicas`` that differs from its service's (``kubectl
-  scale``, HPA, KEDA) is written into the graph, with a ``Scaled`` Event;
+- :func:`copy_replicas`: the replicas the adapters ask for (``kubectl scale``, HPA, KEDA;
+  ``scaling.replicas_asked``, decided before the visit renders) are written into the graph;
 - :func:`sync`: missing adapters are created with the service's replicas, their labels and ``dgdRef``
   restored, their status written (the service's replicas that exist, its pods' selector), and adapters no
   longer desired deleted. An adapter's ``spec.replicas`` is never written here. What keeps an adapter
   from existing (no CRD on the API server, its name taken) comes back as warnings for the graph's
   ``SpecWarnings`` condition, so it is said once per change, not once per visit.
+
+Both return what they changed (``outcome.Change``); the visit posts the Events (``outcome.events_for``).
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Mapping
 
 from dynamo_operator.reconcile import plan, scaling, status
-from dynamo_operator.reconcile.kube import DGD, SCALING_ADAPTER, Conflict, Kube, NotFound, label_selector
+from dynamo_operator.reconcile.kube import (
+    DGD,
+    SCALING_ADAPTER,
+    Conflict,
+    Kube,
+    NotFound,
+    label_selector,
+    timestamp,
+)
+from dynamo_operator.reconcile.outcome import Change
 from dynamo_operator.render import labels
 from dynamo_operator.render.scaling import pod_selector
 from dynamo_operator.render.types import Notice, Rendered
@@ -30,10 +40,6 @@ CRD_MISSING = "ScalingAdapterCRDMissing"
 NAME_TAKEN = "ScalingAdapterNameTaken"
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 async def list_adapters(kube: Kube, raw: dict) -> list[dict]:
     """The adapters labelled as this graph's (none when their CRD is not installed)."""
     meta = raw["metadata"]
@@ -43,27 +49,27 @@ async def list_adapters(kube: Kube, raw: dict) -> list[dict]:
 
 
 async def copy_replicas(
-    kube: Kube, raw: dict, rendered: Rendered, observed: list[dict]
-) -> tuple[dict | None, dict[str, str]]:
-    """Write the replicas the adapters ask for into the graph. Returns the patched graph (None when
-    nothing changed) and service -> when it was scaled."""
+    kube: Kube, raw: dict, changes: Mapping[str, int], rendered: Rendered
+) -> tuple[dict, tuple[Change, ...], dict[str, str]]:
+    """Write ``changes`` (service -> the replicas its adapter asks for) into the graph ``raw``. Returns
+    the patched graph, a ``Scaled`` change per service, and service -> when it was scaled."""
     meta = raw["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    current = {service: p.replicas for service, p in rendered.services.items()}
-    changes = scaling.replicas_to_copy(observed, rendered.adapters, current, meta["uid"])
     if not changes:
-        return None, {}
+        return raw, (), {}
     ops = scaling.replicas_patch(raw, changes)
     patched = await kube.patch_json(DGD, namespace, name, ops, field_manager=scaling.FIELD_MANAGER)
+    before = {c["name"]: c.get("replicas", 1) for c in (raw.get("spec") or {}).get("components") or []}
+    done = []
     for service, replicas in sorted(changes.items()):
         adapter = next(a for a in rendered.adapters if a["spec"]["dgdRef"]["serviceName"] == service)
         message = (
-            f"Scaled service {service} from {current[service]} to {replicas} replicas, as "
+            f"Scaled service {service} from {before.get(service, 1)} to {replicas} replicas, as "
             f"{KIND} {adapter['metadata']['name']} asks"
         )
         logger.info("%s graph=%s/%s", message, namespace, name)
-        await kube.post_event(patched, type_="Normal", reason="Scaled", message=message)
-    return patched, dict.fromkeys(changes, _now())
+        done.append(Change("Scaled", message))
+    return patched, tuple(done), dict.fromkeys(changes, timestamp())
 
 
 async def sync(
@@ -73,14 +79,16 @@ async def sync(
     observed: list[dict],
     counts: Mapping[str, status.ServiceCounts],
     scaled: Mapping[str, str],
-) -> tuple[Notice, ...]:
+) -> tuple[tuple[Notice, ...], tuple[Change, ...]]:
     """Converge the graph's adapters (all but their ``spec.replicas``) and write their status. Returns
-    warnings for the adapters that could not be created (the rest of the graph goes on)."""
+    warnings for the adapters that could not be created (the rest of the graph goes on), and the
+    adapters created and deleted."""
     meta = raw["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
     by_name = {o["metadata"]["name"]: o for o in observed}
     no_crd: list[str] = []  # services whose adapter the API server has no resource type for
     taken: list[Notice] = []
+    done: list[Change] = []
     for desired in rendered.adapters:
         adapter = desired["metadata"]["name"]
         service = desired["spec"]["dgdRef"]["serviceName"]
@@ -101,7 +109,7 @@ async def sync(
                 continue
             message = f"Created {KIND} {adapter} for service {service}"
             logger.info("%s graph=%s/%s", message, namespace, name)
-            await kube.post_event(raw, type_="Normal", reason="Created", message=message)
+            done.append(Change("Created", message))
         elif (patch := scaling.adapter_drift(desired, current)) is not None:
             current = await kube.patch_merge(SCALING_ADAPTER, namespace, adapter, patch)
         if service in counts:
@@ -121,7 +129,7 @@ async def sync(
                 "service removed, or a planner scales it)"
             )
             logger.info("%s graph=%s/%s", message, namespace, name)
-            await kube.post_event(raw, type_="Normal", reason="Deleted", message=message)
+            done.append(Change("Deleted", message))
     if no_crd:
         message = (
             f"scalingAdapter of service {', '.join(no_crd)} has no effect: the API server has no {KIND} "
@@ -129,4 +137,4 @@ async def sync(
             "service keeps the replicas of the graph's spec."
         )
         taken.insert(0, Notice(CRD_MISSING, message, warning=True))
-    return tuple(taken)
+    return tuple(taken), tuple(done)

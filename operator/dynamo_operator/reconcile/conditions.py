@@ -1,11 +1,22 @@
-"""Kubernetes-style conditions: set one, keeping lastTransitionTime while its status is unchanged. Pure."""
+"""Kubernetes-style conditions, and the graph's own: Ready when the spec is invalid or an object was
+rejected, SpecWarnings, Transport. Setting one keeps its lastTransitionTime while its status is
+unchanged. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dynamo_api.validation import Problem
+from pydantic import ValidationError
+
+from dynamo_operator.render.types import Notice
+
 READY = "Ready"
+WARNINGS = "SpecWarnings"
+TRANSPORT = "Transport"
+APPLY_FAILED = "ApplyFailed"
 
 
 @dataclass(frozen=True)
@@ -56,3 +67,64 @@ def changed(current: list[dict], cond: Cond) -> bool:
         cond.reason,
         cond.message,
     )
+
+
+# --- the graph's conditions -------------------------------------------------------------------------
+
+
+def _shown_input(path: str, value: Any) -> str:
+    """What a condition may quote of an invalid value: never an env var's value (it may be a token),
+    and of an object only its keys, since conditions and Events are readable by anyone who can read
+    the graph."""
+    if "env" in path.lower():
+        return "a value not shown: env values may be secrets"
+    if isinstance(value, dict):
+        return f"an object with keys {sorted(map(str, value))}"
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    return repr(value)[:80]
+
+
+def problems_from_validation(exc: ValidationError) -> tuple[Problem, ...]:
+    """Pydantic errors of a spec that passed the CRD schema, as render-style problems."""
+    result = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        got = _shown_input(path, err.get("input"))
+        message = f"{err['msg']} (got {got}); set a valid value for this field."
+        result.append(Problem(field=path, reason="InvalidField", message=message))
+    return tuple(result)
+
+
+def invalid_condition(problems: tuple[Problem, ...]) -> Cond:
+    reason = problems[0].reason if len({p.reason for p in problems}) == 1 else "InvalidSpec"
+    message = "; ".join(f"{p.field}: {p.message}" for p in problems)
+    return Cond(READY, "False", reason, f"Invalid spec, nothing was changed: {message}")
+
+
+def apply_failed_condition(rejections: Sequence[str]) -> Cond:
+    """Ready=False naming each generated object the API server rejected (``"<Kind> <name>: why"``)."""
+    return Cond(
+        READY,
+        "False",
+        APPLY_FAILED,
+        "The API server rejected generated objects: " + "; ".join(rejections) + ". Check the fields of "
+        "spec.services these objects come from (extraPodSpec, resources, labels).",
+    )
+
+
+def warnings_condition(notices: tuple[Notice, ...]) -> Cond:
+    warns = [n for n in notices if n.warning]
+    if not warns:
+        return Cond(WARNINGS, "False", "NoWarnings", "The spec raised no warnings")
+    reason = warns[0].reason if len({n.reason for n in warns}) == 1 else "MultipleWarnings"
+    return Cond(WARNINGS, "True", reason, "; ".join(n.message for n in warns))
+
+
+def transport_condition(notices: tuple[Notice, ...]) -> Cond | None:
+    stated = [n for n in notices if not n.warning and n.reason.endswith("Transport")]
+    if not stated:
+        return None
+    reasons = {n.reason for n in stated}
+    reason = stated[0].reason if len(reasons) == 1 else "MixedTransport"
+    return Cond(TRANSPORT, "True", reason, "; ".join(n.message for n in stated))

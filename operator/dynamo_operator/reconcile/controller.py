@@ -1,23 +1,27 @@
 """The reconcile loop: one idempotent, level-triggered visit per graph, driven by a work queue.
 
-Every visit reads the graph fresh, renders its whole desired state, applies it (server-side apply),
-prunes the children that are no longer desired, and writes status aggregated from the observed
-children. Create, update, resume, drift and child changes all lead to the same visit; the watches
-in :mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit. A visit first copies the
-replicas the graph's scaling adapters ask for into the graph (:mod:`dynamo_operator.reconcile.adapters`),
-then renders, and converges the adapters after the children.
+A visit reads, renders, applies and writes status, as controller-runtime's reconcilers do:
 
-Events are posted on transitions only (a new spec generation, or a condition that changed), so a
-restart of the operator or a repeated visit does not repeat them.
+- read: the graph (fresh, at the stored version) and its scaling adapters;
+- render: once, the whole desired state, with the replicas the adapters ask for
+  (:mod:`dynamo_operator.reconcile.adapters`);
+- apply: those replicas into the graph, every child by server-side apply, the prune of the children no
+  longer desired, the adapters, and the readiness gates of paired revisions;
+- status: aggregated from the observed children, written when it changed, with the Events the
+  transition is worth (:func:`dynamo_operator.reconcile.outcome.events_for`).
+
+Create, update, resume, drift and child changes all lead to the same visit; the watches in
+:mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit. A visit that fails is retried
+by the work queue after the graph's backoff (``add_rate_limited``); one that succeeds resets it
+(``forget``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -26,8 +30,13 @@ from dynamo_api.models import DynamoGraphDeployment
 from pydantic import ValidationError
 
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.reconcile import adapters, conditions, pairing, plan, scaling, status
-from dynamo_operator.reconcile.conditions import READY, Cond
+from dynamo_operator.reconcile import adapters, pairing, plan, scaling, status
+from dynamo_operator.reconcile.conditions import (
+    APPLY_FAILED,
+    apply_failed_condition,
+    invalid_condition,
+    problems_from_validation,
+)
 from dynamo_operator.reconcile.kube import (
     DEPLOYMENT,
     DGD,
@@ -44,15 +53,18 @@ from dynamo_operator.reconcile.kube import (
     Kube,
     KubeError,
     NotFound,
+    is_rejection,
     label_selector,
     resource_type,
+    timestamp,
 )
+from dynamo_operator.reconcile.outcome import Change, Event, Outcome, applied, events_for, pruned, status_for
 from dynamo_operator.reconcile.restarts import GroupRestarter
-from dynamo_operator.reconcile.workqueue import WorkQueue
+from dynamo_operator.reconcile.workqueue import ExponentialBackoff, WorkQueue
 from dynamo_operator.render import labels, render
 from dynamo_operator.render.names import label_value
 from dynamo_operator.render.revision import REVISION_LABEL
-from dynamo_operator.render.types import Notice, Problem, Rendered
+from dynamo_operator.render.types import Problem, Rendered
 
 logger = logging.getLogger(__name__)
 
@@ -61,94 +73,17 @@ Key = tuple[str, str]  # (namespace, name)
 # Kinds whose children of a graph are pruned when no longer desired. PersistentVolumeClaims are
 # deliberately not pruned: removing a volume from the spec must not delete its data.
 PRUNE_TYPES = (DEPLOYMENT, STATEFULSET, SERVICE, LWS, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB, POD_GROUP)
-WARNINGS = "SpecWarnings"
-TRANSPORT = "Transport"
-MAX_BACKOFF_S = 300.0
-# API answers that a retry cannot fix: the object itself is wrong (or forbidden).
-_CLIENT_ERRORS = frozenset({400, 403, 422})
-# Server-side apply answers 500 (not 422) when a field has the wrong type, e.g. a string where
-# extraPodSpec needs a list: the object is wrong, so no retry can fix it either.
-_TYPED_PATCH_ERROR = "failed to create typed patch object"
 
 
-def is_rejection(exc: KubeError) -> bool:
-    """Whether the API server rejected the object itself (fix the spec) rather than failed to serve."""
-    return exc.status in _CLIENT_ERRORS or (exc.status == 500 and _TYPED_PATCH_ERROR in exc.message)
+@dataclass(frozen=True)
+class Observed:
+    """What a visit reads: the graph as stored, its model (None when the spec is invalid: ``problems``)
+    and its scaling adapters."""
 
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _shown_input(path: str, value: Any) -> str:
-    """What a condition may quote of an invalid value: never an env var's value (it may be a token),
-    and of an object only its keys, since conditions and Events are readable by anyone who can read
-    the graph."""
-    if "env" in path.lower():
-        return "a value not shown: env values may be secrets"
-    if isinstance(value, dict):
-        return f"an object with keys {sorted(map(str, value))}"
-    if isinstance(value, list):
-        return f"a list of {len(value)} items"
-    return repr(value)[:80]
-
-
-def problems_from_validation(exc: ValidationError) -> tuple[Problem, ...]:
-    """Pydantic errors of a spec that passed the CRD schema, as render-style problems."""
-    result = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"])
-        got = _shown_input(path, err.get("input"))
-        message = f"{err['msg']} (got {got}); set a valid value for this field."
-        result.append(Problem(field=path, reason="InvalidField", message=message))
-    return tuple(result)
-
-
-def invalid_condition(problems: tuple[Problem, ...]) -> Cond:
-    reason = problems[0].reason if len({p.reason for p in problems}) == 1 else "InvalidSpec"
-    message = "; ".join(f"{p.field}: {p.message}" for p in problems)
-    return Cond(READY, "False", reason, f"Invalid spec, nothing was changed: {message}")
-
-
-def warnings_condition(notices: tuple[Notice, ...]) -> Cond:
-    warns = [n for n in notices if n.warning]
-    if not warns:
-        return Cond(WARNINGS, "False", "NoWarnings", "The spec raised no warnings")
-    reason = warns[0].reason if len({n.reason for n in warns}) == 1 else "MultipleWarnings"
-    return Cond(WARNINGS, "True", reason, "; ".join(n.message for n in warns))
-
-
-def transport_condition(notices: tuple[Notice, ...]) -> Cond | None:
-    stated = [n for n in notices if not n.warning and n.reason.endswith("Transport")]
-    if not stated:
-        return None
-    reasons = {n.reason for n in stated}
-    reason = stated[0].reason if len(reasons) == 1 else "MixedTransport"
-    return Cond(TRANSPORT, "True", reason, "; ".join(n.message for n in stated))
-
-
-def ready_condition(
-    counts: Mapping[str, status.ServiceCounts], graph: str, problems: Mapping[str, str] | None = None
-) -> Cond:
-    return status.ready_condition(counts, f"{labels.GRAPH}={label_value(graph)}", problems)
-
-
-def lost_readiness(current: list[dict], ready: Cond) -> bool:
-    """Whether a Ready graph is no longer ready (e.g. a pod crashed): worth a Warning Event."""
-    old = conditions.find(current, READY)
-    return ready.status != "True" and old is not None and old.get("status") == "True"
-
-
-def status_patch(current: dict, new: dict) -> dict | None:
-    """The merge patch that turns ``current`` status into ``new`` (None when equal); services that
-    disappeared are removed explicitly (merge patch keeps absent map keys)."""
-    if all(current.get(k) == v for k, v in new.items()):
-        return None
-    patch = dict(new)
-    gone = set(current.get("services") or {}) - set(new.get("services") or {})
-    if gone:
-        patch["services"] = {**(new.get("services") or {}), **dict.fromkeys(gone)}
-    return {"status": patch}
+    raw: dict
+    graph: DynamoGraphDeployment | None
+    problems: tuple[Problem, ...]
+    adapters: list[dict]
 
 
 @dataclass
@@ -160,18 +95,20 @@ class Controller:
     workers: int = 8
     resync_interval_s: float = 300.0
     not_ready_recheck_s: float = 20.0
+    backoff_base_s: float = 2.0  # a failed visit is retried after 2 s, 4 s, 8 s, ... at most the cap
+    backoff_cap_s: float = 300.0
     queue: WorkQueue[Key] = field(init=False)
     _known: dict[Key, None] = field(default_factory=dict, init=False)
     _by_label: dict[Key, str] = field(default_factory=dict, init=False)
     _own_writes: dict[Key, str] = field(default_factory=dict, init=False)
-    _failures: dict[Key, int] = field(default_factory=dict, init=False)
     restarter: GroupRestarter = field(init=False)
     _resync_task: asyncio.Task | None = field(default=None, init=False)
     # uid -> fingerprint of our last apply to that object: unchanged objects are not applied again.
     _applied: dict[str, plan.Fingerprint] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        self.queue = WorkQueue(self.reconcile, workers=self.workers)
+        backoff: ExponentialBackoff[Key] = ExponentialBackoff(self.backoff_base_s, self.backoff_cap_s)
+        self.queue = WorkQueue(self.reconcile, workers=self.workers, backoff=backoff)
         self.restarter = GroupRestarter(self.kube, self._owner_key)
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -228,7 +165,7 @@ class Controller:
     def _forget(self, key: Key) -> None:
         self._known.pop(key, None)
         self._own_writes.pop(key, None)
-        self._failures.pop(key, None)
+        self.queue.forget(key)
         self._by_label.pop((key[0], label_value(key[1])), None)
 
     def _owner_key(self, body: Mapping[str, Any]) -> Key | None:
@@ -248,85 +185,122 @@ class Controller:
         try:
             ready = await self._visit(namespace, name)
         except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
-            failures = self._failures.get(key, 0) + 1
-            self._failures[key] = failures
-            delay = min(MAX_BACKOFF_S, 2.0**failures)
+            delay = self.queue.add_rate_limited(key)
             logger.warning(
                 "Could not reconcile graph=%s/%s error=%s retry_in=%.0fs", namespace, name, exc, delay
             )
-            self.queue.add_after(key, delay)
             return
-        self._failures.pop(key, None)
+        self.queue.forget(key)
         if ready is False:
             self.queue.add_after(key, self.not_ready_recheck_s)
 
     async def _visit(self, namespace: str, name: str) -> bool | None:
-        """One visit. Returns whether the graph is Ready (None: nothing to wait for)."""
+        """One visit: read, render, apply, status. Returns whether the graph is Ready (None: nothing to
+        wait for)."""
+        observed = await self._read(namespace, name)
+        if observed is None:
+            return None
+        rendered, copies = self._render(observed)
+        if rendered.problems:
+            await self._write_status(observed.raw, self._invalid(observed.raw, rendered))
+            return None
+        done: list[Change] = []
+        try:
+            raw, outcome = await self._apply(observed, rendered, copies, done)
+        except Exception:
+            # What was done before the failure is still told; the retry will not do it again.
+            await self._post(observed.raw, [Event("Normal", c.reason, c.message) for c in done])
+            raise
+        await self._write_status(raw, outcome)
+        if outcome.ready.reason == APPLY_FAILED:
+            raise KubeError(422, APPLY_FAILED, outcome.ready.message)  # retried after the backoff
+        return outcome.ready.status == "True"
+
+    # --- read ------------------------------------------------------------------------------------
+    async def _read(self, namespace: str, name: str) -> Observed | None:
+        """The graph and its scaling adapters; None when it is gone or being deleted (the garbage
+        collector removes the children: ownerReferences)."""
         raw = await self.kube.get(DGD, namespace, name)
         if raw is None:
             self._forget((namespace, name))
             return None
-        meta = raw["metadata"]
-        if meta.get("deletionTimestamp"):
-            return None  # the garbage collector removes the children (ownerReferences)
+        if raw["metadata"].get("deletionTimestamp"):
+            return None
         try:
-            dgd = load_graph(raw)  # v1beta1 as stored -> the internal model render works from
+            graph = load_graph(raw)  # v1beta1 as stored -> the internal model render works from
         except ValidationError as exc:
-            rendered = Rendered(problems=problems_from_validation(exc))
-        else:
-            rendered = self._render(dgd)
-        if rendered.problems:
-            await self._report_invalid(raw, rendered)
-            return None
-        observed_adapters = await adapters.list_adapters(self.kube, raw)
-        patched, scaled = await adapters.copy_replicas(self.kube, raw, rendered, observed_adapters)
-        if patched is not None:  # the graph now has the replicas HPA, KEDA or kubectl scale asked for
-            raw, rendered = patched, self._render(load_graph(patched))
-        if rendered.problems:
-            await self._report_invalid(raw, rendered)
-            return None
-        applied, apply_errors = await self._apply_all(raw, rendered)
-        if apply_errors:
-            cond = Cond(
-                READY,
-                "False",
-                "ApplyFailed",
-                "The API server rejected generated objects: " + "; ".join(apply_errors) + ". Check the "
-                "fields of spec.services these objects come from (extraPodSpec, resources, labels).",
-            )
-            if conditions.changed((raw.get("status") or {}).get("conditions") or [], cond):
-                await self.kube.post_event(raw, type_="Warning", reason=cond.reason, message=cond.message)
-            await self._write_status(raw, rendered, cond, counts=None, state=status.STATE_FAILED)
-            raise KubeError(422, "ApplyFailed", "; ".join(apply_errors))
-        counts = status.all_counts(
-            rendered.services, applied, component_label=labels.COMPONENT, group_label=labels.GROUP
-        )
-        adapter_warnings = await adapters.sync(self.kube, raw, rendered, observed_adapters, counts, scaled)
-        rendered = replace(rendered, notices=rendered.notices + adapter_warnings)
-        cond = ready_condition(counts, name)
-        if cond.status != "True":  # open readiness gates; say why, when the pods' status states it
-            pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
-            await self._open_gates(raw, rendered, pods)
-            problems = status.pod_problems(pods, component_label=labels.COMPONENT)
-            cond = ready_condition(counts, name, problems)
-        current = raw.get("status") or {}
-        if lost_readiness(current.get("conditions") or [], cond):
-            # Normal when the user's own change (a new generation) is rolling out; else something broke.
-            changed_spec = current.get("observedGeneration") != meta.get("generation")
-            await self.kube.post_event(
-                raw, type_="Normal" if changed_spec else "Warning", reason=cond.reason, message=cond.message
-            )
-        state = status.STATE_SUCCESSFUL if cond.status == "True" else status.STATE_PENDING
-        await self._write_status(raw, rendered, cond, counts=counts, state=state)
-        return cond.status == "True"
+            return Observed(raw, None, problems_from_validation(exc), [])
+        return Observed(raw, graph, (), await adapters.list_adapters(self.kube, raw))
 
-    async def _open_gates(self, raw: dict, rendered: Rendered, pods: list[dict]) -> None:
+    # --- render ----------------------------------------------------------------------------------
+    def _render(self, observed: Observed) -> tuple[Rendered, dict[str, int]]:
+        """The desired state, rendered with the replicas the adapters ask for (service -> replicas, also
+        returned). A crash of the renderer (a bug) is reported on the graph instead of retried hot."""
+        if observed.graph is None:
+            return Rendered(problems=observed.problems), {}
+        dgd = observed.graph
+        try:
+            copies = scaling.replicas_asked(dgd, observed.adapters)
+            return render(scaling.with_replicas(dgd, copies), self.config), copies
+        except Exception as exc:  # mapped to a condition + Event, and logged with the traceback
+            logger.exception("Render failed graph=%s/%s", dgd.namespace, dgd.name)
+            message = (
+                f"The operator could not render this graph ({type(exc).__name__}: {exc}). This is a bug in "
+                "the operator: please report it with the manifest; editing the spec retries."
+            )
+            return Rendered(problems=(Problem(field="spec", reason="RenderFailed", message=message),)), {}
+
+    # --- apply -----------------------------------------------------------------------------------
+    async def _apply(
+        self, observed: Observed, rendered: Rendered, copies: Mapping[str, int], done: list[Change]
+    ) -> tuple[dict, Outcome]:
+        """Make the world as ``rendered`` says; what it changed is appended to ``done``. Returns the graph
+        (with the copied replicas) and the outcome for status."""
+        raw, scaled_changes, scaled = await adapters.copy_replicas(self.kube, observed.raw, copies, rendered)
+        done += scaled_changes
+        meta = raw["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        conflict = scaling.conflict_condition(rendered.scaling_conflicts, rendered.adapters)
+        applied_objects, rejections = await self._apply_all(raw, rendered, done)
+        if rejections:
+            ready = apply_failed_condition(rejections)
+            notices = rendered.notices
+            return raw, Outcome(
+                generation, ready, status.STATE_FAILED, notices=notices, scaling=conflict, changes=tuple(done)
+            )
+        counts = status.all_counts(
+            rendered.services, applied_objects, component_label=labels.COMPONENT, group_label=labels.GROUP
+        )
+        warnings, adapter_changes = await adapters.sync(
+            self.kube, raw, rendered, observed.adapters, counts, scaled
+        )
+        done += adapter_changes
+        pods_selector = f"{labels.GRAPH}={label_value(name)}"
+        ready = status.ready_condition(counts, pods_selector)
+        if ready.status != "True":  # open readiness gates; say why, when the pods' status states it
+            pods = await self.kube.list(POD, namespace, label_selector(labels.graph_selector(name)))
+            done += await self._open_gates(raw, rendered, pods)
+            problems = status.pod_problems(pods, component_label=labels.COMPONENT)
+            ready = status.ready_condition(counts, pods_selector, problems)
+        state = status.STATE_SUCCESSFUL if ready.status == "True" else status.STATE_PENDING
+        outcome = Outcome(
+            generation,
+            ready,
+            state,
+            notices=rendered.notices + warnings,
+            scaling=conflict,
+            counts=counts,
+            changes=tuple(done),
+        )
+        return raw, outcome
+
+    async def _open_gates(self, raw: dict, rendered: Rendered, pods: list[dict]) -> list[Change]:
         """Set the readiness gate of the prefill and decode pods whose revision has both roles serving
         (``reconcile.pairing``)."""
         roles = {service: p.role for service, p in rendered.services.items()}
         names = pairing.gates_to_open(pods, roles)
         if not names:
-            return
+            return []
         namespace = raw["metadata"]["namespace"]
         revisions = sorted(
             {
@@ -338,7 +312,7 @@ class Controller:
         for pod in names:
             try:
                 await self.kube.patch_strategic(
-                    POD, namespace, pod, pairing.paired_condition(_now()), subresource="status"
+                    POD, namespace, pod, pairing.paired_condition(timestamp()), subresource="status"
                 )
             except NotFound:
                 continue  # deleted meanwhile
@@ -347,21 +321,14 @@ class Controller:
             f"gate of {len(names)} pod(s) ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
         )
         logger.info("%s graph=%s/%s", message, namespace, raw["metadata"]["name"])
-        await self.kube.post_event(raw, type_="Normal", reason="RevisionPaired", message=message)
+        return [Change("RevisionPaired", message)]
 
-    def _render(self, dgd: DynamoGraphDeployment) -> Rendered:
-        """Render; a crash of the renderer (a bug) is reported on the graph instead of retried hot."""
-        try:
-            return render(dgd, self.config)
-        except Exception as exc:  # mapped to a condition + Event, and logged with the traceback
-            logger.exception("Render failed graph=%s/%s", dgd.namespace, dgd.name)
-            message = (
-                f"The operator could not render this graph ({type(exc).__name__}: {exc}). This is a bug in "
-                "the operator: please report it with the manifest; editing the spec retries."
-            )
-            return Rendered(problems=(Problem(field="spec", reason="RenderFailed", message=message),))
-
-    async def _apply_all(self, raw: dict, rendered: Rendered) -> tuple[list[dict], list[str]]:
+    async def _apply_all(
+        self, raw: dict, rendered: Rendered, done: list[Change]
+    ) -> tuple[list[dict], list[str]]:
+        """Apply every desired child and, when the API server took them all, prune those no longer
+        desired. Returns the children as applied (or left unchanged) and what the API server rejected
+        (``"<Kind> <name>: why"``); what was created, updated or deleted is appended to ``done``."""
         meta = raw["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         types = {t.kind: t for t in PRUNE_TYPES}
@@ -388,107 +355,48 @@ class Controller:
                 )
                 return f"{obj['kind']} {obj['metadata']['name']}: {exc.message}"
             self._applied[after["metadata"]["uid"]] = plan.fingerprint(obj, after, FIELD_MANAGER)
-            outcome = plan.apply_outcome(current, after, FIELD_MANAGER)
-            if outcome is not None:
-                logger.info(
-                    "%s %s name=%s graph=%s/%s",
-                    outcome,
-                    obj["kind"],
-                    obj["metadata"]["name"],
-                    namespace,
-                    name,
-                )
-                await self.kube.post_event(
-                    raw,
-                    type_="Normal",
-                    reason=outcome,
-                    message=f"{outcome} {obj['kind']} {obj['metadata']['name']}",
-                )
+            action = plan.apply_outcome(current, after, FIELD_MANAGER)
+            if action is not None:
+                kind, child = obj["kind"], obj["metadata"]["name"]
+                logger.info("%s %s name=%s graph=%s/%s", action, kind, child, namespace, name)
+                done.append(applied(action, kind, child))
             return after
 
         results = await asyncio.gather(*(apply_one(o) for o in rendered.objects))
-        applied = [r for r in results if isinstance(r, dict)]
-        errors = [r for r in results if isinstance(r, str)]
-        if errors:
-            return applied, errors
+        applied_objects = [r for r in results if isinstance(r, dict)]
+        rejections = [r for r in results if isinstance(r, str)]
+        if rejections:
+            return applied_objects, rejections
         prune_types = {t.kind for t in PRUNE_TYPES}
         for obj in plan.to_prune(observed, rendered.objects, uid):
             if obj["kind"] not in prune_types:
                 continue
-            rt = resource_type(obj["apiVersion"], obj["kind"])
+            kind, child = obj["kind"], obj["metadata"]["name"]
             self._applied.pop(obj["metadata"]["uid"], None)
-            if await self.kube.delete(rt, namespace, obj["metadata"]["name"], uid=obj["metadata"]["uid"]):
-                logger.info(
-                    "Deleted %s name=%s graph=%s/%s", obj["kind"], obj["metadata"]["name"], namespace, name
-                )
-                await self.kube.post_event(
-                    raw,
-                    type_="Normal",
-                    reason="Deleted",
-                    message=f"Deleted {obj['kind']} {obj['metadata']['name']}: no longer in the spec",
-                )
-        return applied, errors
+            if await self.kube.delete(
+                resource_type(obj["apiVersion"], kind), namespace, child, uid=obj["metadata"]["uid"]
+            ):
+                logger.info("Deleted %s name=%s graph=%s/%s", kind, child, namespace, name)
+                done.append(pruned(kind, child))
+        return applied_objects, rejections
 
-    async def _report_invalid(self, raw: dict, rendered: Rendered) -> None:
-        cond = invalid_condition(rendered.problems)
-        current = raw.get("status") or {}
-        new_generation = current.get("observedGeneration") != raw["metadata"].get("generation")
-        if new_generation or conditions.changed(current.get("conditions") or [], cond):
-            for p in rendered.problems:
-                logger.warning(
-                    "Invalid spec graph=%s field=%s reason=%s", raw["metadata"]["name"], p.field, p.reason
-                )
-                await self.kube.post_event(
-                    raw, type_="Warning", reason=p.reason, message=f"{p.field}: {p.message}"
-                )
-        await self._write_status(raw, rendered, cond, counts=None, state=status.STATE_FAILED)
+    # --- status ----------------------------------------------------------------------------------
+    @staticmethod
+    def _invalid(raw: dict, rendered: Rendered) -> Outcome:
+        """The outcome of a visit that found the spec invalid: nothing was changed."""
+        ready = invalid_condition(rendered.problems)
+        generation = raw["metadata"].get("generation")
+        return Outcome(generation, ready, status.STATE_FAILED, problems=rendered.problems)
 
-    async def _write_status(
-        self,
-        raw: dict,
-        rendered: Rendered,
-        ready: Cond,
-        *,
-        counts: Mapping[str, status.ServiceCounts] | None,
-        state: str,
-    ) -> None:
+    async def _write_status(self, raw: dict, outcome: Outcome) -> None:
+        """Post the Events of the transition, then patch status when it changed."""
         meta = raw["metadata"]
-        namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        namespace, name = meta["namespace"], meta["name"]
         current = raw.get("status") or {}
-        current_conds = current.get("conditions") or []
-        new_generation = current.get("observedGeneration") != generation
-        wanted = [ready]
-        if not rendered.problems:
-            wanted.append(warnings_condition(rendered.notices))
-            transport = transport_condition(rendered.notices)
-            if transport is not None:
-                wanted.append(transport)
-            if new_generation or any(conditions.changed(current_conds, c) for c in wanted[1:]):
-                for n in rendered.notices:
-                    if n.warning:
-                        logger.warning("%s graph=%s/%s", n.message, namespace, name)
-                    await self.kube.post_event(
-                        raw, type_="Warning" if n.warning else "Normal", reason=n.reason, message=n.message
-                    )
-        scaling_cond = scaling.conflict_condition(rendered.scaling_conflicts, rendered.adapters)
-        if scaling_cond is not None and not rendered.problems:
-            wanted.append(scaling_cond)
-            if scaling_cond.status == "True" and conditions.changed(current_conds, scaling_cond):
-                await self.kube.post_event(
-                    raw, type_="Warning", reason=scaling_cond.reason, message=scaling_cond.message
-                )
-        if ready.status == "True" and conditions.changed(current_conds, ready):
-            await self.kube.post_event(raw, type_="Normal", reason="Ready", message=ready.message)
-        new: dict[str, Any] = {
-            "state": state,
-            "conditions": conditions.merge(current_conds, wanted, now=_now(), generation=generation),
-            "observedGeneration": generation,
-            "groupBackend": self.config.group_backend,
-        }
-        if counts is not None:
-            new["services"] = status.services_status(counts)
+        await self._post(raw, events_for(current, outcome))
+        new = status_for(current, outcome, now=timestamp(), group_backend=self.config.group_backend)
         # lastTransitionTime is kept for unchanged conditions, so equal content means no write.
-        patch = status_patch(current, new)
+        patch = status.status_patch(current, new)
         if patch is None:
             return
         answer = await self.kube.patch_merge(DGD, namespace, name, patch, subresource="status")
@@ -497,7 +405,16 @@ class Controller:
             "Updated status graph=%s/%s state=%s ready=%s reason=%s",
             namespace,
             name,
-            state,
-            ready.status,
-            ready.reason,
+            outcome.state,
+            outcome.ready.status,
+            outcome.ready.reason,
         )
+
+    async def _post(self, raw: dict, events: list[Event]) -> None:
+        meta = raw["metadata"]
+        for event in events:
+            if event.type == "Warning":
+                logger.warning(
+                    "%s graph=%s/%s reason=%s", event.message, meta["namespace"], meta["name"], event.reason
+                )
+            await self.kube.post_event(raw, type_=event.type, reason=event.reason, message=event.message)

@@ -8,14 +8,10 @@ finds its URL), server-side apply under the operator's field manager, the JSON, 
 patches (with subresources: ``status``, ``scale``), deletes guarded by the object's uid, and Events.
 Objects stay plain dicts, as ``render`` makes them and the API server sends them.
 
-Errors::
-
-    KubeError            any non-2xx answer; .status, .reason, .message
-    ├── NotFound         404
-    ├── Conflict         409
-    └── Invalid          422 (the object was rejected by validation or admission)
-
-A connection that fails raises ``aiohttp.ClientError`` or ``TimeoutError``, as before.
+Errors: any non-2xx answer raises the tree of :mod:`dynamo_api.kube_errors` (``KubeError``, and
+``NotFound``, ``Conflict``, ``Invalid`` for 404, 409, 422), the planner's client's too; a connection
+that fails raises ``aiohttp.ClientError`` or ``TimeoutError``. :func:`is_rejection` tells an answer no
+retry can fix. :func:`timestamp` is the time the operator writes (Events, conditions, readiness gates).
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from dynamo_api.kube_errors import Conflict, Invalid, KubeError, NotFound, kube_error  # noqa: F401 (the client's errors)
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -126,27 +123,21 @@ def resource_type(api_version: str, kind: str) -> ResourceType:
         ) from None
 
 
-class KubeError(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
+# API answers that a retry cannot fix: the object itself is wrong (or forbidden).
+_CLIENT_ERRORS = frozenset({400, 403, 422})
+# Server-side apply answers 500 (not 422) when a field has the wrong type, e.g. a string where
+# extraPodSpec needs a list: the object is wrong, so no retry can fix it either.
+_TYPED_PATCH_ERROR = "failed to create typed patch object"
 
 
-class NotFound(KubeError):
-    pass
+def is_rejection(exc: KubeError) -> bool:
+    """Whether the API server rejected the object itself (fix the spec) rather than failed to serve."""
+    return exc.status in _CLIENT_ERRORS or (exc.status == 500 and _TYPED_PATCH_ERROR in exc.message)
 
 
-class Conflict(KubeError):
-    pass
-
-
-class Invalid(KubeError):
-    pass
-
-
-_ERRORS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 422: Invalid}
+def timestamp() -> str:
+    """Now, as the API server writes times (RFC 3339, UTC, seconds)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _error(exc: ApiException) -> KubeError:
@@ -158,7 +149,7 @@ def _error(exc: ApiException) -> KubeError:
         reason, message = answer.get("reason", ""), answer.get("message", text)
     except (ValueError, AttributeError):
         reason, message = exc.reason or "", text
-    return _ERRORS.get(status, KubeError)(status, reason, message)
+    return kube_error(status, reason, message)
 
 
 @dataclass(frozen=True)
@@ -210,10 +201,6 @@ async def load_credentials(kubeconfig: Path | None, in_cluster: bool) -> Credent
         path = str(kubeconfig) if kubeconfig else k8s_config.KUBE_CONFIG_DEFAULT_LOCATION
         await k8s_config.load_kube_config(config_file=path, client_configuration=cfg, persist_config=False)
     return Credentials(cfg)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # Answers whose body is the object (or list, or Status) we return, decoded as plain JSON.
@@ -395,7 +382,7 @@ class Kube:
 
         Events are best effort: a failure is logged, never raised."""
         meta = involved["metadata"]
-        now = _now()
+        now = timestamp()
         event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -1,7 +1,9 @@
 """What the operator writes around scaling adapters (``render.scaling``), decided from what it reads. Pure.
 
 - :func:`replicas_to_copy`: the services whose adapter's ``spec.replicas`` (set by HPA, KEDA or
-  ``kubectl scale``) differs from the graph's; :func:`replicas_patch` writes them into the stored
+  ``kubectl scale``) differs from the graph's (:func:`replicas_asked`: of a graph's model, before it is
+  rendered; :func:`with_replicas`: the model with them, what the visit renders); :func:`replicas_patch`
+  writes them into the stored
   v1beta1 graph as a JSON patch (each index guarded by a test of the component's name), under the
   field manager :data:`FIELD_MANAGER`, so ``kubectl get dgd --show-managed-fields`` says who set them.
 - :func:`adapter_drift`: a merge patch restoring an adapter's labels and ``dgdRef`` (never its
@@ -16,8 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dynamo_api.components import components
+from dynamo_api.models import DynamoGraphDeployment
+
 from dynamo_operator.reconcile.conditions import Cond
 from dynamo_operator.reconcile.plan import controlled_by
+from dynamo_operator.render.scaling import scaling_adapters
 from dynamo_operator.render.types import ScalingConflict
 
 __all__ = [
@@ -26,8 +32,10 @@ __all__ = [
     "adapter_drift",
     "adapter_status",
     "conflict_condition",
+    "replicas_asked",
     "replicas_patch",
     "replicas_to_copy",
+    "with_replicas",
 ]
 
 FIELD_MANAGER = "dynamo-scaling-adapter"
@@ -52,6 +60,25 @@ def replicas_to_copy(
         if isinstance(value, int) and value != replicas.get(service):
             out[service] = value
     return out
+
+
+def replicas_asked(dgd: DynamoGraphDeployment, observed: Sequence[dict]) -> dict[str, int]:
+    """Service -> replicas, for each service of ``dgd`` whose adapter (among ``observed``) asks for other
+    replicas than the graph's."""
+    desired, _ = scaling_adapters(dgd, components(dgd))
+    current = {name: spec.replicas for name, spec in dgd.spec.services.items()}
+    return replicas_to_copy(observed, desired, current, dgd.metadata.uid or "")
+
+
+def with_replicas(dgd: DynamoGraphDeployment, changes: Mapping[str, int]) -> DynamoGraphDeployment:
+    """``dgd`` with the replicas of ``changes`` (service -> replicas), as it reads once they are copied."""
+    if not changes:
+        return dgd
+    services = {
+        name: spec.model_copy(update={"replicas": changes[name]}) if name in changes else spec
+        for name, spec in dgd.spec.services.items()
+    }
+    return dgd.model_copy(update={"spec": dgd.spec.model_copy(update={"services": services})})
 
 
 def replicas_patch(graph: dict, changes: Mapping[str, int]) -> list[dict[str, Any]]:

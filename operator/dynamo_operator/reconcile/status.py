@@ -257,3 +257,15 @@ def ready_condition(
 
 def services_status(counts: Mapping[str, ServiceCounts]) -> dict[str, dict]:
     return {name: c.as_status() for name, c in counts.items()}
+
+
+def status_patch(current: dict, new: dict) -> dict | None:
+    """The merge patch that turns ``current`` status into ``new`` (None when equal); services that
+    disappeared are removed explicitly (merge patch keeps absent map keys)."""
+    if all(current.get(k) == v for k, v in new.items()):
+        return None
+    patch = dict(new)
+    gone = set(current.get("services") or {}) - set(new.get("services") or {})
+    if gone:
+        patch["services"] = {**(new.get("services") or {}), **dict.fromkeys(gone)}
+    return {"status": patch}

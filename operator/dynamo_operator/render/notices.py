@@ -21,6 +21,11 @@ def ignored_fields(c: Component) -> list[Notice]:
         ("modelRef", spec.model_ref is not None),
         ("dynamoNamespace", spec.dynamo_namespace is not None),
         ("globalDynamoNamespace", bool(spec.global_dynamo_namespace)),
+        ("eppConfig", spec.epp_config is not None),
+        (
+            "gpuMemoryService",
+            spec.gpu_memory_service is not None and spec.gpu_memory_service.get("enabled") is not False,
+        ),
     ]
     names = [name for name, present in ignored if present]
     if not names:

@@ -97,16 +97,15 @@ def place(
     """``spec`` (a pod spec) with the graph's priority class, the gang's scheduler and the pack-domain
     affinity of ``c`` (pods of multinode ``group``); what the podTemplate set itself wins."""
     out = copy.deepcopy(spec)
-    placement = dgd.v1beta1
-    if placement.priority_class_name and "priorityClassName" not in out:
-        out["priorityClassName"] = placement.priority_class_name
+    if dgd.spec.priority_class_name and "priorityClassName" not in out:
+        out["priorityClassName"] = dgd.spec.priority_class_name
     if gang(dgd, c, config, group) is not None:
         out.setdefault("schedulerName", config.gang_scheduler_name)
     terms = []
-    graph_key = config.topology_domains.get(placement.pack_domain or "")
+    graph_key = config.topology_domains.get(dgd.spec.pack_domain or "")
     if graph_key:
         terms.append(_pack_term({labels.GRAPH: label_value(dgd.name)}, graph_key))
-    service_key = config.topology_domains.get(placement.service(c.name).pack_domain or "")
+    service_key = config.topology_domains.get(c.spec.pack_domain or "")
     if service_key:
         selector = {labels.GROUP: group} if group else labels.selector(dgd.name, c.name)
         terms.append(_pack_term(selector, service_key))
@@ -139,10 +138,8 @@ def disruption_budgets(dgd: DynamoGraphDeployment, comps: list[Component]) -> li
 def problems(dgd: DynamoGraphDeployment, comps: list[Component], config: OperatorConfig) -> list[Problem]:
     """Pack domains the operator has no node label for."""
     known = ", ".join(f"{k} ({v})" for k, v in sorted(config.topology_domains.items())) or "none"
-    wanted = [("spec.topologyConstraint.packDomain", dgd.v1beta1.pack_domain)]
-    wanted += [
-        (f"{c.path}.topologyConstraint.packDomain", dgd.v1beta1.service(c.name).pack_domain) for c in comps
-    ]
+    wanted = [("spec.topologyConstraint.packDomain", dgd.spec.pack_domain)]
+    wanted += [(f"{c.path}.topologyConstraint.packDomain", c.spec.pack_domain) for c in comps]
     return [
         Problem(
             path,
@@ -157,8 +154,9 @@ def problems(dgd: DynamoGraphDeployment, comps: list[Component], config: Operato
 
 
 def notices(dgd: DynamoGraphDeployment, comps: list[Component], config: OperatorConfig) -> list[Notice]:
-    """Warnings for v1beta1 fields that do not reach the pods: minAvailable without a gang scheduler,
-    and the fields this operator accepts and does not act on."""
+    """Warnings for fields that do not reach the pods: minAvailable without a gang scheduler, the
+    topologyProfile of a topologyConstraint (pack domains are node labels here), and the v1beta1 fields
+    this operator accepts and does not act on."""
     out = []
     gangs = [c.name for c in comps if _min_available(dgd, c) is not None]
     if gangs and config.gang_scheduler == "none":
@@ -173,6 +171,8 @@ def notices(dgd: DynamoGraphDeployment, comps: list[Component], config: Operator
             )
         )
     ignored = [f"spec.{name}" for name in dgd.v1beta1.ignored]
+    if (dgd.spec.topology_constraint or {}).get("topologyProfile"):
+        ignored.append("spec.topologyConstraint.topologyProfile")
     for c in comps:
         ignored += [f"{c.name}.{name}" for name in dgd.v1beta1.service(c.name).ignored]
     if ignored:
@@ -180,8 +180,8 @@ def notices(dgd: DynamoGraphDeployment, comps: list[Component], config: Operator
             Notice(
                 "IgnoredFields",
                 f"This operator accepts and does not act on {', '.join(ignored)}: NVIDIA Dynamo's Grove, "
-                "EPP, restart and experimental features have no counterpart here; remove them to clear "
-                "this warning.",
+                "ClusterTopology, restart and experimental features have no counterpart here (pack domains "
+                "are node labels: the operator's --topology-domains); remove them to clear this warning.",
                 warning=True,
             )
         )

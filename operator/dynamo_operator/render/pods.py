@@ -372,9 +372,9 @@ def template(
     dgd: DynamoGraphDeployment, c: Component, spec: dict[str, Any], extra_labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A pod template: our labels win over extraPodMetadata's, which win over the service's, which win
-    over the graph's (v1beta1 ``spec.labels`` / ``spec.annotations``)."""
-    pod_labels = {**dgd.v1beta1.labels, **c.spec.labels}
-    annotations = {**dgd.v1beta1.annotations, **c.spec.annotations}
+    over the graph's (``spec.labels`` / ``spec.annotations``)."""
+    pod_labels = {**dgd.spec.labels, **c.spec.labels}
+    annotations = {**dgd.spec.annotations, **c.spec.annotations}
     if c.spec.extra_pod_metadata is not None:
         pod_labels.update(c.spec.extra_pod_metadata.labels)
         annotations.update(c.spec.extra_pod_metadata.annotations)
@@ -390,8 +390,8 @@ def object_meta(
     dgd: DynamoGraphDeployment, c: Component | None, name: str, extra_labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Metadata of a child object, owned by the graph (controller) when the graph has a uid."""
-    meta_labels: dict[str, str] = dict(dgd.v1beta1.labels)
-    annotations: dict[str, str] = dict(dgd.v1beta1.annotations)
+    meta_labels: dict[str, str] = dict(dgd.spec.labels)
+    annotations: dict[str, str] = dict(dgd.spec.annotations)
     if c is not None:
         meta_labels.update(c.spec.labels)
         annotations.update(c.spec.annotations)

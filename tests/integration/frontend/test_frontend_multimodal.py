@@ -3,12 +3,16 @@ real nats-server and worker processes: an image chat request goes processor (fro
 -> language worker, aggregated and disaggregated; a repeated image is an embedding-cache hit (the encode
 worker's metric) and a KV-cache hit on the language worker; bad images, oversize images, private and
 unreachable URLs are refused with a 400 naming the problem; images are fetched from a local HTTP
-server when private URLs are allowed; /v1/images/generations returns the requested count and format."""
+server when private URLs are allowed; /v1/images/generations returns the requested count and format.
+An image chat is served or refused as the same chat without its image: ``response_format`` and a
+required tool constrain its output, or get the same 400 from workers without a grammar backend;
+``logprobs`` come back; its history's tool calls, tool results and reasoning reach the worker."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import re
 from pathlib import Path
@@ -335,3 +339,209 @@ async def test_kv_router_sends_a_repeated_image_to_the_worker_that_caches_it(
     assert (
         other.usage.prompt_tokens_details.cached_tokens < 64
     )  # another image: other pad ids, no shared blocks
+
+
+# --- an image chat is served or refused as the same chat without the image -----------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+PERSON = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+            "required": ["name", "age"],
+        },
+    },
+}
+# ChatML that also shows an assistant's reasoning and tool calls and a tool result's call id.
+TOOL_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' -}}"
+    "{%- if m.reasoning_content -%}{{- '<think>' + m.reasoning_content + '</think>' -}}{%- endif -%}"
+    "{{- m.content -}}"
+    "{%- for c in m.tool_calls or [] -%}"
+    "{{- '<tool_call>' + ({'name': c.function.name, 'arguments': c.function.arguments} | tojson) -}}"
+    "{{- '</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{%- if m.tool_call_id -%}{{- ' id=' + m.tool_call_id -}}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+HISTORY = [
+    {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "Paris weather needed.",
+        "tool_calls": [
+            {
+                "id": "call_7",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_7", "content": "18 degrees, sunny"},
+    {"role": "user", "content": "And in words?"},
+]
+# What the worker sees only when the history reached the template whole; the mocker then answers SEEN.
+RENDERED_HISTORY = (
+    '<|im_start|>assistant\n<think>Paris weather needed.</think><tool_call>{"name": "get_weather", '
+    '"arguments": {"city": "Paris"}}</tool_call><|im_end|>\n<|im_start|>tool\n18 degrees, sunny id=call_7'
+    "<|im_end|>\n"
+)
+SEEN = "The whole history reached the worker."
+SEEN_REPLY = "<think>It did.</think>" + SEEN  # with --reasoning-parser qwen3: reasoning, then content
+
+
+def without_images(messages: list[dict]) -> list[dict]:
+    return [
+        m | {"content": [p for p in m["content"] if p["type"] == "text"]}
+        if isinstance(m["content"], list)
+        else m
+        for m in messages
+    ]
+
+
+@pytest.fixture
+def tool_model(tiny_model, tmp_path) -> Path:
+    """The tiny model with ``TOOL_TEMPLATE`` as its chat template (published in its model card)."""
+    model = tmp_path / "tool-model"
+    model.mkdir()
+    for f in tiny_model.iterdir():
+        (model / f.name).write_bytes(f.read_bytes())
+    (model / "chat_template.jinja").write_text(TOOL_TEMPLATE)
+    return model
+
+
+@pytest.fixture
+def vlm_with(mockers, frontend_factory, wait_workers, namespace, tool_model, tmp_path):
+    """``await vlm_with(*flags)``: in a namespace of its own, a language worker started with ``flags``
+    (and a script that answers ``SEEN`` to a prompt showing ``RENDERED_HISTORY``), an encode worker and
+    a frontend; its client."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"match": RENDERED_HISTORY, "reply": SEEN_REPLY}]))
+    stacks = iter(range(100))
+
+    async def start(*flags: str) -> openai.AsyncOpenAI:
+        own = ("--model-path", str(tool_model), "--namespace", f"{namespace}-{next(stacks)}")
+        language = mockers("null", *own, "--script", str(script), *flags)
+        encoder = mockers("null", *own, "--role", "encode", component="encoder")
+        fe = await frontend_factory(namespace=own[-1])
+        await wait_workers(fe, 2, mockers=[language, encoder])
+        return client(fe)
+
+    return start
+
+
+async def chat_both(c: openai.AsyncOpenAI, messages: list[dict], **kw) -> list:
+    """The same chat without and with its image, each whole and streamed (folded into one message)."""
+    answers = []
+    for msgs in (without_images(messages), messages):
+        answers.append(await c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=100, **kw))
+        chunks = [
+            chunk
+            async for chunk in await c.chat.completions.create(
+                model=MODEL, messages=msgs, max_tokens=100, stream=True, **kw
+            )
+        ]
+        answers.append(fold(chunks))
+    return answers
+
+
+def fold(chunks: list) -> dict:
+    content, reasoning, calls, logprobs, finish = "", "", {}, [], None
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+        for tc in choice.delta.tool_calls or []:
+            call = calls.setdefault(tc.index, {"name": tc.function.name, "arguments": ""})
+            call["arguments"] += tc.function.arguments or ""
+        logprobs += choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
+        finish = choice.finish_reason or finish
+    return {
+        "content": content,
+        "reasoning": reasoning,
+        "calls": list(calls.values()),
+        "logprobs": logprobs,
+        "finish": finish,
+    }
+
+
+def whole_answer(r) -> dict:
+    m = r.choices[0].message
+    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls or []]
+    lp = r.choices[0].logprobs.content if r.choices[0].logprobs else []
+    return {
+        "content": m.content,
+        "reasoning": getattr(m, "reasoning_content", None) or "",
+        "calls": calls,
+        "logprobs": lp or [],
+        "finish": r.choices[0].finish_reason,
+    }
+
+
+def answers(raw: list) -> list[dict]:
+    return [a if isinstance(a, dict) else whole_answer(a) for a in raw]
+
+
+async def refusal(c: openai.AsyncOpenAI, messages: list[dict], **kw) -> dict:
+    with pytest.raises(openai.BadRequestError) as e:
+        await c.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, **kw)
+    return e.value.body
+
+
+async def test_image_chat_with_a_json_schema_is_constrained_or_refused_as_text_is(vlm_with):
+    image = image_message("Who is this?", data_url(png(64, 64, 7)))
+    async with await vlm_with("--grammar-backend", "none") as c:
+        text_refusal = await refusal(c, without_images(image), response_format=PERSON)
+        assert (
+            text_refusal["code"] == "grammar_backend_disabled" and text_refusal["param"] == "response_format"
+        )
+        assert await refusal(c, image, response_format=PERSON) == text_refusal
+    async with await vlm_with() as c:
+        for a in answers(await chat_both(c, image, response_format=PERSON)):
+            person = json.loads(a["content"])
+            assert isinstance(person["name"], str) and person["age"] >= 0, a
+
+
+async def test_image_chat_with_a_required_tool_calls_it_or_is_refused_as_text_is(vlm_with):
+    image = image_message("Weather here?", data_url(png(64, 64, 8)))
+    async with await vlm_with("--grammar-backend", "none") as c:
+        text_refusal = await refusal(c, without_images(image), tools=[WEATHER], tool_choice="required")
+        assert text_refusal["code"] == "grammar_backend_disabled" and text_refusal["param"] == "tool_choice"
+        assert await refusal(c, image, tools=[WEATHER], tool_choice="required") == text_refusal
+    async with await vlm_with() as c:
+        for a in answers(await chat_both(c, image, tools=[WEATHER], tool_choice="required")):
+            assert a["finish"] == "tool_calls" and a["calls"], a
+            assert all(
+                call["name"] == "get_weather" and "city" in json.loads(call["arguments"])
+                for call in a["calls"]
+            )
+
+
+async def test_image_chat_with_logprobs_returns_them_as_text_does(vlm_with):
+    image = image_message("Describe it", data_url(png(64, 64, 9)))
+    async with await vlm_with() as c:
+        for a in answers(await chat_both(c, image, logprobs=True, top_logprobs=2)):
+            assert a["logprobs"] and "".join(e.token for e in a["logprobs"]) == a["content"], a
+            assert all(len(e.top_logprobs) == 2 for e in a["logprobs"])
+
+
+async def test_image_chat_keeps_the_tool_calls_results_and_reasoning_of_its_history(vlm_with):
+    """The worker answers ``SEEN_REPLY`` only to token ids that decode to ``RENDERED_HISTORY``: the
+    assistant's reasoning and tool call and the tool result's call id, as the chat template shows them.
+    Its reasoning parser splits the reply for the image chat as for the text one."""
+    image = image_message("What is the weather where this photo was taken?", data_url(png(64, 64, 10)))
+    async with await vlm_with("--reasoning-parser", "qwen3") as c:
+        for a in answers(await chat_both(c, image + HISTORY)):
+            assert (a["reasoning"], a["content"]) == ("It did.", SEEN), a

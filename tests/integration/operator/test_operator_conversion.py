@@ -3,7 +3,8 @@ CRD by the operator itself with a 127.0.0.1 URL and its generated CA): a graph w
 back as v1alpha1 and the other way round, an edit in one version shows in the other, status is the same
 in both; our v1beta1 examples and NVIDIA Dynamo's v1beta1 SGLang examples (images changed to ours) reach
 Ready and read back as v1alpha1; and while the operator is down, v1alpha1 requests fail with the
-webhook's name while v1beta1 keeps working (what README "Conversion webhook" tells users)."""
+webhook's name while v1beta1 keeps working (what docs/kubernetes.md, "Two API versions, one
+conversion webhook", tells users)."""
 
 from __future__ import annotations
 

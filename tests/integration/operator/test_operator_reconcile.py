@@ -233,7 +233,7 @@ def test_operator_restart_converges_without_duplicates(
     kc.wait_ready("sglang-disagg")
     operator.stop()
     # While the operator is down: scale a service and delete a child. Without the operator there is no
-    # conversion webhook, so the edit is made at v1beta1, the stored version (README).
+    # conversion webhook, so the edit is made at v1beta1, the stored version (docs/kubernetes.md).
     beta = Kubectl(kc.cluster, kc.namespace, dgd_resource="dynamographdeployments.v1beta1.nvidia.com")
     comps = [c["name"] for c in beta.get("dgd", "sglang-disagg")["spec"]["components"]]
     edit = [{"op": "replace", "path": f"/spec/components/{comps.index('prefill')}/replicas", "value": 2}]

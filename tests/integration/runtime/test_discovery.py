@@ -191,3 +191,29 @@ async def test_a_consumer_that_falls_behind_gets_an_error_not_a_hang(nc, namespa
     for reg in regs:
         await reg.deregister()
     await watcher.stop()
+
+
+class _LaterRecord(InstanceRecord):
+    """A later release's record: the same fields plus two this frontend does not know."""
+
+    adapters_loaded: list[str] = []
+    kv_tier_bytes: dict[str, int] = {}
+
+
+async def test_a_frontend_reads_a_newer_workers_record(nc, namespace):
+    """Rolling upgrade: a worker of a later release registers a record with fields this frontend's
+    ``InstanceRecord`` does not have; the frontend still lists the worker, with every field it knows."""
+    watcher = await InstanceWatcher(nc, namespace).start()
+    events = watcher.events()
+    known = record(namespace)
+    newer = _LaterRecord(**known.model_dump(), adapters_loaded=["a"], kv_tier_bytes={"host": 1 << 30})
+    reg = await register(nc, newer, ttl=5)
+    kv = await nc.jetstream().key_value(DISCOVERY_BUCKET)
+    stored = (await kv.get(instance_key(known))).value
+    assert b'"adapters_loaded"' in stored, "the bucket holds the newer record as the worker wrote it"
+    assert await next_event(events) == InstanceAdded(known)
+    assert watcher.instances == {known.instance_id: known}
+    await reg.deregister()
+    assert await next_event(events) == InstanceRemoved(known.instance_id, known)
+    await events.aclose()
+    await watcher.stop()

@@ -1,7 +1,8 @@
 """The peer comparison (tests/gpu/run_peers.py) on the mocker: our aggregated and disaggregated stacks
-through dynamo-run, each workload swept over concurrency, the table and the goodput report. The
-gateway's stacks (SGLang's own servers behind smg) need SGLang and a GPU and are skipped here, so this
-keeps the script working between the runs on the lent GPU machines."""
+through dynamo-run, each workload swept over concurrency (longmultiturn with HiCache on and its KV cache
+cut so its conversations hold 3.5 times it), the table with the host-loaded share, and the goodput
+report at both ITL SLOs. The gateway's stacks (SGLang's own servers behind smg) need SGLang and a GPU
+and are skipped here, so this keeps the script working between the runs on the lent GPU machines."""
 
 from __future__ import annotations
 
@@ -16,14 +17,27 @@ pytestmark = pytest.mark.integration
 
 def test_peer_comparison_runs_our_stacks_on_the_mocker(tmp_path):
     proc = run_on_mocker(
-        "run_peers.py", tmp_path, SMALL="1", SWEEP="2", WORKLOADS="chat,multiturn", GRAPH_GPUS="0,1"
+        "run_peers.py",
+        tmp_path,
+        SMALL="1",
+        SWEEP="2",
+        WORKLOADS="chat,multiturn,longmultiturn",
+        GRAPH_GPUS="0,1",
+        HICACHE="1",
+        LONG_POOL_TOKENS="320",
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     points = json.loads((tmp_path / "out" / "peers.json").read_text())
     assert {(p["stack"], p["workload"]) for p in points} == {
-        (s, w) for s in ("ours-agg", "ours-disagg") for w in ("chat", "multiturn")
+        (s, w) for s in ("ours-agg", "ours-disagg") for w in ("chat", "multiturn", "longmultiturn")
     }
     assert all(p["errors"] == 0 and p["out_tok_s_per_gpu"] > 0 for p in points), points
     multiturn = [p for p in points if p["workload"] == "multiturn"]
     assert all(p["cached_share"] > 0.3 for p in multiturn), "turns resend their conversation: cache hits"
+    long = [p for p in points if p["workload"] == "longmultiturn"]
+    assert all(0 < p["cached_share_host"] <= p["cached_share"] for p in long), (
+        "turns come back from host memory"
+    )
+    assert "longmultiturn sizing: 18 conversations" in proc.stdout and ": 3.6x" in proc.stdout
     assert "goodput per GPU at TTFT p90 <= 2000 ms and ITL p90 <= 50 ms" in proc.stdout
+    assert "goodput per GPU at TTFT p90 <= 2000 ms and ITL p90 <= 10 ms" in proc.stdout

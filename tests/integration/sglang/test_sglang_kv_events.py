@@ -2,9 +2,10 @@
 tagged arrays (0.5.17) and tagged maps with defaults omitted (0.5.23). The batches are built with
 SGLang's own ``msgspec.Struct`` classes of each release (their class statements executed from the
 release's ``kv_events.py`` against the real msgspec; the module's other imports need torch) and must
-give the same events, dp rank and routing state. Also: a batch that decodes neither way is refused with
-what is wrong, and the relay (over a real ZMQ socket) survives it, says so once, and carries each
-batch's dp rank to the event plane."""
+give the same events, dp rank and routing state, HiCache's host tier (``CPU_PINNED``) included: a
+backup, a demotion (GPU removal of a backed-up block) and a loss (host removal). Also: a batch that
+decodes neither way is refused with what is wrong, and the relay (over a real ZMQ socket) survives
+it, says so once, and carries each batch's dp rank to the event plane."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dynamo_worker.protocol import (
     KvEventBatch,
     hash_token_blocks,
 )
-from dynamo_worker.router.index import KvIndex
+from dynamo_worker.router.index import KvIndex, TierOverlap
 from dynamo_worker.sglang import uses
 from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, KvEventRelay, decode_batch
 from dynamo_worker.sglang.source import SourceIndex, load_structs
@@ -70,8 +71,40 @@ def sglang_batch(src, rank: int) -> bytes:
 EXPECTED = [
     BlockStored(parent_hash=None, block_hashes=[7001, 7002], token_ids=TOKENS[:4]),
     BlockStored(parent_hash=7002, block_hashes=[7003], token_ids=TOKENS[4:]),
+    BlockStored(parent_hash=None, block_hashes=[8001], token_ids=TOKENS[:2], medium="host"),
     BlockRemoved(block_hashes=[7003]),
+    BlockRemoved(block_hashes=[8001], medium="host"),
 ]
+
+
+def hicache_batch(src) -> bytes:
+    """What SGLang's HiCache sends for one prompt of three pages (write_through): one GPU store per
+    page, the host stores of the write-through copies, a GPU eviction of the last two pages (one
+    removal per radix node), and a host eviction of the last page."""
+    classes, failed = load_structs(SourceIndex(src), uses.KV_EVENTS_MODULE)
+    assert not failed
+    stored, removed = classes["BlockStored"], classes["BlockRemoved"]
+    events = []
+    for medium in ("GPU", "CPU_PINNED"):
+        parent = None
+        for i, h in enumerate((7001, 7002, 7003)):
+            tokens = TOKENS[i * PAGE : (i + 1) * PAGE]
+            events.append(
+                stored(
+                    block_hashes=[h],
+                    parent_block_hash=parent,
+                    token_ids=tokens,
+                    block_size=PAGE,
+                    lora_id=None,
+                    medium=medium,
+                )
+            )
+            parent = h
+    events += [
+        removed(block_hashes=[7002, 7003], medium="GPU"),
+        removed(block_hashes=[7003], medium="CPU_PINNED"),
+    ]
+    return msgspec.msgpack.encode(classes["KVEventBatch"](ts=1.0, events=events, attn_dp_rank=0))
 
 
 def test_both_encodings_are_what_each_release_really_sends(oldest_src, newest_src):
@@ -97,6 +130,32 @@ def test_both_encodings_give_the_same_routing_state(oldest_src, newest_src):
     prompt = hash_token_blocks(TOKENS, PAGE)
     assert index.overlaps(prompt, ["old", "new"]) == {"old": 2, "new": 2}
     assert index.block_count("old") == index.block_count("new") == 2
+
+
+def test_host_tier_events_demote_and_lose_blocks_alike_in_both_encodings(oldest_src, newest_src):
+    index = KvIndex()
+    for worker, src in (("old", oldest_src), ("new", newest_src)):
+        index.add_worker(worker, PAGE)
+        decoded = decode_batch(msgspec.msgpack.decode(hicache_batch(src)))
+        assert [getattr(e, "medium", None) for e in decoded.events] == ["gpu"] * 3 + ["host"] * 3 + [
+            "gpu",
+            "host",
+        ]
+        result = index.apply(KvEventBatch(instance_id=worker, seq=0, events=decoded.events))
+        assert result is not None and (result.removed, result.demoted) == (3, 2)  # 2 demoted, 1 lost
+    prompt = hash_token_blocks(TOKENS, PAGE)
+    # page 1 on the GPU, page 2 demoted to host memory, page 3 lost from both tiers
+    assert index.tier_overlaps(prompt, ["old", "new"]) == {
+        "old": TierOverlap(gpu=1, host=1),
+        "new": TierOverlap(gpu=1, host=1),
+    }
+    assert index.block_count("old") == 1 and index.block_count("old", medium="host") == 2
+
+
+def test_an_unknown_storage_medium_is_skipped_and_named():
+    event = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2], "medium": "NVME_OF_THE_FUTURE"}
+    got = decode_batch([0.0, [event, ["AllBlocksCleared"]], None])
+    assert got == DecodedBatch(events=[AllBlocksCleared()], dp_rank=0, unknown_media=("NVME_OF_THE_FUTURE",))
 
 
 def test_a_map_batch_names_its_rank_as_sglang_or_vllm_do():

@@ -146,8 +146,21 @@ SERVICE = st.builds(
             "ingress": st.just({"enabled": False}),
             "pvc": st.builds(lambda n: {"name": n, "create": False}, WORDS),
             "scalingAdapter": st.builds(lambda on: {"enabled": on}, st.booleans()),
+            "topologyConstraint": st.just({"packDomain": "rack"}),
+            "eppConfig": st.just({"configMapRef": {"name": "epp", "key": "config.yaml"}}),
+            "gpuMemoryService": st.sampled_from([{"enabled": True, "mode": "intraPod"}, {"enabled": False}]),
         },
     ),
+)
+# Graph fields both versions have.
+SHARED_SPEC = st.fixed_dictionaries(
+    {},
+    optional={
+        "annotations": LABELS,
+        "labels": LABELS,
+        "priorityClassName": st.just("high"),
+        "topologyConstraint": st.just({"topologyProfile": "gb200", "packDomain": "rack"}),
+    },
 )
 STATUS = st.one_of(
     st.none(),
@@ -167,7 +180,7 @@ META = st.builds(
     LABELS,
 )
 ALPHA = st.builds(
-    lambda meta, services, envs, backend, pvcs, status: _drop_none(
+    lambda meta, services, envs, backend, pvcs, shared, status: _drop_none(
         {
             "apiVersion": models.API_VERSION,
             "kind": models.KIND,
@@ -178,6 +191,7 @@ ALPHA = st.builds(
                     "envs": envs or None,
                     "backendFramework": backend,
                     "pvcs": pvcs or None,
+                    **shared,
                 }
             ),
             "status": status,
@@ -188,6 +202,7 @@ ALPHA = st.builds(
     ENVS,
     _opt(st.sampled_from(["sglang", "vllm"])),
     st.lists(st.builds(lambda n: {"name": n, "create": False}, WORDS), max_size=1),
+    SHARED_SPEC,
     STATUS,
 )
 
@@ -270,7 +285,14 @@ COMPONENT = st.builds(
             "compilationCache": st.builds(lambda n: {"pvcName": n, "mountPath": "/cache"}, WORDS),
             "scalingAdapter": st.sampled_from([{}, {"enabled": True}, {"enabled": False}]),
             "topologyConstraint": st.just({"packDomain": "rack"}),
-            "experimental": st.just({"checkpoint": {"enabled": False}}),
+            "experimental": st.sampled_from(
+                [
+                    {"checkpoint": {"enabled": False}},
+                    {"gpuMemoryService": {"mode": "IntraPod"}},
+                    {"gpuMemoryService": {"mode": "IntraPod"}, "failover": {"mode": "IntraPod"}},
+                ]
+            ),
+            "eppConfig": st.just({"config": {"plugins": [{"type": "kv-aware-scorer"}]}}),
             "globalDynamoNamespace": st.booleans(),
             "modelRef": st.builds(lambda n: {"name": n, "revision": "main"}, WORDS),
         },
@@ -411,6 +433,11 @@ def test_each_v1alpha1_field_lands_on_its_v1beta1_counterpart(obj):
             assert comp["podTemplate"].get("metadata", {}).get(key) == (pod_meta.get(key) or None)
         enabled = (svc.get("scalingAdapter") or {}).get("enabled", False)
         assert ("scalingAdapter" in comp) == enabled
+        for key in ("topologyConstraint", "eppConfig"):
+            assert comp.get(key) == svc.get(key)
+        assert (comp.get("experimental") or {}).get("gpuMemoryService") == svc.get("gpuMemoryService")
+    for key in ("annotations", "labels", "priorityClassName", "topologyConstraint"):
+        assert bspec.get(key) == spec.get(key)
 
 
 @FUZZ
@@ -421,6 +448,8 @@ def test_each_v1beta1_field_lands_on_its_v1alpha1_counterpart(obj):
     assert alpha["apiVersion"] == "nvidia.com/v1alpha1"
     assert alpha.get("status") == obj.get("status")
     assert aspec.get("envs", []) == spec.get("env", [])
+    for key in ("annotations", "labels", "priorityClassName", "topologyConstraint"):
+        assert aspec.get(key) == spec.get(key)
     services = aspec.get("services", {})
     assert list(services) == [c["name"] for c in spec.get("components", [])]
     for comp in spec.get("components", []):
@@ -435,6 +464,9 @@ def test_each_v1beta1_field_lands_on_its_v1alpha1_counterpart(obj):
         adapter = comp.get("scalingAdapter")
         enabled = adapter is not None and adapter.get("enabled") is not False
         assert (svc.get("scalingAdapter") or {}).get("enabled", False) == enabled
+        for key in ("topologyConstraint", "eppConfig"):
+            assert svc.get(key) == comp.get(key)
+        assert svc.get("gpuMemoryService") == (comp.get("experimental") or {}).get("gpuMemoryService")
         shm = comp.get("sharedMemorySize")
         assert svc.get("sharedMemory") == (
             None if shm is None else {"disabled": True} if shm == "0" else {"size": shm}
@@ -519,6 +551,37 @@ def test_an_edit_at_v1alpha1_wins_and_v1beta1_only_fields_survive_it():
     assert comp["replicas"] == 2
     assert (comp["dynamoSidecar"], comp["minAvailable"]) == ("runtime", 1)
     assert again["spec"]["priorityClassName"] == "high"
+
+
+def test_gpu_memory_service_edited_at_v1alpha1_joins_the_other_experimental_features():
+    """v1alpha1's gpuMemoryService is v1beta1's experimental.gpuMemoryService; the other experimental
+    entries (v1beta1 only) are kept beside it through an edit at v1alpha1."""
+    beta = to_v1beta1(ALPHA_GRAPH)
+    beta["spec"]["components"][0]["experimental"] = {
+        "gpuMemoryService": {"mode": "IntraPod"},
+        "failover": {"mode": "IntraPod"},
+    }
+    alpha = to_v1alpha1(beta)
+    assert alpha["spec"]["services"]["decode"]["gpuMemoryService"] == {"mode": "IntraPod"}
+    alpha["spec"]["services"]["decode"]["gpuMemoryService"] = {"mode": "InterPod"}
+    again = to_v1beta1(alpha)
+    assert again["spec"]["components"][0]["experimental"] == {
+        "gpuMemoryService": {"mode": "InterPod"},
+        "failover": {"mode": "IntraPod"},
+    }
+
+
+def test_a_record_of_an_older_operator_still_restores_the_graph_fields_v1alpha1_has_now():
+    """Before v1alpha1 had spec.labels (and annotations, priorityClassName, topologyConstraint), a
+    conversion kept them in the v1beta1-fields annotation of the v1alpha1 object: such an object (e.g. a
+    saved `kubectl get -o yaml`) applied again keeps them."""
+    alpha = copy.deepcopy(ALPHA_GRAPH)
+    record = {"spec": {"labels": {"team": "search"}, "priorityClassName": "high"}}
+    alpha["metadata"]["annotations"] = {BETA_FIELDS_ANNOTATION: json.dumps(record)}
+    beta = to_v1beta1(alpha)
+    assert (beta["spec"]["labels"], beta["spec"]["priorityClassName"]) == ({"team": "search"}, "high")
+    alpha["spec"]["labels"] = {"team": "ads"}  # set in the spec now: the spec wins
+    assert to_v1beta1(alpha)["spec"]["labels"] == {"team": "ads"}
 
 
 def test_convert_to_the_same_version_is_a_copy_and_unknown_versions_are_refused():

@@ -111,13 +111,19 @@ def test_schema_rules():
 
 
 def test_structural_and_preserve_unknown_only_where_dynamo_allows():
+    """Arbitrary content where Dynamo allows it (a PodSpec, HPA blocks) and in Dynamo's shapes kept as
+    given (topologyConstraint, eppConfig, gpuMemoryService: v1beta1 keeps them the same way)."""
     root = _version("v1alpha1")["schema"]["openAPIV3Schema"]
     preserved = sorted(p for p, s in _walk(root) if s.get("x-kubernetes-preserve-unknown-fields"))
     assert preserved == [
         ".spec.services.*.autoscaling.behavior",
         ".spec.services.*.autoscaling.metrics[]",
+        ".spec.services.*.eppConfig",
         ".spec.services.*.extraPodSpec",
         ".spec.services.*.extraPodSpec.mainContainer",
+        ".spec.services.*.gpuMemoryService",
+        ".spec.services.*.topologyConstraint",
+        ".spec.topologyConstraint",
     ]
     for path, schema in _walk(root):
         if path == ".metadata":

@@ -9,6 +9,7 @@ import json
 import pytest
 from dynamo_worker.frontend.output.chat_output import AnswerParser, AnswerStream, tool_choice_schema
 from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS
+from dynamo_worker.frontend.output.responses import ChatDelta
 from dynamo_worker.frontend.output.tools import TOOL_PARSERS, supported_tool_parsers
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,14 +22,14 @@ def fold(parser: AnswerParser, pieces: list[str]) -> dict:
     deltas = [d for p in pieces for d in stream.push(p)] + stream.finish()
     out = {"reasoning": "", "content": "", "calls": {}}
     for d in deltas:
-        out["reasoning"] += d.get("reasoning_content", "")
-        out["content"] += d.get("content", "")
-        for tc in d.get("tool_calls", []):
-            call = out["calls"].setdefault(tc["index"], {"name": None, "arguments": ""})
-            if "id" in tc:
-                assert tc["type"] == "function" and call["name"] is None
-                call["name"] = tc["function"]["name"]
-            call["arguments"] += tc["function"]["arguments"]
+        out["reasoning"] += d.reasoning_content or ""
+        out["content"] += d.content or ""
+        for tc in d.tool_calls or []:
+            call = out["calls"].setdefault(tc.index, {"name": None, "arguments": ""})
+            if tc.id is not None:
+                assert tc.type == "function" and call["name"] is None
+                call["name"] = tc.function.name
+            call["arguments"] += tc.function.arguments or ""
     out["calls"] = [(c["name"], json.loads(c["arguments"])) for _, c in sorted(out["calls"].items())]
     return out
 
@@ -38,8 +39,8 @@ def whole(parser: AnswerParser, text: str) -> dict:
     stream.push(text)
     stream.finish()
     m = stream.message()
-    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls", [])]
-    return {"reasoning": m.get("reasoning_content", ""), "content": m["content"] or "", "calls": calls}
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls or []]
+    return {"reasoning": m.reasoning_content or "", "content": m.content or "", "calls": calls}
 
 
 def family_parser(model: str) -> AnswerParser:
@@ -109,8 +110,8 @@ def test_streaming_arbitrary_text_gives_the_whole_answer(text, name, reasoning, 
 
 def test_a_partial_marker_is_held_back_until_it_is_decided():
     stream = AnswerStream(AnswerParser(tool_parser="qwen25", tool_mode="auto"))
-    assert stream.push("Sure <tool") == [{"content": "Sure"}]
-    assert stream.push("box> done") == [{"content": " <toolbox> done"}]
+    assert stream.push("Sure <tool") == [ChatDelta(content="Sure")]
+    assert stream.push("box> done") == [ChatDelta(content=" <toolbox> done")]
 
 
 def test_a_malformed_call_stays_content():
@@ -176,9 +177,10 @@ def test_a_long_answer_is_not_reparsed_from_its_start(parser, prefix):
     stream.finish()
     assert longest < 200, longest
     message = stream.message()
-    assert message["content"].rstrip().endswith("and say it") and len(message["content"]) > 10_000
+    content = message.content or ""
+    assert content.rstrip().endswith("and say it") and len(content) > 10_000
     if parser.reasoning is not None:
-        assert message["content"].startswith("and say it") and len(message["reasoning_content"]) > 10_000
+        assert content.startswith("and say it") and len(message.reasoning_content or "") > 10_000
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,8 +1,8 @@
 """Response shaping and job building, as pure functions: a plain stream's SSE events are byte for byte
 the chunk models rendered whole (whatever the text or the model's name), bodies (errors too) keep
-OpenAI's field order, worker finish reasons map to OpenAI's or to an error, /health says why it is
-unhealthy, and ``build_job`` refuses prompts that are empty or do not fit, naming the field and the
-room left."""
+OpenAI's field order, tool calls, reasoning and logprobs are shaped by the same models, worker finish
+reasons map to OpenAI's or to an error, /health says why it is unhealthy, and ``build_job`` refuses
+prompts that are empty or do not fit, naming the field and the room left."""
 
 from __future__ import annotations
 
@@ -12,14 +12,23 @@ from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, Upstrea
 from dynamo_worker.frontend.models.preprocess import Preprocessor
 from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.frontend.output.responses import (
+    AssistantMessage,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    ChatToolCall,
+    ChatToolCallDelta,
+    ChatTopLogprob,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
+    FunctionCall,
+    FunctionDelta,
     dump,
 )
-from dynamo_worker.frontend.output.shaping import Head, PlainStream, finish_reason, health, sse, usage, whole
+from dynamo_worker.frontend.output.shaping import Head, StreamEvents, finish_reason, health, sse, usage, whole
 from dynamo_worker.frontend.requests.job import build_job
 from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
 
@@ -45,7 +54,7 @@ def _whole_chunk(head: Head, choice: ChatChunkChoice | CompletionChoice) -> byte
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_stream_events_equal_the_chunk_models_rendered_whole(kind, include_usage, model):
     head = Head(kind, "chatcmpl-1", 1700000000, model, include_usage)
-    events = PlainStream(head)
+    events = StreamEvents(head)
     for text in TEXTS:
         if kind == "chat":
             choice: ChatChunkChoice | CompletionChoice = ChatChunkChoice(delta=ChatDelta(content=text))
@@ -67,7 +76,7 @@ def test_stream_events_equal_the_chunk_models_rendered_whole(kind, include_usage
 
 def test_bodies_keep_openais_field_order():
     head = Head("chat", "chatcmpl-1", 7, "tiny", include_usage=True)
-    events = PlainStream(head)
+    events = StreamEvents(head)
     assert events.role() == (
         b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"tiny","choices":'
         b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
@@ -78,7 +87,7 @@ def test_bodies_keep_openais_field_order():
         b'"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,'
         b'"prompt_tokens_details":{"cached_tokens":2}}}\n\n'
     )
-    plain = PlainStream(Head("completion", "cmpl-1", 7, "tiny"))
+    plain = StreamEvents(Head("completion", "cmpl-1", 7, "tiny"))
     assert plain.text("hi") == (
         b'data: {"id":"cmpl-1","object":"text_completion","created":7,"model":"tiny","choices":'
         b'[{"index":0,"text":"hi","logprobs":null,"finish_reason":null}]}\n\n'
@@ -109,6 +118,57 @@ def test_bodies_keep_openais_field_order():
     assert list(orjson.loads(dump(whole(head, "x", "stop", usage(1, 1, 0))))) == [
         "id", "object", "created", "model", "choices", "usage"
     ]  # fmt: skip
+
+
+def test_events_with_features_keep_openais_shapes_and_field_order():
+    """Tool-call deltas, reasoning and logprobs go through the same chunk models as plain text."""
+    head = Head("chat", "chatcmpl-1", 7, "tiny")
+    events = StreamEvents(head)
+    call = ChatToolCallDelta(
+        index=0, id="call_1", type="function", function=FunctionDelta(name="get_weather", arguments="")
+    )
+    top = ChatTopLogprob(token="a", logprob=-0.5, bytes=[97])
+    lp = ChatLogprobs(content=[ChatTokenLogprob(token="a", logprob=-0.5, bytes=[97], top_logprobs=[top])])
+    assert events.event(ChatDelta(tool_calls=[call]), lp) == (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"tiny","choices":'
+        b'[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":'
+        b'{"name":"get_weather","arguments":""}}]},"logprobs":{"content":[{"token":"a","logprob":-0.5,'
+        b'"bytes":[97],"top_logprobs":[{"token":"a","logprob":-0.5,"bytes":[97]}]}]},"finish_reason":null}]}'
+        b"\n\n"
+    )
+    assert events.event(ChatDelta(reasoning_content="hm"), None, "stop") == _whole_chunk(
+        head, ChatChunkChoice(delta=ChatDelta(reasoning_content="hm"), finish_reason="stop")
+    )
+    message = AssistantMessage(
+        content=None,
+        reasoning_content="hm",
+        tool_calls=[ChatToolCall(id="call_1", function=FunctionCall(name="f", arguments="{}"))],
+    )
+    body = orjson.loads(dump(whole(head, "", "tool_calls", usage(1, 1, 0), message=message, logprobs=lp)))
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "hm",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    assert body["choices"][0]["logprobs"]["content"][0]["token"] == "a"
+    plain = orjson.loads(dump(whole(head, "hi", "stop", usage(1, 1, 0))))
+    assert plain["choices"][0]["message"] == {"role": "assistant", "content": "hi"}  # nothing else named
+    completion = StreamEvents(Head("completion", "cmpl-1", 7, "tiny"))
+    legacy = CompletionLogprobs(
+        tokens=["a"], token_logprobs=[-0.5], top_logprobs=[{"a": -0.5}], text_offset=[0]
+    )
+    assert orjson.loads(completion.event("a", legacy)[6:])["choices"][0] == {
+        "index": 0,
+        "text": "a",
+        "logprobs": {
+            "tokens": ["a"],
+            "token_logprobs": [-0.5],
+            "top_logprobs": [{"a": -0.5}],
+            "text_offset": [0],
+        },
+        "finish_reason": None,
+    }
 
 
 def test_worker_finish_reasons_map_to_openais_or_to_an_error():

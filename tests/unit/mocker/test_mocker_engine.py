@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
 from dynamo_worker.mocker.engine import MockerEngine
 from dynamo_worker.mocker.settings import MockerSettings
+from dynamo_worker.mocker.timing import TimingModel
 from dynamo_worker.protocol import BlockStored, GenerateChunk, GenerateRequest, KvEvent, StopConditions
 from dynamo_worker.runtime.engine import LoadSnapshot
 from dynamo_worker.tinymodel import ensure_tiny_model
@@ -219,3 +221,36 @@ async def test_dp_ranks_have_their_own_cache_and_events(make_engine):
     assert all(c[-1].finish_reason == "length" for c in unnamed)
     bad = await collect(engine, routed("d", 2))
     assert bad[-1].error is not None and "dp_size=2" in bad[-1].error.message
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordingTiming(TimingModel):
+    """The mocker's timing model, recording the host tokens each step is charged load-back time for."""
+
+    loaded: list[int] = dataclasses.field(default_factory=list)
+
+    def load_back_s(self, tokens: int) -> float:
+        self.loaded.append(tokens)
+        return super().load_back_s(tokens)
+
+
+async def test_hicache_host_hits_count_apart_and_cost_load_back_time(make_engine):
+    """With --enable-hierarchical-cache the blocks of a prompt evicted from the GPU return as host hits:
+    usage counts them in cached_tokens and in cached_tokens_host (the GPU hits only in the first), and
+    the step pays load-back time, far less than the prefill it saves."""
+    engine, rec = await make_engine(
+        num_kv_blocks=12, enable_hierarchical_cache=True, hicache_ratio=4, speedup=1, host_load_gb_s=50
+    )
+    first = list(range(100, 132))  # 8 blocks
+    await collect(engine, req("a", first, max_tokens=1))
+    await collect(engine, req("b", list(range(300, 332)), max_tokens=1))  # evicts a's last 4 blocks
+    assert {e.medium for e in rec.events if isinstance(e, BlockStored)} == {"gpu", "host"}
+    charged: list[int] = []
+    model = engine.timing
+    fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.init}
+    engine.timing = _RecordingTiming(**fields, loaded=charged)
+    back = await collect(engine, req("c", [*first, 1], max_tokens=1))
+    usage = back[-1].usage
+    assert usage is not None and (usage.cached_tokens, usage.cached_tokens_host) == (32, 16)
+    assert 16 in charged  # the step paid load-back for the 16 host tokens, not a prefill of them
+    assert model.load_back_s(16) < model.prefill_s(16) - model.prefill_s(0)

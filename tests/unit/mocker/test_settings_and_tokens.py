@@ -89,3 +89,23 @@ def test_tokens_depend_on_prompt_seed_and_position_only():
 def test_without_a_tokenizer_ids_come_from_the_vocab_size(tmp_path):
     sampler = TokenSampler.from_model_dir(tmp_path, 50)
     assert set(sampler.candidates) == set(range(3, 50))
+
+
+def test_hicache_flags_size_the_host_tier_and_the_rest_are_named_as_ignored():
+    """SGLang's HiCache flags: --enable-hierarchical-cache with --hicache-ratio (or --hicache-size in GB)
+    size the simulated host tier; the ones the mocker does not simulate are set aside with the other
+    ignored flags (named once at startup). --max-total-tokens sizes the GPU's cache as SGLang's does."""
+    argv = ["--page-size", "16", "--max-total-tokens", "4096", "--enable-hierarchical-cache",
+            "--hicache-ratio", "3", "--hicache-write-policy", "write_through",
+            "--hicache-io-backend", "kernel", "--hicache-mem-layout", "page_first",
+            "--hicache-storage-backend", "file"]  # fmt: skip
+    _, mocker, unknown = parse_args(argv, env={})
+    assert mocker.gpu_blocks == 256 and mocker.host_blocks(131072) == 768
+    assert unknown == [
+        "--hicache-write-policy", "write_through", "--hicache-io-backend", "kernel",
+        "--hicache-mem-layout", "page_first", "--hicache-storage-backend", "file",
+    ]  # fmt: skip
+    _, sized, _ = parse_args([*argv, "--hicache-size", "2"], env={})
+    assert sized.host_blocks(131072) == int(2e9 // (131072 * 16))
+    _, off, _ = parse_args(["--num-kv-blocks", "100"], env={})
+    assert off.gpu_blocks == 100 and off.host_blocks(131072) == 0

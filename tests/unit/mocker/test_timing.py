@@ -66,3 +66,15 @@ def test_a_profile_replaces_the_formulas():
     assert t.decode_step_s(32, 32 * 2048) == pytest.approx(p.itl_s(32, 2048))
     fast = MockerSettings(profile="builtin:sglang-8b-h100", speedup=10).timing(131072)
     assert fast.decode_step_s(8, 8 * 1024) == pytest.approx(p.itl_s(8, 1024) / 10)
+
+
+def test_a_host_hit_loads_back_over_pcie_far_faster_than_prefill():
+    """Load-back of a HiCache host hit: bytes over the host link, per 16-token block of an 8B model
+    42 us at the default 50 GB/s, against 0.8 ms of prefill; speedup divides."""
+    t = TimingModel(kv_bytes_per_token=131_072)
+    assert t.load_back_s(16) == pytest.approx(16 * 131_072 / 50e9)
+    assert t.load_back_s(16) < t.prefill_s(16) / 10
+    assert TimingModel(host_load_gb_s=25.0).load_back_s(1024) == pytest.approx(2 * t.load_back_s(1024))
+    assert TimingModel(speedup=4).load_back_s(1024) == pytest.approx(t.load_back_s(1024) / 4)
+    with pytest.raises(ValueError, match="host_load_gb_s"):
+        TimingModel(host_load_gb_s=0)

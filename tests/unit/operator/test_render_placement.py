@@ -154,3 +154,51 @@ def test_fields_not_acted_on_are_named_in_a_warning():
     (warning,) = [n for n in render(load_graph(graph), OperatorConfig()).notices if n.warning]
     assert warning.reason == "IgnoredFields"
     assert "spec.restart, decode.compilationCache" in warning.message
+
+
+def test_a_v1alpha1_graph_places_its_labels_priority_and_topology_as_v1beta1_does():
+    """Dynamo's current v1alpha1 has the graph's labels, annotations, priorityClassName and
+    topologyConstraint too (and a service's topologyConstraint): written there, they render as the
+    same fields written at v1beta1."""
+    spec = {
+        "labels": {"team": "a"},
+        "annotations": {"owner": "ops"},
+        "priorityClassName": "serving",
+        "topologyConstraint": {"packDomain": "zone"},
+    }
+    beta = _graph(**spec)
+    _component(beta, "decode")["topologyConstraint"] = {"packDomain": "host"}
+    alpha = to_v1alpha1(beta)
+    alpha["metadata"].pop("annotations", None)  # the fields live in the v1alpha1 spec, not a record
+    assert {k: alpha["spec"][k] for k in spec} == spec
+    assert alpha["spec"]["services"]["decode"]["topologyConstraint"] == {"packDomain": "host"}
+    rendered = render(load_graph(alpha), OperatorConfig())
+    assert rendered.problems == ()
+    assert rendered.objects == render(load_graph(beta), OperatorConfig()).objects
+    decode = _objects(rendered, "Deployment")["sglang-disagg-decode"]
+    assert decode["metadata"]["labels"]["team"] == "a"
+    assert decode["spec"]["template"]["spec"]["priorityClassName"] == "serving"
+    terms = decode["spec"]["template"]["spec"]["affinity"]["podAffinity"]
+    assert [t["topologyKey"] for t in terms["requiredDuringSchedulingIgnoredDuringExecution"]] == [
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    ]
+
+
+def test_epp_config_gpu_memory_service_and_a_topology_profile_are_named_in_spec_warnings():
+    """Accepted (the API server keeps them) and not acted on: each is named, whichever version wrote it."""
+    beta = _graph(topologyConstraint={"topologyProfile": "gb200-nvl72"})
+    decode = _component(beta, "decode")
+    decode["eppConfig"] = {"configMapRef": {"name": "epp"}}
+    decode["experimental"] = {"gpuMemoryService": {"mode": "IntraPod"}}
+    for graph in (beta, to_v1alpha1(beta)):
+        warnings = [n for n in render(load_graph(graph), OperatorConfig()).notices if n.warning]
+        text = " | ".join(n.message for n in warnings)
+        assert {n.reason for n in warnings} == {"IgnoredFields"}
+        assert "spec.topologyConstraint.topologyProfile" in text
+        assert "'decode' sets eppConfig, gpuMemoryService" in text
+        assert "decode.experimental" not in text, "gpuMemoryService is named once, by its v1alpha1 name"
+    off = to_v1alpha1(beta)
+    off["spec"]["services"]["decode"]["gpuMemoryService"] = {"enabled": False}
+    text = " | ".join(n.message for n in render(load_graph(off), OperatorConfig()).notices if n.warning)
+    assert "gpuMemoryService" not in text

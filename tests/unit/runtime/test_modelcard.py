@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from dynamo_worker.runtime.modelcard import ModelCardError, build_model_card
+from dynamo_worker.runtime.modelcard import ModelCard, ModelCardError, build_model_card
 from dynamo_worker.tinymodel import ensure_tiny_model
 
 
@@ -58,3 +58,12 @@ def test_explicit_context_length_wins(model_dir):
 def test_a_folder_without_tokenizer_is_a_clear_error(tmp_path):
     with pytest.raises(ModelCardError, match=r"no tokenizer.json.*--model-path"):
         build_model_card(tmp_path, "t")
+
+
+def test_a_newer_workers_card_loads_without_the_fields_this_frontend_does_not_know():
+    """Rolling upgrade: a card published by a later release (a new field, also inside ``features``)."""
+    card = ModelCard(name="m", page_size=16, eos_token_ids=[2])
+    body = card.model_dump(mode="json")
+    body["later_field"] = {"x": 1}
+    body["features"]["later_feature"] = True
+    assert ModelCard.model_validate_json(json.dumps(body)) == card

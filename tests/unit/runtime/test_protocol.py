@@ -3,6 +3,8 @@ chained block hashing every worker and router must compute identically."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from dynamo_worker.protocol import (
     MAX_ROOM,
@@ -15,7 +17,9 @@ from dynamo_worker.protocol import (
     KvEventBatch,
     KvSnapshotPart,
     KvSnapshotRequest,
+    LoadMetrics,
     SamplingOptions,
+    ServingFeatures,
     StopConditions,
     WorkerError,
     hash_token_blocks,
@@ -72,16 +76,19 @@ def test_error_is_set_exactly_when_finish_reason_is_error():
         WorkerError(type="not_a_type", message="x")
 
 
+_RECORD_FIELDS = {
+    "namespace": "n",
+    "component": "c",
+    "role": "decode",
+    "model": "m",
+    "address": "127.0.0.1:1",
+    "page_size": 16,
+    "total_kv_blocks": 10,
+}
+
+
 def test_instance_record_requires_a_16_hex_id():
-    fields = {
-        "namespace": "n",
-        "component": "c",
-        "role": "decode",
-        "model": "m",
-        "address": "127.0.0.1:1",
-        "page_size": 16,
-        "total_kv_blocks": 10,
-    }
+    fields = _RECORD_FIELDS
     InstanceRecord(instance_id="0123456789abcdef", **fields)
     with pytest.raises(ValidationError):
         InstanceRecord(instance_id="xyz", **fields)
@@ -168,3 +175,46 @@ def test_kv_snapshot_parts_round_trip():
     assert KvSnapshotPart.model_validate_json(part.model_dump_json()) == part
     assert KvSnapshotRequest.model_validate_json(b"{}").requester == ""
     assert kv_snapshot_subject("ns", "a") == "dynamo.ns.kv_snapshot.a"
+
+
+# A field of a later release, on every message a peer tells (rolling upgrades: see the protocol docstring).
+_LATER = {"from_a_later_release": {"any": ["shape"]}}
+_TOLD = [
+    (InstanceRecord, {**_RECORD_FIELDS, "instance_id": "0123456789abcdef"}),
+    (LoadMetrics, {"instance_id": "a", "active_blocks": 1, "total_blocks": 2, "waiting": 0, "running": 1}),
+    (
+        KvEventBatch,
+        {"instance_id": "a", "seq": 1, "events": [{"type": "removed", "block_hashes": [1], **_LATER}]},
+    ),
+    (
+        KvSnapshotPart,
+        {
+            "instance_id": "a",
+            "next_seq": 1,
+            "events": [{"parent_hash": None, "block_hashes": [], "token_ids": [], **_LATER}],
+        },
+    ),
+    (KvSnapshotRequest, {}),
+    (
+        GenerateChunk,
+        {
+            "token_ids": [1],
+            "finish_reason": "stop",
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, **_LATER},
+        },
+    ),
+    (ServingFeatures, {"model_type": "generate"}),
+]
+
+
+@pytest.mark.parametrize(("model", "fields"), _TOLD, ids=[m.__name__ for m, _ in _TOLD])
+def test_what_a_newer_peer_tells_is_read_without_its_new_fields(model, fields):
+    read = model.model_validate_json(json.dumps({**fields, **_LATER}))
+    assert read == model.model_validate(fields)
+    assert "from_a_later_release" not in read.model_dump_json()
+
+
+def test_what_a_newer_peer_asks_is_refused_when_a_field_is_unknown():
+    """A worker cannot honour a request field it does not know: it refuses the request."""
+    with pytest.raises(ValidationError, match="from_a_later_release"):
+        _request(**_LATER)

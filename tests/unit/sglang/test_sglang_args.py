@@ -225,3 +225,22 @@ def test_an_embedding_model_or_dynamos_flag_sets_is_embedding(newest_cli, tmp_pa
     assert not args.parse_worker_args(
         ["--model-path", "m"], env={}, sglang=newest_cli
     ).server_args.is_embedding
+
+
+@pytest.mark.parametrize("release", ["oldest_cli", "newest_cli"])
+def test_hicache_flags_of_the_example_reach_sglang_on_both_ends_of_the_window(release, request):
+    """examples/agg-hicache.yaml's worker args, as the pod passes them, become SGLang's HiCache settings
+    on the oldest and the newest release: they pass through like every SGLang flag."""
+    from pathlib import Path
+
+    import yaml
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "agg-hicache.yaml"
+    graph = yaml.safe_load(example.read_text())
+    argv = graph["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
+    plan = args.parse_worker_args(
+        [*argv, "--hicache-io-backend", "direct"], env={}, sglang=request.getfixturevalue(release)
+    )
+    sa = plan.server_args
+    assert sa.enable_hierarchical_cache and sa.hicache_ratio == 2.0
+    assert (sa.hicache_write_policy, sa.hicache_io_backend) == ("write_through", "direct")

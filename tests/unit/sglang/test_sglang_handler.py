@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from dynamo_worker.protocol import BootstrapInfo, GenerateRequest, SamplingOptions, StopConditions
+from dynamo_worker.protocol import BootstrapInfo, GenerateRequest, SamplingOptions, StopConditions, Usage
 from dynamo_worker.sglang import handler
 
 from tests.support.sglang_fake import FakeServerArgs, FakeSglangEngine, eventually
@@ -47,7 +47,7 @@ async def test_agg_streams_disjoint_tokens_then_length_with_usage():
     tokens = [t for c in chunks for t in c.token_ids]
     assert tokens == engine.expected_tokens(PROMPT, 6)
     assert [c.finish_reason for c in chunks] == [None] * 5 + ["length"]
-    assert chunks[-1].usage.model_dump() == {"prompt_tokens": 5, "completion_tokens": 6, "cached_tokens": 0}
+    assert chunks[-1].usage == Usage(prompt_tokens=5, completion_tokens=6, cached_tokens=0)
     again = await collect(engine, request(2), rid="rid-2")
     assert again[-1].usage.cached_tokens == len(PROMPT)
     call = engine.calls[0]

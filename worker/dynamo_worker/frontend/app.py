@@ -61,6 +61,10 @@ class Frontend:
                 decode_weight=settings.kv_decode_weight,
                 balance_abs_threshold=settings.kv_balance_abs_threshold,
                 balance_rel_threshold=settings.kv_balance_rel_threshold,
+                host_hit_weight=settings.kv_host_hit_weight,
+                disk_hit_weight=settings.kv_disk_hit_weight,
+                lora_swap_blocks=settings.kv_lora_swap_blocks,
+                lora_wait_blocks=settings.kv_lora_wait_blocks,
             ),
             predict_ttl_s=settings.kv_predict_ttl_s,
         )

@@ -6,6 +6,7 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
     +-- InvalidRequest (400, type invalid_request_error; ``param`` names the offending field)
     |   +-- RequestTimeout (408: the request body did not arrive in time)
     +-- ModelNotFound (404, type invalid_request_error, code model_not_found)
+    +-- AdapterNotFound (404, the same: a LoRA adapter the model's workers do not hold)
     +-- TooManyRequests (429, type rate_limit_error: the model's wait queue is full, code queue_full)
     +-- ServiceUnavailable (503, type service_unavailable; code says why: no_workers, no_prefill_workers,
     |                       overloaded, model_loading, queue_timeout, model_scaling_up)
@@ -28,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
+    "AdapterNotFound",
     "ApiError",
     "ErrorDetail",
     "ErrorResponse",
@@ -101,6 +103,23 @@ class ModelNotFound(ApiError):
         super().__init__(
             f"The model '{model}' does not exist or no worker serves it. Served models: {served}. "
             "Use one of them (GET /v1/models lists them).",
+            param="model",
+            code="model_not_found",
+        )
+
+
+class AdapterNotFound(ApiError):
+    """A LoRA adapter that the workers of a served model do not hold (404, like an unknown model)."""
+
+    status = 404
+    type = "invalid_request_error"
+
+    def __init__(self, model: str, base: str, adapters: list[str]) -> None:
+        held = ", ".join(sorted(adapters)) or "none"
+        super().__init__(
+            f"The model '{model}' names a LoRA adapter that no worker of model '{base}' holds. Its adapters: "
+            f"{held}. Use one of them (by name, or '{base}:<adapter>'), or load it on the workers first "
+            "(its DynamoModel, or POST /v1/loras on each worker).",
             param="model",
             code="model_not_found",
         )

@@ -53,6 +53,13 @@ class FrontendMetrics:
             ["model"],
             registry=r,
         )
+        self.cached_tokens_host = Counter(
+            "dynamo_frontend_cached_tokens_host",
+            "Of dynamo_frontend_cached_tokens, those loaded back from host memory or storage (SGLang's "
+            "HiCache) rather than found on the GPU.",
+            ["model"],
+            registry=r,
+        )
         self.workers = Gauge(
             "dynamo_frontend_workers",
             "Workers in discovery by model and role.",

@@ -102,6 +102,36 @@ class FrontendSettings(Settings):
         description="... and more than this many times as many, the request goes to the idlest worker "
         "with room for its new blocks (into a full cache only past 4x the absolute threshold).",
     )
+    kv_host_hit_weight: float = Field(
+        _KV.host_hit_weight,
+        ge=0.0,
+        le=1.0,
+        description="kv router: share of a block's prefill saved when a worker holds it in host memory "
+        "(SGLang's HiCache, --enable-hierarchical-cache) rather than on its GPU, where a GPU block saves 1; "
+        "0 routes on GPU-held blocks alone. Default: NVIDIA Dynamo's 0.75 (llm-d: 0.8) until "
+        "tests/gpu/run_hicache.py measures ours; see docs/kv-tiers.md.",
+    )
+    kv_disk_hit_weight: float = Field(
+        _KV.disk_hit_weight,
+        ge=0.0,
+        le=1.0,
+        description="kv router: the same for a block held only in HiCache's storage tier "
+        "(--hicache-storage-backend). Default: NVIDIA Dynamo's 0.25.",
+    )
+    kv_lora_swap_blocks: float = Field(
+        _KV.lora_swap_blocks,
+        ge=0.0,
+        le=1000.0,
+        description="kv router: cost, in blocks of prefill, of sending a LoRA adapter's request to a worker "
+        "whose GPU slots do not hold the adapter now (it must copy it in).",
+    )
+    kv_lora_wait_blocks: float = Field(
+        _KV.lora_wait_blocks,
+        ge=0.0,
+        le=1000.0,
+        description="kv router: cost, in blocks of prefill, of a worker whose batch slots all run other "
+        "adapters (--max-loras-per-batch): the request waits for one to drain.",
+    )
     kv_predict_ttl_s: float = Field(
         DEFAULT_PREDICT_TTL_S,
         gt=0,

@@ -63,6 +63,7 @@ class PrefillResult:
     first_token: int
     prompt_tokens: int
     cached_tokens: int
+    host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory (HiCache)
 
 
 @dataclass
@@ -180,6 +181,7 @@ class BootstrapServer:
             "first_token": result.first_token,
             "prompt_tokens": result.prompt_tokens,
             "cached_tokens": result.cached_tokens,
+            "host_cached_tokens": result.host_cached_tokens,
         }
         return web.json_response(body)
 
@@ -203,7 +205,10 @@ async def fetch_prefill(
             if response.status == 200:
                 data = orjson.loads(raw)
                 return PrefillResult(
-                    int(data["first_token"]), int(data["prompt_tokens"]), int(data["cached_tokens"])
+                    int(data["first_token"]),
+                    int(data["prompt_tokens"]),
+                    int(data["cached_tokens"]),
+                    int(data.get("host_cached_tokens") or 0),
                 )
             if response.status == 504:
                 last_error = "the prefill leg never arrived there"

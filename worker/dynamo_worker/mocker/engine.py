@@ -23,7 +23,9 @@ nothing), so a migrated stream's continuation is the uninterrupted stream's, tok
 ``stop_token_ids`` hit (after ``min_tokens``) ends with "stop" and is not returned; eos is emitted only
 with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_token_ids``; never with
 ``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
-for a decode leg, its prefill's hits).
+for a decode leg, its prefill's hits), of which ``cached_tokens_host`` were loaded back from the
+simulated HiCache host tier (``--enable-hierarchical-cache``; see ``kv_manager``), which the step that
+admits the request pays for (``timing.TimingModel.load_back_s``).
 Closing the request's iterator (the client went away) frees its blocks at once.
 
 Engine death: with ``scheduler_process`` (as ``python -m dynamo_worker.mocker`` runs it), ``start`` also
@@ -31,6 +33,13 @@ starts a child process, the stand-in for SGLang's scheduler process (``scheduler
 ``processes()`` names; SIGKILL it and the worker treats the engine as dead, exactly as with SGLang
 (``runtime.recovery``). ``stop`` ends it. ``start`` after ``stop`` begins again with an empty KV cache and
 queue (an in-place restart), its bootstrap server on the same port.
+
+LoRA (``--enable-lora`` or ``--lora-paths``, SGLang's flags): adapters load and unload through the
+worker's ``/v1/loras`` (``--lora-load-ms`` each) and serve requests that name them as SGLang would
+(``mocker.lora``): a prefix-cache namespace per adapter (``kv_manager``), ``lora_name`` on its KV events,
+a batch of at most ``--max-loras-per-batch`` distinct adapters (the base model counting as one; a request
+whose adapter does not fit waits while later ones go), ``--lora-swap-ms`` per adapter a step copies into
+the GPU slots, and tokens that depend on the adapter too, so an answer tells which adapter served it.
 
 Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
 own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
@@ -70,6 +79,7 @@ from dynamo_worker.mocker.bootstrap import (
     kv_layout,
 )
 from dynamo_worker.mocker.kv_manager import BlockManager
+from dynamo_worker.mocker.lora import MockLoras
 from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
@@ -86,6 +96,7 @@ from dynamo_worker.protocol import (
     WorkerError,
     embedding_chunks,
     image_pad_id,
+    lora_seed,
 )
 from dynamo_worker.runtime.engine import (
     Engine,
@@ -95,6 +106,17 @@ from dynamo_worker.runtime.engine import (
     LoadSnapshot,
     NullEventSink,
 )
+from dynamo_worker.runtime.lora_checks import (
+    LoraError,
+    LoraLimits,
+    StartupAdapter,
+    check_fits,
+    effective_limits,
+    normalize_targets,
+    parse_lora_paths,
+    read_adapter_config,
+)
+from dynamo_worker.runtime.worker import WorkerStartError
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
 from dynamo_worker.tinymodel import ensure_tiny_model
 
@@ -200,11 +222,16 @@ class _Seq:
     kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
     preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
     cached_tokens: int | None = None
+    host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory
     generated: list[int] = field(default_factory=list)
     finished: bool = False
     rank: int = 0  # data-parallel rank whose KV cache holds it
     script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
     state: int | None = None  # the token state after the prompt and ``generated`` (digest at first)
+
+    @property
+    def lora(self) -> str | None:
+        return self.request.lora_name
 
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -234,7 +261,7 @@ class MockerEngine(Engine):
         self._last_load: LoadSnapshot | None = None
         self.bootstrap: BootstrapServer | None = None
         self._layout = ""  # kv_layout(), once started
-        self.kvs = [BlockManager(settings.num_kv_blocks, settings.page_size) for _ in range(settings.dp_size)]
+        self.kvs = self._new_caches()
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
         self.timing = settings.timing(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
@@ -247,6 +274,10 @@ class MockerEngine(Engine):
         label = f"mocker-scheduler node_rank={settings.node_rank}"
         self.scheduler = SchedulerProcess(label) if scheduler_process else None
         self._bootstrap_port = settings.disaggregation_bootstrap_port  # the bound one, after a start
+        self.loras = self._new_loras()
+        self._lora_limits: LoraLimits | None = None
+        self._startup_loras: list[StartupAdapter] = []
+        self._lora_drained: asyncio.Event | None = None  # set when a request of an adapter ends
 
     # --- Engine interface ------------------------------------------------------------------------
 
@@ -257,16 +288,28 @@ class MockerEngine(Engine):
         s = self.scheduler
         return [EngineProcess("scheduler", s.pid)] if s is not None and s.alive() else []
 
-    def _reset(self) -> None:
-        """An empty engine: what ``start`` begins with, the first time and after a ``stop``."""
+    def _new_caches(self) -> list[BlockManager]:
         s = self.settings
+        host = s.host_blocks(s.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
+        return [BlockManager(s.gpu_blocks, s.page_size, host) for _ in range(s.dp_size)]
+
+    def _new_loras(self) -> MockLoras | None:
+        s = self.settings
+        if not s.lora_enabled:
+            return None
+        return MockLoras(s.max_loras_per_batch, s.max_loaded_loras, s.lora_eviction_policy)
+
+    def _reset(self) -> None:
+        """An empty engine: what ``start`` begins with, the first time and after a ``stop`` (no KV cache,
+        no queue, only the adapters it starts with)."""
         self.stopping = False
         self._waiting.clear()
         self._running.clear()
         self._wakeup = asyncio.Event()
         self._last_load = None
-        self.kvs = [BlockManager(s.num_kv_blocks, s.page_size) for _ in range(s.dp_size)]
+        self.kvs = self._new_caches()
         self.kv = self.kvs[0]
+        self.loras = self._new_loras()
 
     async def start(self) -> EngineInfo:
         s = self.settings
@@ -281,6 +324,7 @@ class MockerEngine(Engine):
         )
         kv_bytes = s.kv_bytes_per_token or _kv_bytes_from_config(config) or DEFAULT_KV_BYTES_PER_TOKEN
         self.timing = s.timing(kv_bytes)
+        self._size_host_tier(kv_bytes)
         self.sampler = await asyncio.to_thread(TokenSampler.from_model_dir, model_dir, s.vocab_size)
         if (model_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -292,6 +336,8 @@ class MockerEngine(Engine):
         if name == TINY_MODEL_DIR:
             name = TINY_MODEL_NAME
         self._layout = kv_layout(name, s.page_size)
+        if self.loras is not None:
+            await self._start_loras()
         bootstrap_port = None
         if self.role == "prefill":
             self.bootstrap = BootstrapServer(self._listen_host, self._bootstrap_port, layout=self._layout)
@@ -301,10 +347,12 @@ class MockerEngine(Engine):
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
         log.info(
-            "Started mocker role=%s model=%s kv_blocks=%s page_size=%s speedup=%s scheduler_pid=%s",
+            "Started mocker role=%s model=%s kv_blocks=%s host_kv_blocks=%s page_size=%s speedup=%s "
+            "scheduler_pid=%s",
             self.role,
             name,
-            s.num_kv_blocks,
+            s.gpu_blocks,
+            self.kv.host_blocks,
             s.page_size,
             s.speedup,
             self.scheduler.pid if self.scheduler is not None else None,
@@ -312,7 +360,7 @@ class MockerEngine(Engine):
         return EngineInfo(
             model_name=name,
             page_size=s.page_size,
-            total_kv_blocks=s.num_kv_blocks * s.dp_size,
+            total_kv_blocks=s.gpu_blocks * s.dp_size,
             max_running_requests=s.max_running_requests,
             bootstrap_host=self._advertise_host if bootstrap_port else None,
             bootstrap_port=bootstrap_port,
@@ -322,6 +370,100 @@ class MockerEngine(Engine):
             features=self._features(config),
             nnodes=s.nnodes,
         )
+
+    def _size_host_tier(self, kv_bytes: int) -> None:
+        """HiCache's host memory per rank, now that the KV bytes per token are known (--hicache-size)."""
+        s = self.settings
+        host = s.host_blocks(kv_bytes)
+        for kv in self.kvs:
+            kv.host_blocks = host
+        if not host:
+            return
+        log.info(
+            "Simulating HiCache host_kv_blocks=%d (%.1f GB) write_policy=write_through "
+            "load_back_us_per_block=%.0f",
+            host,
+            host * s.page_size * kv_bytes / 1e9,
+            self.timing.load_back_s(s.page_size) * 1e6,
+        )
+        if host <= s.gpu_blocks:
+            log.warning(
+                "HiCache host KV cache (%d blocks) is not larger than the GPU's (%d blocks): host memory "
+                "holds copies of the GPU's blocks first, so few evicted blocks stay there; raise "
+                "--hicache-ratio above 1 (SGLang warns alike)",
+                host,
+                s.gpu_blocks,
+            )
+
+    # --- LoRA ----------------------------------------------------------------------------------------
+
+    async def _start_loras(self) -> None:
+        """Check the flags and the ``--lora-paths`` adapters as SGLang does when it starts, and hold them."""
+        assert self.loras is not None
+        s = self.settings
+        try:
+            startup = parse_lora_paths(s.lora_paths)
+        except ValueError as e:
+            raise WorkerStartError(str(e)) from None
+        flags = LoraLimits(
+            max_loras_per_batch=s.max_loras_per_batch,
+            max_loaded_loras=s.max_loaded_loras,
+            max_lora_rank=s.max_lora_rank,
+            target_modules=normalize_targets(s.lora_target_modules) if s.lora_target_modules else None,
+        )
+        configs = []
+        for adapter in startup:
+            try:
+                config = await asyncio.to_thread(read_adapter_config, Path(adapter.path))
+                check_fits(adapter.name, config, flags)
+            except LoraError as e:
+                raise WorkerStartError(f"--lora-paths {adapter.name}={adapter.path}: {e.message}") from None
+            configs.append(config)
+            self.loras.load(adapter.name, adapter.pinned)
+        self._lora_limits = effective_limits(flags, configs)
+        self._startup_loras = startup
+
+    def lora_limits(self) -> LoraLimits | None:
+        return self._lora_limits if self.loras is not None else None
+
+    def startup_loras(self) -> list[StartupAdapter]:
+        return list(self._startup_loras)
+
+    async def load_lora(self, name: str, path: str, pinned: bool) -> list[str]:
+        if self.loras is None:
+            return await super().load_lora(name, path, pinned)
+        await asyncio.sleep(self.settings.lora_load_ms / 1e3 / self.settings.speedup)
+        return self.loras.load(name, pinned)
+
+    async def unload_lora(self, name: str) -> list[str]:
+        """Refuse new requests for ``name``, let its queued and running ones finish, then drop it."""
+        if self.loras is None:
+            return await super().unload_lora(name)
+        self.loras.unloading.add(name)
+        while any(s.lora == name and not s.finished for s in (*self._waiting, *self._running)):
+            self._lora_drained = self._lora_drained or asyncio.Event()
+            self._lora_drained.clear()
+            await self._lora_drained.wait()
+        return self.loras.unload(name)
+
+    def _check_lora(self, request: GenerateRequest) -> GenerateChunk | None:
+        name = request.lora_name
+        if name is None:
+            return None
+        if self.loras is None:
+            return _error(
+                "invalid_request",
+                f"this worker serves no LoRA adapters, so not {name!r}; start it with --enable-lora",
+            )
+        if not self.loras.serves(name):
+            held = ", ".join(n for n in self.loras.held if self.loras.serves(n)) or "none"
+            return _error(
+                "invalid_request",
+                f"LoRA adapter {name!r} is not loaded on this worker (it serves: {held}); load it with "
+                "POST /v1/loras on the worker's system port",
+            )
+        self.loras.use(name)
+        return None
 
     def _features(self, config: dict) -> ServingFeatures:
         s = self.settings
@@ -376,7 +518,7 @@ class MockerEngine(Engine):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
         queued = False
-        problem = self._check(request) or self._check_kind(request)
+        problem = self._check(request) or self._check_kind(request) or self._check_lora(request)
         if problem is not None:
             yield problem
             return
@@ -385,19 +527,7 @@ class MockerEngine(Engine):
                 yield chunk
             return
         prompt = list(request.token_ids)
-        seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
-        seq = _Seq(
-            key=f"{request.request_id}#{next(self._keys)}",
-            request=request,
-            tokens=prompt,
-            max_new=1
-            if self.role == "prefill"
-            else min(request.stop.max_tokens, self.context_length - len(prompt)),
-            digest=prompt_digest(prompt, seed),
-            rank=request.data_parallel_rank
-            if request.data_parallel_rank is not None
-            else next(self._next_rank) % len(self.kvs),
-        )
+        seq = self._new_seq(request)
         scripted = self._scripted(request, seq.digest)
         if isinstance(scripted, GenerateChunk):
             yield scripted
@@ -427,6 +557,7 @@ class MockerEngine(Engine):
                     result.first_token,
                     result.cached_tokens,
                 )
+                seq.host_cached_tokens = result.host_cached_tokens
             self._waiting.append(seq)
             queued = True
             self._wakeup.set()
@@ -447,6 +578,26 @@ class MockerEngine(Engine):
                 log.info("Aborted request request_id=%s", request.request_id)
 
     # --- requests --------------------------------------------------------------------------------
+
+    def _new_seq(self, request: GenerateRequest) -> _Seq:
+        """The scheduler's record of ``request``: its tokens depend on the prompt, the seed and the
+        adapter, and it goes to its data-parallel rank (or the ranks in turn)."""
+        prompt = list(request.token_ids)
+        seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
+        if request.lora_name is not None:  # in the seed: a continuation of the adapter's answer stays exact
+            seed ^= lora_seed(request.lora_name)
+        digest = prompt_digest(prompt, seed)
+        rank = request.data_parallel_rank
+        return _Seq(
+            key=f"{request.request_id}#{next(self._keys)}",
+            request=request,
+            tokens=prompt,
+            max_new=1
+            if self.role == "prefill"
+            else min(request.stop.max_tokens, self.context_length - len(prompt)),
+            digest=digest,
+            rank=rank if rank is not None else next(self._next_rank) % len(self.kvs),
+        )
 
     def _check(self, request: GenerateRequest) -> GenerateChunk | None:
         n = len(request.token_ids)
@@ -552,7 +703,9 @@ class MockerEngine(Engine):
         info = seq.request.bootstrap_info
         assert info is not None and self.bootstrap is not None
         first = chunk.token_ids[0] if chunk.token_ids else self.sampler.token(seq.digest, 0)
-        result = PrefillResult(first, len(seq.request.token_ids), seq.cached_tokens or 0)
+        result = PrefillResult(
+            first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens
+        )
         left = max(self.settings.bootstrap_timeout_s - (time.monotonic() - started), 0.5)
         try:
             await self.bootstrap.prefill_done(info.bootstrap_room, result, left)
@@ -601,18 +754,30 @@ class MockerEngine(Engine):
         """Move waiting requests into the batch. Returns the prefill time and the requests prefilled."""
         budget = self.settings.prefill_budget
         prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
+        loaded = 0  # tokens loaded back from host memory (HiCache host hits)
         prefilled: list[_Seq] = []
         admitted = 0
+        adapters = {s.lora for s in self._running} if self.loras is not None else None
+        passed: list[_Seq] = []  # waiting for a batch slot of their adapter; later ones may go first
         while self._waiting and len(self._running) < self.settings.max_running_requests:
             seq = self._waiting[0]
             if seq.finished:
                 self._waiting.popleft()
                 continue
+            if (
+                adapters is not None
+                and self.loras is not None
+                and not self.loras.can_join(adapters, seq.lora)
+            ):
+                passed.append(self._waiting.popleft())
+                continue
             kv = self.kvs[seq.rank]
-            new_tokens = 0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens)
+            new_tokens = (
+                0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens, seq.lora)
+            )
             if admitted and new_tokens > budget:
                 break
-            alloc = kv.allocate(seq.key, seq.tokens)
+            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
             if alloc is None:
                 if not self._running:
                     self._waiting.popleft()
@@ -623,9 +788,12 @@ class MockerEngine(Engine):
                 break
             self._waiting.popleft()
             admitted += 1
+            if adapters is not None:
+                adapters.add(seq.lora)
             self._kv_events(alloc.events, seq.rank)
             if seq.cached_tokens is None:
                 seq.cached_tokens = alloc.cached_tokens
+                seq.host_cached_tokens = alloc.host_cached_tokens
             self._running.append(seq)
             if seq.kv_ready:
                 if seq.preset_first is not None and not seq.generated:
@@ -633,9 +801,19 @@ class MockerEngine(Engine):
             else:
                 uncached = len(seq.tokens) - alloc.cached_tokens
                 prefills.append((uncached, alloc.cached_tokens))
+                loaded += alloc.host_cached_tokens
                 prefilled.append(seq)
                 budget -= uncached
-        return self.timing.prefill_batch_s(prefills), prefilled
+        self._waiting.extendleft(reversed(passed))
+        step_s = self.timing.prefill_batch_s(prefills) + self.timing.load_back_s(loaded)
+        return step_s + self._lora_swap_s(), prefilled
+
+    def _lora_swap_s(self) -> float:
+        """The time this step spends copying the batch's adapters into the GPU slots."""
+        if self.loras is None or not self._running:
+            return 0.0
+        copied = self.loras.bring_in({s.lora for s in self._running})
+        return copied * self.settings.lora_swap_ms / 1e3 / self.settings.speedup
 
     def _advance(self, seq: _Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""
@@ -692,6 +870,7 @@ class MockerEngine(Engine):
             prompt_tokens=len(seq.request.token_ids),
             completion_tokens=len(seq.generated),
             cached_tokens=seq.cached_tokens or 0,
+            cached_tokens_host=seq.host_cached_tokens,
         )
         logprobs = logprobs if tokens else None
         seq.out.put_final(
@@ -714,6 +893,8 @@ class MockerEngine(Engine):
         self.kvs[seq.rank].free(seq.key)
         if seq in self._running:
             self._running.remove(seq)
+        if seq.lora is not None and self._lora_drained is not None:
+            self._lora_drained.set()
 
     def _drop(self, seq: _Seq) -> None:
         """The client went away: forget the request and free its blocks now."""

@@ -7,9 +7,26 @@ same prefix (reference counted). When a sequence is freed its blocks stay cached
 LRU list (leaves before their parents, so a prefix is never evicted before its extensions); a new block
 evicts the least recently used cached one when the cache is full.
 
+A LoRA adapter's sequences live in a prefix-cache namespace of their own, as in SGLang: their blocks
+chain from the adapter's seed (``hash_token_blocks(..., lora_name=...)``), so they are never shared with
+the base model's or another adapter's, and their ``BlockStored`` events (every tier) name the adapter.
+
 Every change a router must know is returned as protocol events, in the order it happened:
 ``BlockStored`` (with parent hash, block hashes and token ids) when a block is filled for the first
 time, ``BlockRemoved`` when a cached block is evicted, ``AllBlocksCleared`` on ``clear``.
+
+Host tier (SGLang's HiCache, ``host_blocks`` > 0), as SGLang 0.5.17's ``HiRadixCache`` does it under
+its default ``--hicache-write-policy write_through``:
+
+- every block filled on the GPU is copied to host memory at once (write-through), if its parent has a
+  host copy (host copies form prefixes from the root): GPU store, then host store;
+- a host copy needs a free host block; when host memory is full, the least recently used host copy of
+  a block no longer on the GPU is evicted (host removal); when there is none, the block gets no copy;
+- a GPU eviction is a GPU removal; a block with a host copy stays there (demoted), else it is lost;
+- a prompt's leading blocks found on the GPU are GPU hits; the blocks that follow them and have host
+  copies are host hits, loaded back into GPU blocks (GPU store; the host copy stays), which costs
+  load-back time (``timing.TimingModel.load_back_s``) instead of prefill; ``cached_tokens`` counts both
+  (as SGLang does) and ``host_cached_tokens`` the host hits.
 """
 
 from __future__ import annotations
@@ -18,7 +35,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, hash_token_blocks
+from dynamo_worker.protocol import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    Medium,
+    hash_token_blocks,
+)
 
 __all__ = ["Allocation", "BlockManager", "CacheFullError"]
 
@@ -29,8 +53,16 @@ class CacheFullError(RuntimeError):
 
 @dataclass(frozen=True)
 class Allocation:
-    cached_tokens: int  # prompt tokens found in the prefix cache (never the whole prompt)
+    cached_tokens: int  # prompt tokens found in the prefix cache, any tier (never the whole prompt)
     events: list[KvEvent]
+    host_cached_tokens: int = 0  # of which loaded back from host memory
+
+
+@dataclass(frozen=True)
+class _HostCopy:
+    parent: int | None
+    tokens: list[int]
+    lora: str | None = None
 
 
 @dataclass
@@ -38,20 +70,26 @@ class _Seq:
     hashes: list[int]  # full blocks, in order (each holds one reference)
     tokens: list[int]  # every token with KV in this sequence
     partial: bool = False  # holds a slot for an unfinished tail block
+    lora: str | None = None  # the adapter whose namespace holds its blocks
 
 
 @dataclass
 class BlockManager:
     total_blocks: int
     page_size: int
+    host_blocks: int = 0  # HiCache's host memory in blocks; 0: no host tier
     _refs: dict[int, int] = field(default_factory=dict)  # hash -> references (0: cached only)
     _lru: OrderedDict[int, None] = field(default_factory=OrderedDict)  # unreferenced, oldest first
     _partials: int = 0
     _seqs: dict[str, _Seq] = field(default_factory=dict)
+    _host: dict[int, _HostCopy] = field(default_factory=dict)  # blocks with a host copy
+    _host_lru: OrderedDict[int, None] = field(default_factory=OrderedDict)  # host-only, oldest first
 
     def __post_init__(self) -> None:
         if self.total_blocks < 1 or self.page_size < 1:
             raise ValueError("total_blocks and page_size must be >= 1")
+        if self.host_blocks < 0:
+            raise ValueError("host_blocks must be >= 0")
 
     # --- observation -----------------------------------------------------------------------------
 
@@ -70,6 +108,11 @@ class BlockManager:
         """Blocks a new sequence can get (empty ones plus evictable cached ones)."""
         return self.total_blocks - self.active_blocks
 
+    @property
+    def host_held_blocks(self) -> int:
+        """Blocks with a copy in host memory (also on the GPU, or only there)."""
+        return len(self._host)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 
@@ -79,13 +122,20 @@ class BlockManager:
     def seq_tokens(self, seq_id: str) -> int:
         return len(self._seqs[seq_id].tokens)
 
-    def cached_prefix_tokens(self, tokens: Sequence[int]) -> int:
-        hits = 0
-        for h in hash_token_blocks(tokens, self.page_size):
-            if h not in self._refs:
-                break
-            hits += 1
-        return min(hits * self.page_size, max(len(tokens) - 1, 0))
+    def cached_prefix_tokens(self, tokens: Sequence[int], lora: str | None = None) -> int:
+        """Prompt tokens a request (of adapter ``lora``) would find cached, on the GPU or in host memory."""
+        gpu, host = self.prefix_hits(hash_token_blocks(tokens, self.page_size, lora_name=lora))
+        return min((gpu + host) * self.page_size, max(len(tokens) - 1, 0))
+
+    def prefix_hits(self, hashes: Sequence[int]) -> tuple[int, int]:
+        """Leading blocks on the GPU, then the following ones with a host copy."""
+        gpu = 0
+        while gpu < len(hashes) and hashes[gpu] in self._refs:
+            gpu += 1
+        host = gpu
+        while host < len(hashes) and hashes[host] in self._host:
+            host += 1
+        return gpu, host - gpu
 
     # --- changes ---------------------------------------------------------------------------------
 
@@ -100,41 +150,77 @@ class BlockManager:
             return False
         victim, _ = self._lru.popitem(last=False)
         del self._refs[victim]
-        if events and isinstance(events[-1], BlockRemoved):
-            events[-1] = BlockRemoved(block_hashes=[*events[-1].block_hashes, victim])
-        else:
-            events.append(BlockRemoved(block_hashes=[victim]))
+        if victim in self._host:  # demoted: its host copy stays, now the only one
+            self._host_lru[victim] = None
+        _removed(events, victim, "gpu")
         return True
 
-    def allocate(self, seq_id: str, tokens: Sequence[int]) -> Allocation | None:
-        """Give ``seq_id`` the KV of ``tokens`` (its prompt), reusing the cached prefix. Returns None
-        (changing nothing) when there is not enough room."""
+    def _back_up(
+        self, parent: int | None, hashes: Sequence[int], tokens: Sequence[int], lora: str | None = None
+    ) -> list[KvEvent]:
+        """Write-through: host copies of a run of new GPU blocks (``tokens`` is their content), as far as
+        host memory has room; the events (host removals of evicted copies, then one host store)."""
+        events: list[KvEvent] = []
+        if not self.host_blocks or (parent is not None and parent not in self._host):
+            return events
+        page, copied, prev = self.page_size, 0, parent
+        for i, h in enumerate(hashes):
+            if h not in self._host:
+                if len(self._host) >= self.host_blocks:
+                    if not self._host_lru:
+                        break  # host memory holds only copies of GPU blocks: no room for this one
+                    victim, _ = self._host_lru.popitem(last=False)
+                    del self._host[victim]
+                    _removed(events, victim, "host")
+                self._host[h] = _HostCopy(prev, list(tokens[i * page : (i + 1) * page]), lora)
+            prev = h
+            copied += 1
+        if copied:
+            stored = BlockStored(
+                parent_hash=parent,
+                block_hashes=list(hashes[:copied]),
+                token_ids=list(tokens[: copied * page]),
+                medium="host",
+                lora_name=lora,
+            )
+            events.append(stored)
+        return events
+
+    def allocate(self, seq_id: str, tokens: Sequence[int], lora: str | None = None) -> Allocation | None:
+        """Give ``seq_id`` the KV of ``tokens`` (its prompt), reusing the cached prefix of the same
+        adapter (``lora``; None: the base model). Returns None (changing nothing) when there is not
+        enough room."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} already holds blocks")
         page = self.page_size
-        hashes = hash_token_blocks(tokens, page)
-        hits = 0
-        while hits < len(hashes) and hashes[hits] in self._refs:
-            hits += 1
-        needed = len(hashes) - hits + (1 if len(tokens) % page else 0)
+        hashes = hash_token_blocks(tokens, page, lora_name=lora)
+        hits, host_hits = self.prefix_hits(hashes)
+        needed = len(hashes) - hits + (1 if len(tokens) % page else 0)  # host hits load into GPU blocks
         pinned_from_lru = sum(1 for h in hashes[:hits] if h in self._lru)
         if needed > self.free_blocks - pinned_from_lru:
             return None
         for h in hashes[:hits]:
             self._pin(h)
         events: list[KvEvent] = []
+        loaded = hits + host_hits
+        if host_hits:
+            self._load_back(hashes, hits, loaded, events)
         run_start: int | None = None
-        for i in range(hits, len(hashes) + 1):
+        for i in range(loaded, len(hashes) + 1):
             block = hashes[i] if i < len(hashes) else None
             if block is None or block in self._refs:  # end of a run of new blocks
                 if run_start is not None:
+                    parent = hashes[run_start - 1] if run_start > 0 else None
+                    run_tokens = list(tokens[run_start * page : i * page])
                     events.append(
                         BlockStored(
-                            parent_hash=hashes[run_start - 1] if run_start > 0 else None,
+                            parent_hash=parent,
                             block_hashes=hashes[run_start:i],
-                            token_ids=list(tokens[run_start * page : i * page]),
+                            token_ids=run_tokens,
+                            lora_name=lora,
                         )
                     )
+                    events += self._back_up(parent, hashes[run_start:i], run_tokens, lora)
                     run_start = None
                 if block is not None:
                     self._pin(block)
@@ -142,17 +228,37 @@ class BlockManager:
             if not self._take_slot(events):  # cannot happen: capacity was checked above
                 raise CacheFullError("no free KV block although capacity was checked")
             self._refs[block] = 1
+            self._host_lru.pop(block, None)  # a host copy past a missing block: on the GPU too now
             if run_start is None:
                 run_start = i
-        seq = _Seq(hashes=list(hashes), tokens=list(tokens))
+        seq = _Seq(hashes=list(hashes), tokens=list(tokens), lora=lora)
         if len(tokens) % page:
             if not self._take_slot(events):
                 raise CacheFullError("no free KV block although capacity was checked")
             self._partials += 1
             seq.partial = True
         self._seqs[seq_id] = seq
-        cached = min(hits * page, max(len(tokens) - 1, 0))
-        return Allocation(cached_tokens=cached, events=events)
+        on_gpu = min(hits * page, max(len(tokens) - 1, 0))
+        cached = min(loaded * page, max(len(tokens) - 1, 0))
+        return Allocation(cached_tokens=cached, events=events, host_cached_tokens=cached - on_gpu)
+
+    def _load_back(self, hashes: Sequence[int], start: int, end: int, events: list[KvEvent]) -> None:
+        """Host hits ``hashes[start:end]`` into GPU blocks (their host copies stay): one GPU store."""
+        for h in hashes[start:end]:
+            if not self._take_slot(events):  # cannot happen: capacity was checked by the caller
+                raise CacheFullError("no free KV block although capacity was checked")
+            self._refs[h] = 1
+            self._host_lru.pop(h, None)  # on the GPU again: its host copy is not evictable
+        first = self._host[hashes[start]]
+        tokens = [t for h in hashes[start:end] for t in self._host[h].tokens]
+        events.append(
+            BlockStored(
+                parent_hash=first.parent,
+                block_hashes=list(hashes[start:end]),
+                token_ids=tokens,
+                lora_name=first.lora,
+            )
+        )
 
     def append(self, seq_id: str, token: int) -> list[KvEvent] | None:
         """Add one generated token's KV to ``seq_id``. Returns the events, or None (changing
@@ -168,7 +274,7 @@ class BlockManager:
         if len(seq.tokens) % self.page_size == 0:
             block = seq.tokens[-self.page_size :]
             parent = seq.hashes[-1] if seq.hashes else None
-            h = hash_token_blocks(block, self.page_size, parent)[0]
+            h = hash_token_blocks(block, self.page_size, parent, lora_name=seq.lora)[0]
             self._partials -= 1
             seq.partial = False
             seq.hashes.append(h)
@@ -176,7 +282,13 @@ class BlockManager:
                 self._pin(h)
             else:
                 self._refs[h] = 1
-                events.append(BlockStored(parent_hash=parent, block_hashes=[h], token_ids=list(block)))
+                self._host_lru.pop(h, None)  # a host-only block computed again: on the GPU too now
+                events.append(
+                    BlockStored(
+                        parent_hash=parent, block_hashes=[h], token_ids=list(block), lora_name=seq.lora
+                    )
+                )
+                events += self._back_up(parent, [h], block, seq.lora)
         return events
 
     def free(self, seq_id: str) -> None:
@@ -198,4 +310,15 @@ class BlockManager:
             raise ValueError("cannot clear the KV cache while sequences hold blocks")
         self._refs.clear()
         self._lru.clear()
+        self._host.clear()
+        self._host_lru.clear()
         return [AllBlocksCleared()]
+
+
+def _removed(events: list[KvEvent], block: int, medium: Medium) -> None:
+    """Record ``block``'s removal from ``medium``, into the last event when it is a removal from there."""
+    last = events[-1] if events else None
+    if isinstance(last, BlockRemoved) and last.medium == medium:
+        events[-1] = BlockRemoved(block_hashes=[*last.block_hashes, block], medium=medium)
+    else:
+        events.append(BlockRemoved(block_hashes=[block], medium=medium))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from dynamo_api import contract
 from dynamo_api.settings_sources import Settings
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dynamo_worker.mocker.timing import TimingModel
@@ -86,6 +87,29 @@ class MockerSettings(Settings):
         description="Run a step's prefills together with one decode step of the running batch, as SGLang's "
         "flag does (default: a prefill step runs alone and decoding waits for it).",
     )
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="KV cache size in tokens (SGLang --max-total-tokens): when set, the cache has "
+        "max_total_tokens // page_size blocks and --num-kv-blocks is not used.",
+    )
+    enable_hierarchical_cache: bool = Field(
+        False,
+        description="SGLang's HiCache: a host-memory tier behind the GPU's KV cache, simulated as SGLang's "
+        "default write_through policy (every GPU block copied to host memory, GPU evictions demoted there, "
+        "host hits loaded back at --host-load-gb-s, the same KV events). --hicache-write-policy, "
+        "--hicache-io-backend, --hicache-mem-layout and --hicache-storage-backend are accepted and not "
+        "simulated (named at startup with the other ignored flags).",
+    )
+    hicache_ratio: float = Field(
+        2.0, gt=0, description="Host KV cache size as a multiple of the GPU's (SGLang --hicache-ratio)."
+    )
+    hicache_size: int = Field(
+        0,
+        ge=0,
+        description="Host KV cache size in GB, overriding --hicache-ratio when set (SGLang --hicache-size); "
+        "blocks = size / (page_size x KV bytes per token).",
+    )
     kv_events_config: str | None = Field(
         None,
         description="Accepted (SGLang's KV events publisher, which the operator wires for KV routing): the "
@@ -125,6 +149,12 @@ class MockerSettings(Settings):
     )
     kv_transfer_gbps: float = Field(100.0, gt=0, description="Prefill->decode bandwidth (gigabits/s).")
     kv_transfer_latency_ms: float = Field(1.0, ge=0, description="Fixed cost of a KV transfer (ms).")
+    host_load_gb_s: float = Field(
+        50.0,
+        gt=0,
+        description="HiCache host->GPU bandwidth for loading host hits back (GB/s; default: a pinned copy "
+        "over PCIe Gen5 x16 on an H100). Per block: page_size x KV bytes per token / this.",
+    )
     bootstrap_timeout_s: float = Field(
         30.0, gt=0, description="How long a prefill or decode leg waits for its peer before failing."
     )
@@ -164,6 +194,40 @@ class MockerSettings(Settings):
         None,
         description="JSON list of {match, reply}: a prompt containing 'match' gets 'reply' as its output.",
     )
+    # --- LoRA (SGLang's flags; /v1/loras on the system port loads and unloads) --------------------
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (SGLang --enable-lora; --lora-paths implies it)."
+    )
+    lora_paths: list[str] | None = Field(
+        None,
+        description="Adapters loaded at start, as SGLang takes them: PATH, NAME=PATH or JSON "
+        '{"lora_name", "lora_path", "pinned"} (several after one flag, or the flag repeated).',
+    )
+    max_lora_rank: int | None = Field(
+        None, ge=1, description="Largest adapter rank (default: the largest of --lora-paths)."
+    )
+    lora_target_modules: list[str] | None = Field(
+        None,
+        description="Modules adapters may target, or 'all' (default: those of --lora-paths).",
+    )
+    max_loras_per_batch: int = Field(
+        8, ge=1, description="Distinct adapters one batch runs, the base model counting as one."
+    )
+    max_loaded_loras: int | None = Field(
+        None,
+        ge=1,
+        description="Adapters held at once; loading past it evicts the least recently used unpinned one.",
+    )
+    lora_eviction_policy: Literal["lru", "fifo"] = Field(
+        "lru", description="Which adapter leaves the GPU slots for a new one (SGLang's flag)."
+    )
+    lora_backend: str = Field("csgmv", description="Accepted (SGLang's LoRA kernel backend).")
+    lora_load_ms: float = Field(200.0, ge=0, description="Simulated time to load an adapter (ms).")
+    lora_swap_ms: float = Field(
+        5.0,
+        ge=0,
+        description="Simulated time a scheduler step pays per adapter it copies into the GPU slots (ms).",
+    )
     # --- multimodal roles (--role encode | diffusion) --------------------------------------------
     mm_hidden_size: int = Field(64, ge=1, le=16384, description="encode: values per image token.")
     mm_max_image_tokens: int = Field(256, ge=1, description="encode: image tokens per image at most.")
@@ -175,6 +239,45 @@ class MockerSettings(Settings):
     @property
     def role(self) -> Literal["agg", "prefill", "decode"]:
         return "agg" if self.disaggregation_mode == "null" else self.disaggregation_mode
+
+    @model_validator(mode="after")
+    def _lora_flags(self) -> MockerSettings:
+        """SGLang's own checks of its LoRA flags, so the mocker refuses what SGLang refuses."""
+        if not self.lora_enabled:
+            return self
+        if not self.lora_paths and not (self.max_lora_rank and self.lora_target_modules):
+            raise ValueError(
+                "--enable-lora without --lora-paths needs --max-lora-rank and --lora-target-modules (as "
+                "SGLang does): they size the adapter slots before any adapter is loaded"
+            )
+        cap = self.max_loaded_loras
+        if cap is not None and cap < self.max_loras_per_batch:
+            raise ValueError(
+                f"--max-loaded-loras {cap} is below --max-loras-per-batch {self.max_loras_per_batch}; "
+                "raise it (SGLang refuses this too)"
+            )
+        if cap is not None and len(self.lora_paths or []) > cap:
+            raise ValueError(f"--lora-paths lists more adapters than --max-loaded-loras {cap}")
+        return self
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_paths)
+
+    @property
+    def gpu_blocks(self) -> int:
+        """KV cache blocks per rank: --max-total-tokens when given, else --num-kv-blocks."""
+        if self.max_total_tokens is not None:
+            return max(self.max_total_tokens // self.page_size, 1)
+        return self.num_kv_blocks
+
+    def host_blocks(self, kv_bytes_per_token: int) -> int:
+        """HiCache's host memory in blocks (0 without --enable-hierarchical-cache), as SGLang sizes it."""
+        if not self.enable_hierarchical_cache:
+            return 0
+        if self.hicache_size > 0:
+            return max(int(self.hicache_size * 1e9 // (kv_bytes_per_token * self.page_size)), 1)
+        return max(int(self.gpu_blocks * self.hicache_ratio), 1)
 
     @property
     def prefill_budget(self) -> int:
@@ -193,9 +296,32 @@ class MockerSettings(Settings):
             kv_bytes_per_token=kv_bytes_per_token,
             kv_transfer_gbps=self.kv_transfer_gbps,
             kv_transfer_latency_ms=self.kv_transfer_latency_ms,
+            host_load_gb_s=self.host_load_gb_s,
             speedup=self.speedup,
             profile=load_profile(self.profile) if self.profile else None,
         )
+
+
+# SGLang flags that take several values after one flag (argparse nargs="*"), e.g.
+# ``--lora-paths a=/x b=/y``: the parser here takes one value per flag, so they are spread out first.
+MULTI_VALUE_FLAGS = ("--lora-paths", "--lora-target-modules")
+
+
+def spread_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``--flag a b`` as ``--flag a --flag b`` for each of ``flags`` (values end at the next ``-x``). Pure."""
+    out: list[str] = []
+    current: str | None = None
+    for token in argv:
+        if token.startswith("-"):
+            current = token if token in flags else None
+            if current is None:
+                out.append(token)
+            continue
+        if current is not None:
+            out += [current, token]
+        else:
+            out.append(token)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,6 +350,7 @@ def parse_all(
     argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 ) -> tuple[RuntimeSettings, MockerSettings, MultimodalSettings, list[str]]:
     """Runtime, mocker and multimodal settings, and the unknown (ignored) arguments."""
+    argv = spread_values(sys.argv[1:] if argv is None else argv, MULTI_VALUE_FLAGS)
     args, unknown = build_parser().parse_known_args(argv)
     # settings_from_args takes the flags of its own model's fields from the namespace
     runtime = RuntimeSettings.from_args(args, env)

@@ -14,6 +14,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+from dynamo_api.kube_errors import KubeError, kube_error
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client as k8s
@@ -24,10 +25,6 @@ FIELD_MANAGER = "dynamo-planner"
 GROUP_VERSION = "nvidia.com/v1alpha1"
 TIMEOUT_S = 15.0
 _AS_JSON = {code: "object" for code in (200, 201)}
-
-
-class KubeError(RuntimeError):
-    """An API call that failed; the message names the call, the status and what to check."""
 
 
 async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
@@ -43,14 +40,16 @@ async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
                 config_file=kubeconfig, client_configuration=cfg, persist_config=False
             )
         except (ConfigException, OSError, KeyError, TypeError) as e:
-            raise KubeError(f"Could not load the kubeconfig {kubeconfig}: {e}") from e
+            raise KubeError(0, "", f"Could not load the kubeconfig {kubeconfig}: {e}") from e
         return cfg
     try:
         k8s_config.load_incluster_config(client_configuration=cfg)
     except ConfigException as e:
         raise KubeError(
+            0,
+            "",
             "No Kubernetes credentials: not in a pod with a service account token, and no --kubeconfig; "
-            "run the planner in the graph (the operator gives it a service account) or pass --kubeconfig"
+            "run the planner in the graph (the operator gives it a service account) or pass --kubeconfig",
         ) from e
     return cfg
 
@@ -109,9 +108,11 @@ class GraphClient:
             }.get(int(e.status or 0), "see the message")
             body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else e.body
             detail = (body or e.reason or "")[:300]
-            raise KubeError(f"Could not {what}: HTTP {e.status} {detail}; {hint}") from None
+            raise kube_error(
+                int(e.status or 0), e.reason or "", f"could not {what}: {detail}; {hint}"
+            ) from None
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise KubeError(f"Could not {what}: {e!r}; check that the API server is reachable") from e
+            raise KubeError(0, "", f"Could not {what}: {e!r}; check that the API server is reachable") from e
         return answer if isinstance(answer, dict) else {}
 
     async def get_graph(self) -> dict[str, Any]:

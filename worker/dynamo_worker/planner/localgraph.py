@@ -33,7 +33,10 @@ log = logging.getLogger(__name__)
 
 class GraphFileError(KubeError):
     """The graph file cannot be read, or a write it cannot take; the message names the fix. A
-    ``KubeError``, so the run loop treats it as any failure of its graph source."""
+    ``KubeError`` (with no HTTP status), so the run loop treats it as any failure of its graph source."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "", message)
 
 
 def _problems(error: ValidationError) -> str:

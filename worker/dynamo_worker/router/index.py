@@ -1,21 +1,51 @@
-"""Which worker caches which prompt prefix: a prefix index of block hashes, fed by KV events.
+"""Which worker caches which prompt prefix, and in which tier: a prefix index of block hashes, fed by
+KV events.
 
 Blocks are identified by *our* chained hashes (``protocol.hash_token_blocks``): block i's hash covers
 its parent's hash and its own tokens, so one hash names a whole prefix and a flat map
 ``hash -> targets`` behaves like a radix tree whose edges are blocks. A target is one cache: a worker,
 or one attention data-parallel rank of a worker (``Target = (instance_id, dp_rank)``), each with its
-own blocks, fed by the events of that rank. A target's overlap with a prompt is the number of leading
-prompt blocks it holds, counted until the first block it lacks.
+own blocks, fed by the events of that rank. A target's overlap with a prompt is the leading prompt
+blocks it holds, each in the best tier it holds it in, counted until the first block it holds in none.
 
 Engines name blocks with their own hashes (SGLang's differ from ours), so a ``BlockStored`` event is
 re-hashed from its ``token_ids`` under our hash of its parent, and the engine hash is remembered so a
-later ``BlockRemoved`` (which carries engine hashes only) can be mapped back.
+later ``BlockRemoved`` (which carries engine hashes only) can be mapped back. A LoRA adapter's blocks
+(the event's ``lora_name``) start from the adapter's seed (``protocol.lora_seed``): keyed on tokens and
+the adapter's name, never on the engine's per-load ids, so an adapter prefix has the same hashes on
+every worker and after a reload, and a request for an adapter overlaps only that adapter's blocks.
+
+Tiers (``protocol.Medium``): ``gpu`` (the engine's KV pool), ``host`` (HiCache's host memory) and
+``disk`` (HiCache's storage tier). Each block of a target is held in a *set* of tiers: ``BlockStored``
+adds its medium to the set, ``BlockRemoved`` takes its medium out, and the block is gone when the set
+is empty. So a GPU removal of a block backed up in host memory is a demotion (it stays, as a host
+block), and a host removal of a block still on the GPU leaves a GPU block. This is the model of the
+events SGLang really sends (0.5.17 ``mem_cache/hiradix_cache.py``, 0.5.23
+``mem_cache/unified_cache/unified_tree_core.py``; default ``--hicache-write-policy write_through``):
+
+- a prompt's new blocks: GPU store when inserted; host store once the write-through copy has landed
+  (a backup: the block is then in both, not moved);
+- a GPU eviction: GPU removal, one event per radix node (all its blocks); the block stays in host
+  memory when it was backed up, else it is gone;
+- a host eviction: host removal, only of blocks no longer on the GPU (0.5.23 also frees host copies
+  of GPU blocks: host removal, the GPU block stays);
+- a host hit loaded back: GPU store (the host copy stays);
+- ``write_back``: GPU removal, then host store of the same block (gone, then back as a host block);
+- a block evicted from the GPU and recomputed without a load-back gets no new GPU store (0.5.17): the
+  index keeps it as host-only, an underestimate that costs a little routing preference, never a
+  wrong hit;
+- storage (L3) prefetches into host memory: host store of blocks the GPU never held.
+
+A removal is never assumed: a block the engine stops holding without an event stays counted at its
+last known tiers, which the next event about it (or the snapshot of a late frontend) corrects. A
+removal for a tier the block is not known in changes nothing.
 
 Predicted blocks: events arrive only after the engine has computed a prompt, so requests for a new
 prefix that arrive in that window would see no holder anywhere. ``predict`` inserts a routed prompt's
-blocks into the chosen target at routing time, as *predicted* blocks that count like stored ones until
-they expire (``expires_at``, on the caller's clock) or an event confirms (stored) or contradicts
-(removed) them. The router refreshes them every time it routes the same prefix to the same target.
+blocks into the chosen target at routing time, as *predicted* GPU blocks that count like stored ones
+until they expire (``expires_at``, on the caller's clock) or an event confirms (GPU stored) or
+contradicts (GPU removed) them. The router refreshes them every time it routes the same prefix to the
+same target.
 
 Consistency: every worker's batches carry a sequence number growing by one. When a batch skips
 numbers, events were lost and this worker's entries can no longer be trusted: they are all dropped,
@@ -24,9 +54,10 @@ until their prefix is stored again). A batch numbered 0 after others means the w
 entries are dropped too. A worker that leaves discovery is dropped the same way.
 
 Snapshots: a frontend that starts after its workers asks each worker for the blocks it holds
-(``KvSnapshotPart``). Between ``begin_sync`` and ``end_sync`` the worker's batches are buffered; the
-snapshot replaces the worker's state and the buffered batches it does not include are applied after
-it, so the result equals what a frontend that saw every event from the start would hold.
+(``KvSnapshotPart``: one ``BlockStored`` per tier a block is held in). Between ``begin_sync`` and
+``end_sync`` the worker's batches are buffered; the snapshot replaces the worker's state and the
+buffered batches it does not include are applied after it, so the result equals what a frontend that
+saw every event from the start would hold.
 
 The index is pure state: no I/O, no clock. ``router.feed`` feeds it from the event plane.
 """
@@ -40,20 +71,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamo_worker.protocol import (
+    MEDIA,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KvEventBatch,
     KvSnapshotPart,
+    Medium,
     hash_token_blocks,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ApplyResult", "KvIndex", "Target"]
+__all__ = ["ApplyResult", "KvIndex", "Target", "TierOverlap"]
 
 Target = tuple[str, int]  # (instance_id, dp_rank)
 MAX_SYNC_BUFFER = 10_000  # batches buffered per worker while its snapshot is awaited
+BIT: dict[Medium, int] = {m: 1 << i for i, m in enumerate(MEDIA)}  # gpu 1, host 2, disk 4
+GPU = BIT["gpu"]
+
+
+def _best(mask: int) -> int:
+    """The index in ``MEDIA`` of the fastest tier in ``mask`` (non-zero)."""
+    return (mask & -mask).bit_length() - 1
+
+
+@dataclass(frozen=True)
+class TierOverlap:
+    """A target's leading prompt blocks, by the fastest tier it holds each in."""
+
+    gpu: int = 0
+    host: int = 0
+    disk: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return self.gpu + self.host + self.disk
 
 
 @dataclass
@@ -61,8 +114,16 @@ class _Cache:
     """The blocks of one target (a worker's dp rank)."""
 
     engine_to_ours: dict[int, int] = field(default_factory=dict)
-    refs: dict[int, int] = field(default_factory=dict)  # our hash -> engine hashes naming it
+    engine_tiers: dict[int, int] = field(default_factory=dict)  # engine hash -> tiers it is held in
+    # our hash -> per tier (MEDIA order), the engine hashes holding this content there
+    refs: dict[int, list[int]] = field(default_factory=dict)
+    held: list[int] = field(default_factory=lambda: [0] * len(MEDIA))  # our hashes held per tier
     predicted: dict[int, float] = field(default_factory=dict)  # our hash -> expires_at
+
+    def mask(self, our_hash: int) -> int:
+        """The tiers holding ``our_hash`` (stored, not predicted)."""
+        counts = self.refs.get(our_hash)
+        return sum(1 << i for i, n in enumerate(counts) if n) if counts else 0
 
 
 @dataclass
@@ -83,13 +144,15 @@ class _Worker:
 
 @dataclass(frozen=True)
 class ApplyResult:
-    """What applying one batch did: ``gap`` is True when events were lost before it."""
+    """What applying one batch did: ``gap`` is True when events were lost before it. ``removed``
+    counts blocks that left a tier, of which ``demoted`` stayed held in another."""
 
     gap: bool
     stored: int
     removed: int
     skipped: int
     buffered: bool = False
+    demoted: int = 0
 
 
 class KvIndex:
@@ -97,7 +160,7 @@ class KvIndex:
 
     def __init__(self) -> None:
         self._workers: dict[str, _Worker] = {}
-        self._holders: dict[int, set[Target]] = {}
+        self._holders: dict[int, dict[Target, int]] = {}  # our hash -> target -> tiers (predicted: gpu)
         self._expiries: list[tuple[float, int, str, int]] = []  # (expires_at, hash, worker, rank)
         self.events_seen: dict[str, int] = {}  # worker -> batches received (for "no events" warnings)
 
@@ -125,15 +188,24 @@ class KvIndex:
         w = self._workers.get(worker_id)
         return w.page_size if w else None
 
-    def block_count(self, worker_id: str, dp_rank: int | None = None, *, predicted: bool = False) -> int:
-        """Blocks the index believes the worker (or one of its ranks) holds: stored ones, plus the
-        predicted ones not yet confirmed when ``predicted``."""
+    def block_count(
+        self,
+        worker_id: str,
+        dp_rank: int | None = None,
+        *,
+        predicted: bool = False,
+        medium: Medium = "gpu",
+    ) -> int:
+        """Blocks the index believes the worker (or one of its ranks) holds in ``medium``: stored ones,
+        plus (GPU) the predicted ones not yet confirmed when ``predicted``."""
         w = self._workers.get(worker_id)
         if w is None:
             return 0
         ranks = w.ranks.values() if dp_rank is None else [w.ranks.get(dp_rank, _Cache())]
-        # stored and predicted blocks are disjoint: a confirmed prediction stops being one
-        return sum(len(c.refs) + (len(c.predicted) if predicted else 0) for c in ranks)
+        tier = MEDIA.index(medium)
+        # a prediction ends when a GPU store confirms it: predicted and GPU-held blocks are disjoint
+        extra = (lambda c: len(c.predicted)) if predicted and medium == "gpu" else (lambda c: 0)
+        return sum(c.held[tier] + extra(c) for c in ranks)
 
     # --- events -----------------------------------------------------------------------------
 
@@ -172,17 +244,19 @@ class KvIndex:
         w.last_seq = batch.seq
         target = (worker_id, batch.dp_rank)
         c = w.cache(batch.dp_rank)
-        stored = removed = skipped = 0
+        stored = removed = skipped = demoted = 0
         for event in batch.events:
             if isinstance(event, BlockStored):
                 n = self._store(target, w.page_size, c, event)
                 stored += n
                 skipped += len(event.block_hashes) - n
             elif isinstance(event, BlockRemoved):
-                removed += self._remove(target, c, event.block_hashes)
+                left, kept = self._remove(target, c, event.block_hashes, BIT[event.medium])
+                removed += left
+                demoted += kept
             elif isinstance(event, AllBlocksCleared):
                 self._clear_cache(target, c)
-        return ApplyResult(gap=gap, stored=stored, removed=removed, skipped=skipped)
+        return ApplyResult(gap=gap, stored=stored, removed=removed, skipped=skipped, demoted=demoted)
 
     def _store(self, target: Target, page_size: int, c: _Cache, event: BlockStored) -> int:
         if event.parent_hash is None:
@@ -191,37 +265,70 @@ class KvIndex:
             parent = c.engine_to_ours.get(event.parent_hash)
             if parent is None:
                 return 0  # its prefix is unknown (lost in a gap or evicted): cannot be placed
-        ours = hash_token_blocks(event.token_ids, page_size, parent)
+        bit = BIT[event.medium]
+        ours = hash_token_blocks(event.token_ids, page_size, parent, lora_name=event.lora_name)
         for engine_hash, our_hash in zip(event.block_hashes, ours, strict=False):
             previous = c.engine_to_ours.get(engine_hash)
-            if previous == our_hash:
-                continue
-            if previous is not None:
-                self._release(target, c, previous)
-            c.engine_to_ours[engine_hash] = our_hash
-            c.refs[our_hash] = c.refs.get(our_hash, 0) + 1
-            c.predicted.pop(our_hash, None)  # confirmed
-            self._holders.setdefault(our_hash, set()).add(target)
+            if previous is not None and previous != our_hash:  # the engine reused a hash: forget the old
+                self._release(target, c, engine_hash, c.engine_tiers.get(engine_hash, 0))
+                previous = None
+            if previous is None:
+                c.engine_to_ours[engine_hash] = our_hash
+                c.engine_tiers[engine_hash] = 0
+            if c.engine_tiers[engine_hash] & bit:
+                continue  # already known in this tier
+            c.engine_tiers[engine_hash] |= bit
+            counts = c.refs.setdefault(our_hash, [0] * len(MEDIA))
+            tier = MEDIA.index(event.medium)
+            counts[tier] += 1
+            if counts[tier] == 1:
+                c.held[tier] += 1
+            if bit == GPU:
+                c.predicted.pop(our_hash, None)  # confirmed
+            self._refresh(target, c, our_hash)
         return min(len(ours), len(event.block_hashes))
 
-    def _remove(self, target: Target, c: _Cache, engine_hashes: Iterable[int]) -> int:
-        n = 0
+    def _remove(self, target: Target, c: _Cache, engine_hashes: Iterable[int], bit: int) -> tuple[int, int]:
+        """Take ``bit``'s tier from these blocks; (blocks that left it, of which still held elsewhere)."""
+        left = kept = 0
         for engine_hash in engine_hashes:
-            our_hash = c.engine_to_ours.pop(engine_hash, None)
-            if our_hash is None:
-                continue
-            self._release(target, c, our_hash)
-            n += 1
-        return n
+            tiers = c.engine_tiers.get(engine_hash, 0)
+            if not tiers & bit:
+                continue  # unknown, or not known in this tier (e.g. a GPU copy we never saw stored)
+            self._release(target, c, engine_hash, bit)
+            left += 1
+            kept += engine_hash in c.engine_tiers
+        return left, kept
 
-    def _release(self, target: Target, c: _Cache, our_hash: int) -> None:
-        left = c.refs.get(our_hash, 0) - 1
-        if left > 0:
-            c.refs[our_hash] = left  # the engine still holds this content under another hash
-            return
-        c.refs.pop(our_hash, None)
-        c.predicted.pop(our_hash, None)  # evicted: an older prediction no longer holds
-        self._discard(our_hash, target)
+    def _release(self, target: Target, c: _Cache, engine_hash: int, bits: int) -> None:
+        """Take the tiers ``bits`` from one engine hash; forget it when it is held in none."""
+        our_hash = c.engine_to_ours[engine_hash]
+        tiers = c.engine_tiers[engine_hash]
+        counts = c.refs.get(our_hash)
+        for i in range(len(MEDIA)):
+            if counts is not None and bits & tiers & (1 << i):
+                counts[i] -= 1  # the engine may still hold this content in this tier under another hash
+                if counts[i] == 0:
+                    c.held[i] -= 1
+        tiers &= ~bits
+        if tiers:
+            c.engine_tiers[engine_hash] = tiers
+        else:
+            del c.engine_tiers[engine_hash]
+            del c.engine_to_ours[engine_hash]
+        if counts is not None and not any(counts):
+            del c.refs[our_hash]
+        if bits & GPU and not c.mask(our_hash) & GPU:
+            c.predicted.pop(our_hash, None)  # evicted from the GPU: an older prediction no longer holds
+        self._refresh(target, c, our_hash)
+
+    def _refresh(self, target: Target, c: _Cache, our_hash: int) -> None:
+        """Bring ``_holders`` in line with what ``c`` holds of ``our_hash``."""
+        mask = c.mask(our_hash) | (GPU if our_hash in c.predicted else 0)
+        if mask:
+            self._holders.setdefault(our_hash, {})[target] = mask
+        else:
+            self._discard(our_hash, target)
 
     def _clear(self, worker_id: str) -> None:
         w = self._workers.get(worker_id)
@@ -234,14 +341,16 @@ class KvIndex:
         for our_hash in list(c.refs) + list(c.predicted):
             self._discard(our_hash, target)
         c.engine_to_ours.clear()
+        c.engine_tiers.clear()
         c.refs.clear()
+        c.held = [0] * len(MEDIA)
         c.predicted.clear()
 
     def _discard(self, our_hash: int, target: Target) -> None:
         holders = self._holders.get(our_hash)
         if holders is None:
             return
-        holders.discard(target)
+        holders.pop(target, None)
         if not holders:
             del self._holders[our_hash]
 
@@ -279,18 +388,18 @@ class KvIndex:
     # --- predictions ------------------------------------------------------------------------
 
     def predict(self, target: Target, block_hashes: Sequence[int], expires_at: float) -> None:
-        """Count ``block_hashes`` as held by ``target`` until ``expires_at`` (or an event says)."""
+        """Count ``block_hashes`` as held on ``target``'s GPU until ``expires_at`` (or an event says)."""
         w = self._workers.get(target[0])
         if w is None:
             return
         c = w.cache(target[1])
         for h in block_hashes:
-            if h in c.refs:
+            if c.mask(h) & GPU:
                 continue
             if c.predicted.get(h, -1.0) < expires_at:
                 c.predicted[h] = expires_at
                 heapq.heappush(self._expiries, (expires_at, h, target[0], target[1]))
-            self._holders.setdefault(h, set()).add(target)
+            self._refresh(target, c, h)
 
     def expire(self, now: float) -> int:
         """Drop predictions whose time has come; how many."""
@@ -304,27 +413,33 @@ class KvIndex:
             if c is None or c.predicted.get(h) != at:
                 continue  # confirmed, refreshed or dropped since
             del c.predicted[h]
-            if h not in c.refs:
-                self._discard(h, (worker_id, rank))
+            self._refresh((worker_id, rank), c, h)
             n += 1
         return n
 
     # --- queries ----------------------------------------------------------------------------
 
-    def overlaps(self, block_hashes: Sequence[int], targets: Iterable[Target | str]) -> dict[Any, int]:
-        """For each target, how many leading blocks of ``block_hashes`` it holds (or is predicted to).
-        A target is ``(worker, dp_rank)``; a bare worker id stands for its rank 0 (and keys the result
-        as given)."""
+    def tier_overlaps(
+        self, block_hashes: Sequence[int], targets: Iterable[Target | str]
+    ) -> dict[Any, TierOverlap]:
+        """For each target, its leading blocks of ``block_hashes`` (held in any tier, or predicted), each
+        counted in the fastest tier it is held in. A target is ``(worker, dp_rank)``; a bare worker id
+        stands for its rank 0 (and keys the result as given)."""
         given = {t: (t, 0) if isinstance(t, str) else t for t in targets}
-        counts = {t: 0 for t in given.values()}
+        counts = {t: [0] * len(MEDIA) for t in given.values()}
         alive = set(counts)
         for h in block_hashes:
             holders = self._holders.get(h)
             if not holders:
                 break
-            alive &= holders
+            alive = {t for t in alive if t in holders}
             if not alive:
                 break
             for t in alive:
-                counts[t] += 1
-        return {g: counts[t] for g, t in given.items()}
+                counts[t][_best(holders[t])] += 1
+        return {g: TierOverlap(*counts[t]) for g, t in given.items()}
+
+    def overlaps(self, block_hashes: Sequence[int], targets: Iterable[Target | str]) -> dict[Any, int]:
+        """For each target, how many leading blocks of ``block_hashes`` it holds in any tier (or is
+        predicted to); see ``tier_overlaps``."""
+        return {t: o.blocks for t, o in self.tier_overlaps(block_hashes, targets).items()}

@@ -7,12 +7,17 @@ uniformly, and ``kv`` minimises an estimate of the work a request waits for, in 
 
 A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of a worker.
 
-    new_blocks(t) = prompt_blocks - overlap_blocks(t) + 1
+    new_blocks(t) = prompt_blocks - saved_blocks(t) + 1
         the prefill this request would add on t. prompt_blocks: full ``page_size`` blocks of the
-        prompt; overlap_blocks(t): how many leading prompt blocks t holds (``KvIndex.overlaps``), counting
-        blocks *predicted* at routing time for requests whose KV events have not arrived yet; + 1: the
-        prompt's tail (its partial last block, or the last token an engine always recomputes), so that
-        a fully cached request still counts as some work where it queues.
+        prompt; + 1: the prompt's tail (its partial last block, or the last token an engine always
+        recomputes), so that a fully cached request still counts as some work where it queues.
+    saved_blocks(t) = gpu_blocks(t) + host_hit_weight * host_blocks(t) + disk_hit_weight * disk_blocks(t)
+        the prefill t's cache saves. In prefix order, the prompt's leading blocks t holds
+        (``KvIndex.tier_overlaps``), each in the fastest tier t holds it in, until the first block t
+        holds in none: a block on the GPU saves a whole block of prefill (counting blocks *predicted*
+        at routing time for requests whose KV events have not arrived yet), one in host memory
+        (SGLang's HiCache) saves what is left after loading it back over PCIe, one in HiCache's storage
+        tier less again.
     prefill_blocks(t) = the new blocks of the requests this frontend sent to t that have not produced
         their first token yet (prefill queued or running there: exact and immediate), plus one block for
         each request t reports waiting that is not ours (other frontends' queue).
@@ -37,11 +42,27 @@ there is room: then a few requests' imbalance slows every step of the busy worke
 prefill delays its decoders) for nothing. So when the cheapest candidate has more than
 ``balance_abs_threshold`` requests more than the idlest *and* more than ``balance_rel_threshold``
 times as many, the request goes to the cheapest of the least loaded candidates that have room for its
-new blocks (their cache stays at most ``ROOM_FRACTION`` full with them: a per-worker sign that the
-fleet is not under cache pressure, as copies then evict nothing that is needed soon); when none has
-room, only an imbalance
+new blocks (their GPU cache stays at most ``ROOM_FRACTION`` full with them: a per-worker sign that the
+fleet is not under cache pressure, as copies then evict nothing that is needed soon; blocks held only
+in host memory take no GPU block, and a host hit takes GPU blocks when it is loaded back); when none
+has room, only an imbalance
 ``PRESSURE_FACTOR`` times the absolute threshold moves it (to the cheapest least loaded one). A
 prefix copied to an idle worker then serves there too, so the load evens out.
+
+LoRA adapters: a request for an adapter goes only to workers that hold it (the frontend's candidates),
+and its blocks are the adapter's own (``KvIndex``). Among those workers, one whose GPU batch slots hold
+the adapter now (``lora_resident``: it ran a request of the adapter recently, within the last
+``max_loras_per_batch`` adapters it ran, or holds it pinned) saves copying it in:
+
+    cost(t) += lora_swap_blocks          when the adapter is not resident on t
+            += lora_wait_blocks          when t's slots all run other adapters now (``lora_slots_full``):
+                                         the request waits until one of them drains
+
+So an adapter stays on the workers it is resident on while they are not much busier than the rest, and
+is spread to more workers when they are: through the cost (their queued prefill above the swap's
+worth), or through the balance guard below, which moves a request past its thresholds only to a worker
+with a free batch slot for the adapter (``_has_room``). The spread is bounded by that: an adapter is
+copied to another worker only when the ones holding it run ``balance_abs_threshold`` requests more.
 
 Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
 ``make bench`` on the mocker and are the ones to start with):
@@ -51,9 +72,16 @@ Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the route
   1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
   idle worker, and prefixes get copied around under load.
 - ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
+- ``--kv-host-hit-weight`` (default 0.75) and ``--kv-disk-hit-weight`` (default 0.25): the share of a
+  block's prefill that a hit in host memory (resp. HiCache's storage tier) saves; 0 routes on the GPU
+  tier alone. The defaults are NVIDIA Dynamo's (llm-d uses 0.8 for host memory) until
+  ``tests/gpu/run_hicache.py`` measures ``(TTFT miss - TTFT host hit) / (TTFT miss - TTFT GPU hit)``
+  on our GPUs (``docs/kv-tiers.md``).
 - ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5).
 - ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
   held before KV events confirm them.
+- ``--kv-lora-swap-blocks`` (default 4) and ``--kv-lora-wait-blocks`` (default 16): the worth, in blocks
+  of prefill, of copying an adapter into a worker's GPU slots, and of waiting for a slot.
 Candidates of equal cost are chosen among at random, so identical workers share the load.
 """
 
@@ -73,6 +101,7 @@ __all__ = [
     "kv_choose",
     "kv_cost",
     "new_blocks",
+    "saved_blocks",
 ]
 
 RouterMode = Literal["round-robin", "random", "kv"]
@@ -109,6 +138,10 @@ class KvWeights:
     decode_weight: float = 0.1
     balance_abs_threshold: int = 2
     balance_rel_threshold: float = 1.5
+    host_hit_weight: float = 0.75
+    disk_hit_weight: float = 0.25
+    lora_swap_blocks: float = 4.0
+    lora_wait_blocks: float = 16.0
 
 
 @dataclass(frozen=True)
@@ -116,13 +149,17 @@ class KvCandidate:
     """One cache (worker, or dp rank of a worker) as the kv policy sees it."""
 
     worker_id: str
-    overlap_blocks: int = 0
+    overlap_blocks: int = 0  # leading prompt blocks it holds on the GPU (or is predicted to) ...
+    host_blocks: int = 0  # ... then those it holds only in host memory ...
+    disk_blocks: int = 0  # ... or only in HiCache's storage tier (``KvIndex.tier_overlaps``)
     prefill_blocks: int = 0
     decode_blocks: int = 0
     requests: int = 0  # requests in flight or waiting there (for the balance guard)
     free_blocks: int | None = None  # KV blocks it holds nothing in (None: unknown, counts as room)
     capacity_blocks: int | None = None  # its KV cache size in blocks
     dp_rank: int = 0
+    lora_resident: bool = True  # the request's adapter is in its GPU slots (always for the base model)
+    lora_slots_full: bool = False  # its batch slots all run other adapters: the request would wait
 
     @property
     def key(self) -> str:
@@ -135,12 +172,23 @@ def new_blocks(prompt_blocks: int, overlap_blocks: int) -> int:
     return max(prompt_blocks - overlap_blocks, 0) + 1
 
 
+def saved_blocks(candidate: KvCandidate, weights: KvWeights) -> float:
+    """The blocks of prefill the candidate's cache saves: a GPU block one, a host or disk one its weight."""
+    return (
+        candidate.overlap_blocks
+        + weights.host_hit_weight * candidate.host_blocks
+        + weights.disk_hit_weight * candidate.disk_blocks
+    )
+
+
 def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
-    new = new_blocks(prompt_blocks, candidate.overlap_blocks)
+    new = max(prompt_blocks - saved_blocks(candidate, weights), 0.0) + 1
     return (
         weights.overlap_weight * new
         + candidate.prefill_blocks
         + weights.decode_weight * candidate.decode_blocks
+        + (0.0 if candidate.lora_resident else weights.lora_swap_blocks)
+        + (weights.lora_wait_blocks if candidate.lora_slots_full else 0.0)
     )
 
 
@@ -152,7 +200,11 @@ def _overloaded(chosen: KvCandidate, least: int, weights: KvWeights, factor: int
 
 
 def _has_room(candidate: KvCandidate, prompt_blocks: int) -> bool:
-    """Whether the candidate's cache stays at most ``ROOM_FRACTION`` full with this request's blocks."""
+    """Whether the candidate's GPU cache stays at most ``ROOM_FRACTION`` full with this request's blocks
+    (every block not already on its GPU: computed, or loaded back from host memory), and it has a batch
+    slot for the request's adapter."""
+    if candidate.lora_slots_full:
+        return False
     if candidate.free_blocks is None or candidate.capacity_blocks is None:
         return True
     after = candidate.free_blocks - new_blocks(prompt_blocks, candidate.overlap_blocks)

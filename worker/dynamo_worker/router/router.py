@@ -10,6 +10,11 @@ until it ends), and the prompt's blocks as *predicted* in that cache for ``predi
 (``KvIndex.predict``), so that the next request with the same prefix finds it there before the
 worker's KV events arrive. A data-parallel worker (``dp_size`` > 1) is one candidate per rank; the
 choice names the rank (``Choice.dp_rank``), which the frontend sends as ``data_parallel_rank``.
+
+LoRA: a request for an adapter (``lora_name``) is hashed in the adapter's namespace, and each cache
+remembers the adapters it ran last (as many as its ``max_loras_per_batch``, the size of SGLang's GPU
+pool, which evicts the least recently used) and those it runs now: ``lora_resident`` and
+``lora_slots_full`` of ``router.policy``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,8 +52,9 @@ SILENT_AFTER_REQUESTS = 3  # requests a worker finishes without any KV event bef
 class Choice:
     worker: InstanceRecord
     prompt_blocks: int  # full page_size blocks of the prompt on this worker
-    overlap_blocks: int  # of which the kv index believes the worker caches (0 outside kv mode)
+    overlap_blocks: int  # of which the kv index believes the worker caches, in any tier (0 outside kv mode)
     dp_rank: int | None = None  # the data-parallel rank to send the request to (kv mode, dp_size > 1)
+    lora_name: str | None = None  # the LoRA adapter the request runs (None: the base model)
 
     @property
     def key(self) -> str:
@@ -119,6 +126,9 @@ class Router:
         self._other_waiting: dict[str, int] = {}
         self._finished_count: dict[str, int] = {}
         self._silent_reported: set[str] = set()
+        # per cache key: the adapters it ran last (most recent at the end), and runs now (None: base)
+        self._lora_recent: dict[str, OrderedDict[str | None, None]] = {}
+        self._lora_running: dict[str, dict[str | None, int]] = {}
         self.on_worker_added: Callable[[InstanceRecord], None] | None = None  # e.g. ask for a snapshot
 
     @property
@@ -147,7 +157,13 @@ class Router:
         ):
             per_worker.pop(instance_id, None)
         prefix = instance_id + "/"
-        for per_key in (self._decode_blocks, self._prefill_blocks, self._requests):
+        for per_key in (
+            self._decode_blocks,
+            self._prefill_blocks,
+            self._requests,
+            self._lora_recent,
+            self._lora_running,
+        ):
             for key in [k for k in per_key if k == instance_id or k.startswith(prefix)]:
                 del per_key[key]
 
@@ -166,7 +182,40 @@ class Router:
     def started(self, choice: Choice) -> Flight:
         """A request was sent as ``choice`` says; call ``first_token`` and ``done`` on the result."""
         self._add(choice, prefill=choice.new_blocks, prefilling=1, blocks=choice.prompt_blocks, requests=1)
+        self._lora_started(choice)
         return Flight(self, choice)
+
+    def _lora_started(self, choice: Choice) -> None:
+        lora = choice.worker.lora
+        if lora is None or choice.worker.instance_id not in self._records:
+            return
+        recent = self._lora_recent.setdefault(choice.key, OrderedDict())
+        recent[choice.lora_name] = None
+        recent.move_to_end(choice.lora_name)
+        while len(recent) > lora.max_loras_per_batch:
+            recent.popitem(last=False)
+        running = self._lora_running.setdefault(choice.key, {})
+        running[choice.lora_name] = running.get(choice.lora_name, 0) + 1
+
+    def _lora_finished(self, choice: Choice) -> None:
+        running = self._lora_running.get(choice.key)
+        if running is None or choice.lora_name not in running:
+            return
+        running[choice.lora_name] -= 1
+        if running[choice.lora_name] <= 0:
+            del running[choice.lora_name]
+
+    def lora_residency(self, key: str, record: InstanceRecord, lora_name: str | None) -> tuple[bool, bool]:
+        """(resident, slots_full) of a cache for a request of ``lora_name`` (see the module docstring)."""
+        state = record.lora
+        if state is None:
+            return True, False
+        running = self._lora_running.get(key, {})
+        full = lora_name not in running and len(running) >= state.max_loras_per_batch
+        if lora_name is None:
+            return True, full
+        pinned = any(a.name == lora_name and a.pinned for a in state.adapters)
+        return pinned or lora_name in self._lora_recent.get(key, ()), full
 
     def _add(
         self,
@@ -200,6 +249,7 @@ class Router:
         if w not in self._records:
             return
         self._add(choice, blocks=-choice.prompt_blocks, requests=-1)
+        self._lora_finished(choice)
         if self.mode == "kv" and choice.prompt_blocks > 0:
             n = self._finished_count[w] = self._finished_count.get(w, 0) + 1
             if (
@@ -227,20 +277,29 @@ class Router:
 
     # --- the decision -----------------------------------------------------------------------
 
-    def choose(self, key: str, candidates: Sequence[InstanceRecord], token_ids: Sequence[int]) -> Choice:
-        """Pick one of ``candidates`` (non-empty) for a prompt; ``key`` scopes round-robin cursors."""
+    def choose(
+        self,
+        key: str,
+        candidates: Sequence[InstanceRecord],
+        token_ids: Sequence[int],
+        lora_name: str | None = None,
+    ) -> Choice:
+        """Pick one of ``candidates`` (non-empty) for a prompt, of the LoRA adapter ``lora_name`` (None:
+        the base model; the candidates are workers that hold it); ``key`` scopes round-robin cursors."""
         if not candidates:
             raise ValueError("no candidates to choose from")
         by_id = {c.instance_id: c for c in candidates}
         if self.mode == "round-robin":
             worker = by_id[self._round_robin.choose(key, list(by_id))]
-            return Choice(worker, len(token_ids) // worker.page_size, 0)
+            return Choice(worker, len(token_ids) // worker.page_size, 0, lora_name=lora_name)
         if self.mode == "random":
             worker = by_id[choose_random(list(by_id), self._rng)]
-            return Choice(worker, len(token_ids) // worker.page_size, 0)
-        return self._choose_kv(by_id, token_ids)
+            return Choice(worker, len(token_ids) // worker.page_size, 0, lora_name=lora_name)
+        return self._choose_kv(by_id, token_ids, lora_name)
 
-    def _choose_kv(self, by_id: dict[str, InstanceRecord], token_ids: Sequence[int]) -> Choice:
+    def _choose_kv(
+        self, by_id: dict[str, InstanceRecord], token_ids: Sequence[int], lora_name: str | None
+    ) -> Choice:
         now = self._clock()
         self.index.expire(now)
         hashes_by_page: dict[int, list[int]] = {}
@@ -249,28 +308,34 @@ class Router:
         for worker_id, record in by_id.items():
             hashes = hashes_by_page.get(record.page_size)
             if hashes is None:
-                hashes = hash_token_blocks(token_ids, record.page_size)
+                hashes = hash_token_blocks(token_ids, record.page_size, lora_name=lora_name)
                 hashes_by_page[record.page_size] = hashes
             prompt_blocks[worker_id] = len(hashes)
             ranks = range(record.dp_size)
-            overlaps = self.index.overlaps(hashes, [(worker_id, r) for r in ranks])
+            overlaps = self.index.tier_overlaps(hashes, [(worker_id, r) for r in ranks])
             share = record.dp_size
             others = self._other_blocks.get(worker_id, 0) // share
             waiting = self._other_waiting.get(worker_id, 0)
             capacity = record.total_kv_blocks // share if record.total_kv_blocks else None
             for rank in ranks:
                 c = Choice(record, len(hashes), 0, rank)
-                held = self.index.block_count(worker_id, rank, predicted=True)
+                held = self.index.block_count(worker_id, rank, predicted=True)  # on its GPU
+                tiers = overlaps[(worker_id, rank)]
+                resident, slots_full = self.lora_residency(c.key, record, lora_name)
                 kv_candidates.append(
                     KvCandidate(
                         worker_id=worker_id,
                         dp_rank=rank,
-                        overlap_blocks=overlaps[(worker_id, rank)],
+                        overlap_blocks=tiers.gpu,
+                        host_blocks=tiers.host,
+                        disk_blocks=tiers.disk,
                         prefill_blocks=self._prefill_blocks.get(c.key, 0) + waiting // share,
                         decode_blocks=self._decode_blocks.get(c.key, 0) + others,
                         requests=self._requests.get(c.key, 0) + waiting // share,
                         free_blocks=max(capacity - held, 0) if capacity is not None else None,
                         capacity_blocks=capacity,
+                        lora_resident=resident,
+                        lora_slots_full=slots_full,
                     )
                 )
         # Workers of one model share a page size; with mixed sizes, the blocks are not comparable and
@@ -282,16 +347,19 @@ class Router:
             (best.worker_id, best.dp_rank), hashes_by_page[record.page_size], now + self.predict_ttl_s
         )
         log.debug(
-            "Routed request worker=%s dp_rank=%d overlap=%d blocks=%d costs=%s",
+            "Routed request worker=%s dp_rank=%d overlap=%d host=%d disk=%d blocks=%d costs=%s",
             best.worker_id,
             best.dp_rank,
             best.overlap_blocks,
+            best.host_blocks,
+            best.disk_blocks,
             blocks,
             costs,
         )
         return Choice(
             record,
             prompt_blocks[best.worker_id],
-            best.overlap_blocks,
+            best.overlap_blocks + best.host_blocks + best.disk_blocks,
             best.dp_rank if record.dp_size > 1 else None,
+            lora_name,
         )

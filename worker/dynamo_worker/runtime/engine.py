@@ -2,7 +2,9 @@
 
 ``run_worker`` drives an ``Engine``: ``attach_events`` and ``attach_death`` (before ``start``), ``start``,
 then ``generate`` concurrently for every accepted request, ``health_check`` on each ``/health`` probe, and
-``stop`` on shutdown.
+``stop`` on shutdown. An engine that serves LoRA adapters says so after ``start`` (``lora_limits``,
+``startup_loras``) and loads and unloads them (``load_lora``, ``unload_lora``: the
+``runtime.lora.LoraEngine`` protocol), for the worker's ``/v1/loras``.
 
 Engine death (``runtime.recovery``): after each ``start`` the worker watches the engine's
 ``processes()`` (SGLang's schedulers and detokenizer, the mocker's scheduler process); when one exits,
@@ -26,6 +28,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, KvEvent, Role, ServingFeatures
+from dynamo_worker.runtime.lora_checks import LoraError, LoraLimits, StartupAdapter
 
 __all__ = ["Engine", "EngineEventSink", "EngineInfo", "EngineProcess", "LoadSnapshot", "NullEventSink"]
 
@@ -113,6 +116,23 @@ class Engine(abc.ABC):
 
     async def health_check(self) -> None:  # noqa: B027 - default: healthy while started
         """Raise when the engine cannot serve (the ``/health`` probe turns 503)."""
+
+    def lora_limits(self) -> LoraLimits | None:
+        """After ``start``: the engine's LoRA limits, or None when it runs without LoRA (default)."""
+        return None
+
+    def startup_loras(self) -> list[StartupAdapter]:
+        """After ``start``: the adapters the engine loaded at start (``--lora-paths``)."""
+        return []
+
+    async def load_lora(self, name: str, path: str, pinned: bool) -> list[str]:
+        """Load adapter ``name`` from the folder ``path``; the names held afterwards. Raises
+        ``LoraError`` when the engine refuses."""
+        raise LoraError("LoraNotEnabled", "this engine serves no LoRA adapters")
+
+    async def unload_lora(self, name: str) -> list[str]:
+        """Unload adapter ``name`` once its running requests finished; the names held afterwards."""
+        raise LoraError("LoraNotEnabled", "this engine serves no LoRA adapters")
 
     @abc.abstractmethod
     async def stop(self) -> None:

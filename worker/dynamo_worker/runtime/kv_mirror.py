@@ -6,8 +6,12 @@ seen none of their ``BlockStored`` events. Every worker keeps this mirror of the
 answers a ``KvSnapshotRequest`` from it: the blocks stored and not since removed, per dp rank, as
 ``BlockStored`` events with every parent before its children, so a ``KvIndex`` can place them all.
 
-Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens),
-bounded by the engine's KV cache.
+Tiers follow the index's model (``router.index``): a block is held in the set of media it was stored
+in and not since removed from, and is gone when that set is empty. The snapshot sends one
+``BlockStored`` per tier a block is held in (a GPU block backed up in host memory: two).
+
+Memory: one entry per block the engine holds (its hash, its parent's and its ``page_size`` tokens, and
+the LoRA adapter whose prefix cache holds it), bounded by the engine's KV cache.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from dynamo_worker.protocol import MEDIA, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
 
 __all__ = ["KvMirror"]
 
@@ -24,6 +28,8 @@ __all__ = ["KvMirror"]
 class _Block:
     parent: int | None
     tokens: list[int]
+    media: set[Medium] = field(default_factory=set)
+    lora: str | None = None
 
 
 @dataclass
@@ -40,22 +46,32 @@ class KvMirror:
                 page = len(event.token_ids) // n
                 parent = event.parent_hash
                 for i, h in enumerate(event.block_hashes):
-                    blocks[h] = _Block(parent, list(event.token_ids[i * page : (i + 1) * page]))
+                    tokens = list(event.token_ids[i * page : (i + 1) * page])
+                    block = blocks.get(h)
+                    if block is None or block.tokens != tokens or block.parent != parent:
+                        block = blocks[h] = _Block(parent, tokens, lora=event.lora_name)  # new content
+                    block.media.add(event.medium)
                     parent = h
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
-                    blocks.pop(h, None)
+                    block = blocks.get(h)
+                    if block is not None:
+                        block.media.discard(event.medium)
+                        if not block.media:
+                            del blocks[h]
             elif isinstance(event, AllBlocksCleared):
                 blocks.clear()
 
     def block_count(self, dp_rank: int | None = None) -> int:
+        """Blocks held in any tier."""
         if dp_rank is not None:
             return len(self.ranks.get(dp_rank, {}))
         return sum(len(b) for b in self.ranks.values())
 
     def stored_events(self, dp_rank: int, max_blocks: int = 1000) -> Iterator[list[BlockStored]]:
-        """The rank's blocks as ``BlockStored`` events, parents first, in lists of at most
-        ``max_blocks`` blocks. A chain of blocks becomes one event."""
+        """The rank's blocks as ``BlockStored`` events, parents first (with every tier of a parent
+        before its children), one per tier a block is held in, in lists of at most ``max_blocks``
+        events' blocks. A chain of blocks in one tier becomes one event."""
         blocks = self.ranks.get(dp_rank, {})
         emitted: set[int] = set()
         out: list[BlockStored] = []
@@ -73,18 +89,29 @@ class KvMirror:
             for h in chain:
                 emitted.add(h)
                 b = blocks[h]
-                last = out[-1] if out else None
-                if last is not None and last.block_hashes[-1] == b.parent and len(last.block_hashes) < 64:
-                    out[-1] = BlockStored(
-                        parent_hash=last.parent_hash,
-                        block_hashes=[*last.block_hashes, h],
-                        token_ids=[*last.token_ids, *b.tokens],
-                    )
-                else:
-                    out.append(BlockStored(parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens))
-                count += 1
-                if count >= max_blocks:
-                    yield out
-                    out, count = [], 0
+                for medium in (m for m in MEDIA if m in b.media):
+                    _extend(out, h, b, medium)
+                    count += 1
+                    if count >= max_blocks:
+                        yield out
+                        out, count = [], 0
         if out:
             yield out
+
+
+def _extend(out: list[BlockStored], h: int, b: _Block, medium: Medium) -> None:
+    """Add block ``h`` in ``medium`` to ``out``: onto an event of the same tier and adapter it continues
+    (looking back past the other tiers of its parent), else as a new event."""
+    for i in range(len(out) - 1, max(len(out) - len(MEDIA), 0) - 1, -1):
+        last = out[i]
+        same = last.medium == medium and last.lora_name == b.lora
+        if same and last.block_hashes[-1] == b.parent and len(last.block_hashes) < 64:
+            out[i] = last.model_copy(
+                update={"block_hashes": [*last.block_hashes, h], "token_ids": [*last.token_ids, *b.tokens]}
+            )
+            return
+    out.append(
+        BlockStored(
+            parent_hash=b.parent, block_hashes=[h], token_ids=b.tokens, medium=medium, lora_name=b.lora
+        )
+    )

@@ -64,7 +64,8 @@ class ModelCardError(RuntimeError):
 
 
 class ModelCard(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A newer worker's card (a field this frontend does not know) still loads: see dynamo_worker.protocol.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     name: str  # the served model name
     context_length: Annotated[int, Field(ge=1)] | None = None

@@ -49,7 +49,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, TokenLogprob, WorkerError
+from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, TokenLogprob, Usage, WorkerError
 from dynamo_worker.runtime.listening import binding, log_listening
 
 __all__ = [
@@ -128,12 +128,26 @@ class RequestMetrics:
         self.output_tokens = Counter(
             "dynamo_worker_output_tokens", "Tokens streamed to clients.", registry=registry
         )
+        self.cached_tokens = Counter(
+            "dynamo_worker_cached_tokens",
+            "Prompt tokens the engine did not compute, by the KV tier they were found in: gpu, or host "
+            "(loaded back from host memory or storage, SGLang's HiCache).",
+            ["tier"],
+            registry=registry,
+        )
         self.duration = Histogram(
             "dynamo_worker_request_duration_seconds",
             "Time from accepting a request to its last chunk.",
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
         )
+
+    def count_cached(self, usage: Usage) -> None:
+        host = min(usage.cached_tokens_host, usage.cached_tokens)
+        if usage.cached_tokens - host:
+            self.cached_tokens.labels("gpu").inc(usage.cached_tokens - host)
+        if host:
+            self.cached_tokens.labels("host").inc(host)
 
 
 # --- framing ------------------------------------------------------------------------------------
@@ -433,6 +447,8 @@ class RequestServer:
                     tokens += len(chunk.token_ids)
                     if chunk.finish_reason is not None:
                         outcome = chunk.error.type if chunk.error else chunk.finish_reason
+                        if chunk.usage is not None and self._metrics is not None:
+                            self._metrics.count_cached(chunk.usage)
                         break
                     if not conn.writable.is_set():
                         await conn.writable.wait()  # the client reads slower than we write

@@ -218,6 +218,14 @@ class RuntimeSettings(Settings):
         "prefill and decode pods; unset, the worker derives one from its model, model card and page size.",
         json_schema_extra={"env": contract.ENV_REVISION},
     )
+    lora_load_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        le=86400.0,
+        description="Bound on one load or unload of a LoRA adapter on the system port (/v1/loras): "
+        "fetching an hf:// adapter, reading it and the engine's load; an unload waits for the adapter's "
+        "running requests. Past it the call answers 500 LoadFailed.",
+    )
     instance_id: str = Field(
         default_factory=new_instance_id,
         pattern=r"^[0-9a-f]{16}$",

@@ -6,6 +6,7 @@
   ``health_check`` passes; 503 before that, while draining, and when the check fails or exceeds its
   bound. The body is JSON ``{"status": ..., "reason": ...}`` saying why.
 - ``GET /metrics``: Prometheus text format from this process's own registry.
+- ``/v1/loras``: the worker's LoRA adapters (``runtime.lora``), once the worker gives it ``loras``.
 - ``GET /group/lifeline`` (a multinode leader only): the other ranks' lifelines (``runtime.group``).
 
 While the worker restarts its engine after the engine died, ``/health`` is 503 ``restarting`` with the
@@ -24,6 +25,7 @@ from dynamo_api import contract
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from dynamo_worker.runtime.listening import serve
+from dynamo_worker.runtime.lora import LoraApi
 
 __all__ = ["SystemServer"]
 
@@ -59,6 +61,7 @@ class SystemServer:
         self.state: State = "starting"
         self.state_reason: str | None = None  # said by /health while not ready (default: the state's)
         self.routes: list[tuple[str, Callable[[web.Request], Awaitable[Any]]]] = []  # more GET routes
+        self.loras = LoraApi()
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -69,6 +72,7 @@ class SystemServer:
         app.router.add_get(contract.METRICS_PATH, self._metrics)
         for path, handler in self.routes:
             app.router.add_get(path, handler)
+        self.loras.add_routes(app)
         self._runner, self.port = await serve(
             app, "system", self._host, self._port, what="the system server", flag="--system-port"
         )

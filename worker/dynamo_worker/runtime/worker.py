@@ -7,7 +7,9 @@ Start (``Worker.start``), in this order, every step bounded:
      KV snapshot requests answered from the events published: ``runtime.events``),
   4. start the request-plane server,
   5. publish the model card (when the engine has a model folder),
-  6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200,
+  6. register the ``InstanceRecord`` (TTL + heartbeat), with the LoRA adapters the engine holds when
+     it runs with LoRA (``/v1/loras`` then loads and unloads them, and every change rewrites the
+     record at once); ``/health`` turns 200,
   7. watch the engine's health (``runtime.health``): deregister while it fails, register again when
      it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``;
   8. watch the engine's processes (``runtime.process_watch``) and, on a multinode leader, the lifelines
@@ -16,7 +18,8 @@ Start (``Worker.start``), in this order, every step bounded:
 Engine death (an engine process exits, the engine reports its death, or a rank of the group is lost):
 new requests are refused and every in-flight stream ends with ``engine_died`` (the frontend continues
 each on another worker, token-exact), the record is deleted from discovery and the KV events say the
-cache is cleared; then the engine is restarted in place and the worker registers again, or the process
+cache is cleared; then the engine is restarted in place and the worker registers again (with the LoRA
+adapters the new engine holds: those it starts with), or the process
 exits with ``EXIT_ENGINE_DIED`` (``runtime.recovery`` decides: ``--on-engine-death``, the crash-loop
 bound, multinode). ``/health`` says ``restarting`` meanwhile; ``/live`` stays 200.
 
@@ -43,12 +46,13 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from dynamo_worker.protocol import AllBlocksCleared, InstanceRecord, KvEvent
+from dynamo_worker.protocol import AllBlocksCleared, InstanceRecord, KvEvent, LoraState
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, EngineProcess, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
 from dynamo_worker.runtime.group import LIFELINE_PATH, GroupLifeline
 from dynamo_worker.runtime.health import HealthMonitor
+from dynamo_worker.runtime.lora import LoraManager
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
 from dynamo_worker.runtime.process_watch import ProcessWatch
 from dynamo_worker.runtime.recovery import EXIT_ENGINE_DIED, RestartBudget, decide
@@ -271,6 +275,7 @@ class Worker:
         self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
         self.info = info = await self.engine.start()
         log.info("Started engine role=%s model=%s", self.engine.role, info.model_name)
+        lora = await self._start_loras()
         await self.request_server.start()
         if info.model_dir is not None:
             card = await publish_model_card(
@@ -284,7 +289,7 @@ class Worker:
             self._card_checksum = card.checksum
         else:
             log.warning("Published no model card (the engine has no model folder) model=%s", info.model_name)
-        self.record = self._record(info)
+        self.record = self._record(info, lora)
         await self._register()
         self.system.state = "ready"
         self.health.start()
@@ -298,7 +303,7 @@ class Worker:
         )
         return self.record
 
-    def _record(self, info: EngineInfo) -> InstanceRecord:
+    def _record(self, info: EngineInfo, lora: LoraState | None) -> InstanceRecord:
         s, checksum = self.settings, self._card_checksum
         return InstanceRecord(
             instance_id=s.instance_id,
@@ -317,7 +322,33 @@ class Worker:
             model_card_checksum=checksum,
             revision=worker_revision(s.pair_revision, info, checksum),
             started_at=time.time(),
+            lora=lora,
         )
+
+    async def _start_loras(self) -> LoraState | None:
+        """The LoRA adapters the engine holds, and ``/v1/loras`` on the system port (None: no LoRA)."""
+        limits = self.engine.lora_limits()
+        if limits is None:
+            self.system.loras.enabled = False
+            return None
+        manager = LoraManager(
+            self.engine, limits, timeout_s=self.settings.lora_load_timeout_s, on_change=self._loras_changed
+        )
+        await manager.adopt(self.engine.startup_loras())
+        self.system.loras.manager = manager
+        self.system.loras.enabled = True
+        return manager.state()
+
+    async def _loras_changed(self, state: LoraState) -> None:
+        """Publish a change of adapters now (the frontend routes on it), not at the next heartbeat."""
+        if self.record is None:
+            return
+        self.record = self.record.model_copy(update={"lora": state})
+        if self.registration is not None:
+            try:
+                await self.registration.update(self.record)
+            except (nats.errors.Error, TimeoutError) as e:  # the heartbeat writes it within TTL/3
+                log.warning("Could not publish a change of LoRA adapters now error=%r", e)
 
     # --- engine death ----------------------------------------------------------------------------
 
@@ -377,11 +408,12 @@ class Worker:
             async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
                 await self.engine.stop()
             info = await self.engine.start()
+            lora = await self._start_loras()
         except Exception as e:  # any failure to come back ends the process, which Kubernetes restarts
             log.error("Could not restart the engine: %s; exiting so that Kubernetes restarts it", e)
             self._end(EXIT_ENGINE_DIED)
             return
-        self.info, self.record = info, self._record(info)
+        self.info, self.record = info, self._record(info, lora)
         self.request_server.resume()
         owed = False
         try:
@@ -421,6 +453,7 @@ class Worker:
     async def shutdown(self) -> None:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
+        self.system.loras.draining = True
         self.watch.close()
         self.lifeline.disarm()
         if self._recovery is not None and not self._recovery.done():

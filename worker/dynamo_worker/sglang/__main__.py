@@ -40,6 +40,7 @@ async def run_follower(
     exit; ``/live`` answers meanwhile. SIGTERM (or ``stop``) ends it; SGLang's children go with it."""
     rt = plan.runtime
     system = SystemServer(host=rt.listen_host, port=rt.system_port)
+    system.loras.leader_only = plan.server_args.node_rank  # the leader loads adapters on every rank
     if rt.system_enabled:
         try:
             await system.start()

@@ -11,8 +11,9 @@ and checks what our code relies on, in whichever layout that release has:
 - every module / name / member in ``uses`` (alternatives in ``uses.ONE_OF``: one must exist), and the
   string literals we read from SGLang's outputs;
 - the KV event structs: their msgspec options (tagged arrays or tagged maps, ``omit_defaults``) and
-  fields against what ``kv_events.py`` reads; then, with msgspec, a batch built with SGLang's own
-  struct classes is encoded and decoded by ``kv_events.decode_batch`` and must give the expected events.
+  fields against what ``kv_events.py`` reads, and every ``StorageMedium`` value mapped to one of our
+  tiers; then, with msgspec, a batch built with SGLang's own struct classes is encoded and decoded by
+  ``kv_events.decode_batch`` and must give the expected events.
 
 Exit 0 when all hold; otherwise 1, with one line per problem; 2 when the source cannot be had. Releases
 given by version are fetched with ``pip download --no-deps`` and their Python files unpacked under the
@@ -36,7 +37,7 @@ from typing import Any
 
 from dynamo_worker.runtime.settings import cache_root
 from dynamo_worker.sglang import uses
-from dynamo_worker.sglang.kv_events import DecodedBatch, KvEventDecodeError, decode_batch
+from dynamo_worker.sglang.kv_events import MEDIA, DecodedBatch, KvEventDecodeError, decode_batch
 from dynamo_worker.sglang.source import (
     LayoutError,
     ServerArgsLayout,
@@ -222,6 +223,18 @@ def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
             removed(block_hashes=[99], medium="CPU_PINNED"),
             cleared(),
         ]
+        names_adapter = "lora_name" in getattr(stored, "__struct_fields__", ())
+        if names_adapter:  # 0.5.23: the adapter's name on its blocks
+            events.append(
+                stored(
+                    block_hashes=[21],
+                    parent_block_hash=None,
+                    token_ids=[9, 9],
+                    block_size=2,
+                    lora_id=None,
+                    lora_name="a1",
+                )
+            )
         batch = classes["KVEventBatch"](ts=1.5, events=events, attn_dp_rank=3)
     except TypeError as e:
         return [f"SGLang's KV event structs cannot be built from the fields kv_events.py knows: {e}"]
@@ -230,9 +243,16 @@ def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
         events=[
             BlockStored(parent_hash=None, block_hashes=[11, 12], token_ids=[1, 2, 3, 4]),
             BlockStored(parent_hash=12, block_hashes=[13], token_ids=[5, 6]),
+            BlockStored(parent_hash=None, block_hashes=[99], token_ids=[7, 8], medium="host"),
             BlockRemoved(block_hashes=[11]),
             BlockRemoved(block_hashes=[13]),
+            BlockRemoved(block_hashes=[99], medium="host"),
             AllBlocksCleared(),
+            *(
+                [BlockStored(parent_hash=None, block_hashes=[21], token_ids=[9, 9], lora_name="a1")]
+                if names_adapter
+                else []
+            ),
         ],
         dp_rank=3,
     )
@@ -245,9 +265,29 @@ def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
     return []
 
 
+def _kv_media_problems(index: SourceIndex) -> list[str]:
+    """SGLang's ``StorageMedium`` values against the tiers ``kv_events.MEDIA`` maps: a tier SGLang adds
+    would otherwise be skipped at run time (said once in the log), unseen by the router."""
+    where = f"{uses.KV_EVENTS_MODULE}.{uses.STORAGE_MEDIUM_CLASS}"
+    members = index.members(uses.KV_EVENTS_MODULE, uses.STORAGE_MEDIUM_CLASS)
+    if not members:
+        return [f"{where} does not exist (kv_events.py maps its values)"]
+    values = {
+        node.value.value
+        for node in members.values()
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+    return [
+        f"{where} has the value {v!r}, which kv_events.MEDIA does not map to a tier: add it there"
+        for v in sorted(values - {m for m in MEDIA if m})
+    ]
+
+
 def kv_event_problems(index: SourceIndex) -> list[str]:
     """Every way SGLang's KV event batches under ``index`` would not decode as ``kv_events.py`` expects."""
-    problems = _kv_static_problems(index)
+    problems = _kv_static_problems(index) + _kv_media_problems(index)
     return problems + _kv_round_trip_problems(index)
 
 

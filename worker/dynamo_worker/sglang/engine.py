@@ -29,6 +29,13 @@ What the worker registers comes from the running engine: the resolved ``ServerAr
 Load (SGLang's ``get_loads``) is polled for the event plane and re-exported as Prometheus gauges;
 KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` enables it.
 
+LoRA (SGLang's ``--enable-lora``, ``--lora-paths`` and the rest, passed through): the worker's
+``/v1/loras`` loads and unloads adapters with ``async_load_lora_adapter`` / ``async_unload_lora_adapter``
+(the leader's engine reaches every rank of its tensor-parallel group itself), and a request naming an
+adapter is generated with ``lora_path=<name>``. A request for an adapter this worker does not hold is
+refused here: SGLang would otherwise load an adapter it once held again on its own. SGLang's KV events
+name the adapter of a block from 0.5.23 (``lora_name``); 0.5.17's do not, which the worker says once.
+
 Before the worker registers, one request warms SGLang up (``--warmup-timeout-s``): the first forward
 pass compiles kernels, seconds on a new pod, which the first user request would otherwise pay for. Then a
 canary request every ``--canary-interval-s`` proves the scheduler answers. A canary that gets no answer
@@ -73,6 +80,13 @@ from dynamo_worker.runtime.engine import (
     EngineProcess,
     LoadSnapshot,
     NullEventSink,
+)
+from dynamo_worker.runtime.lora_checks import (
+    LoraError,
+    LoraLimits,
+    StartupAdapter,
+    normalize_targets,
+    parse_lora_paths,
 )
 from dynamo_worker.sglang import handler
 from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_port
@@ -149,6 +163,7 @@ class SglangEngine(Engine):
         self._transport: TransportWatch | None = None
         self._report_death: Callable[[str], None] | None = None
         self._serving = False  # started, not stopped: a SIGQUIT from SGLang is then the engine's death
+        self._loras: set[str] = set()  # adapters this worker serves (SGLang may hold more it once loaded)
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -230,6 +245,14 @@ class SglangEngine(Engine):
         if endpoints:
             self._relay = KvEventRelay(endpoints, self._sink.kv_events)
             self._relay.start()
+            if self.lora_limits() is not None and not kv_events_name_adapters():
+                log.warning(
+                    "This SGLang's KV events do not name the LoRA adapter of a block (0.5.23 does), so "
+                    "the KV router counts an adapter's cached prefixes as the base model's on this worker "
+                    "and routes adapter requests on its own predictions and load; upgrade SGLang for "
+                    "adapter-aware events"
+                )
+        self._loras = {a.name for a in self.startup_loras()}
         log.info(
             "Started SGLang engine role=%s page_size=%s total_kv_blocks=%s max_running_requests=%s "
             "dp_size=%s bootstrap=%s:%s",
@@ -242,6 +265,51 @@ class SglangEngine(Engine):
             info.bootstrap_port,
         )
         return info
+
+    # --- LoRA --------------------------------------------------------------------------------------
+
+    def lora_limits(self) -> LoraLimits | None:
+        server_args = self.plan.server_args
+        if not (server_args.enable_lora or server_args.lora_paths):
+            return None
+        targets = server_args.lora_target_modules
+        return LoraLimits(
+            max_loras_per_batch=int(server_args.max_loras_per_batch),
+            max_loaded_loras=server_args.max_loaded_loras,
+            max_lora_rank=server_args.max_lora_rank,
+            target_modules=normalize_targets(targets if isinstance(targets, str) else list(targets))
+            if targets
+            else None,
+        )
+
+    def startup_loras(self) -> list[StartupAdapter]:
+        return parse_lora_paths(self.plan.server_args.lora_paths)
+
+    async def load_lora(self, name: str, path: str, pinned: bool) -> list[str]:
+        try:
+            result = await self._engine.async_load_lora_adapter(lora_name=name, lora_path=path, pinned=pinned)
+        except (ValueError, AssertionError, RuntimeError) as e:  # SGLang's refusals that it raises
+            raise lora_refusal(name, str(e)) from None
+        message = str(result.error_message or "no reason given")
+        if not result.success and not ("already loaded" in message and name not in self._loras):
+            raise lora_refusal(name, message)
+        # (SGLang holding a name this worker does not list: a load of ours that passed its bound and
+        # finished later; only this worker loads adapters into its engine, so it is the one asked for.)
+        loaded = set(result.loaded_adapters or ()) if result.success else self._loras | {name}
+        self._loras = loaded & (self._loras | {name})
+        return sorted(self._loras)
+
+    async def unload_lora(self, name: str) -> list[str]:
+        self._loras.discard(name)  # refused from now on, also while SGLang waits for its running requests
+        try:
+            result = await self._engine.async_unload_lora_adapter(lora_name=name)
+        except (ValueError, AssertionError, RuntimeError) as e:
+            self._loras.add(name)
+            raise lora_refusal(name, str(e)) from None
+        if not result.success:
+            self._loras.add(name)
+            raise lora_refusal(name, str(result.error_message or "no reason given"))
+        return sorted(self._loras)
 
     def _observe_transport(self) -> None:
         """A disaggregated worker on NIXL has UCX describe the protocols it selects into files this
@@ -371,6 +439,17 @@ class SglangEngine(Engine):
             )
         if request.embed is not None:
             return handler.stream_embedding(self._engine, request, rid, embedding_input)
+        if request.lora_name is not None and request.lora_name not in self._loras:
+            served = ", ".join(sorted(self._loras)) or "none"
+            if self.lora_limits() is None:
+                return _refuse(
+                    f"this worker serves no LoRA adapters, so not {request.lora_name!r}; start it with "
+                    "--enable-lora"
+                )
+            return _refuse(
+                f"LoRA adapter {request.lora_name!r} is not loaded on this worker (it serves: {served}); "
+                "load it with POST /v1/loras on the worker's system port"
+            )
         return handler.stream_request(self._engine, request, self.role, rid, self._image_input())
 
     def _image_input(self) -> handler.ImageInput | None:
@@ -559,6 +638,31 @@ def _snapshot(loads: list[Any], page_size: int) -> LoadSnapshot:
 
 async def _refuse(message: str) -> AsyncGenerator[GenerateChunk, None]:
     yield GenerateChunk(finish_reason="error", error=WorkerError(type="invalid_request", message=message))
+
+
+# SGLang's words for its refusals of a load (``LoRAUpdateOutput.error_message``), and our reasons.
+_LORA_REFUSALS = (
+    ("not allowed to pin all slots", "NoFreeSlot"),
+    ("when trying to evict", "NoFreeSlot"),
+    ("incompatible with the current lora memory pool", "IncompatibleAdapter"),
+    ("lora is not enabled", "LoraNotEnabled"),
+    ("already loaded", "NameConflict"),
+    ("does not exist", "NotFound"),
+)
+
+
+def lora_refusal(name: str, message: str) -> LoraError:
+    """SGLang's refusal of a load or unload of adapter ``name``, as our ``LoraError``."""
+    lowered = message.lower()
+    reason = next((r for words, r in _LORA_REFUSALS if words in lowered), "LoadFailed")
+    return LoraError(reason, f"SGLang refused adapter {name!r}: {message}")
+
+
+def kv_events_name_adapters() -> bool:
+    """Whether the installed SGLang's ``BlockStored`` KV event names the adapter (``lora_name``)."""
+    from sglang.srt.disaggregation.kv_events import BlockStored
+
+    return "lora_name" in getattr(BlockStored, "__struct_fields__", ())
 
 
 def embedding_input(**kwargs: Any) -> Any:

@@ -17,7 +17,8 @@ Structured output goes in ``sampling_params`` (``json_schema``, ``regex``, ``ebn
 SGLang's grammar backend compiles them); logprobs are asked with ``return_logprob``,
 ``top_logprobs_num`` and ``logprob_start_len=-1`` (output tokens only) and read from ``meta_info``'s
 ``output_token_logprobs`` / ``output_top_logprobs`` (``(logprob, token_id, text)`` tuples, sliced to
-the chunk by incremental streaming). An embedding request (``GenerateRequest.embed``) goes to the
+the chunk by incremental streaming). A request for a LoRA adapter passes its name as ``lora_path``
+(SGLang's keyword takes a name loaded before). An embedding request (``GenerateRequest.embed``) goes to the
 tokenizer manager as one batched ``EmbeddingReqInput`` (``stream_embedding``).
 A request with image spans (``GenerateRequest.images``) passes ``image_data``: one item with every
 image's precomputed embeddings, and ``input_ids`` with the model's image tokens where the pad ids were
@@ -129,6 +130,7 @@ def generate_kwargs(
         bootstrap_port=boot.bootstrap_port if boot and role != "agg" else None,
         bootstrap_room=boot.bootstrap_room if boot and role != "agg" else None,
         routed_dp_rank=req.data_parallel_rank,
+        lora_path=req.lora_name,
         return_logprob=True if req.logprobs is not None and role != "prefill" else None,
         top_logprobs_num=req.logprobs if req.logprobs and role != "prefill" else None,
         logprob_start_len=-1 if req.logprobs is not None and role != "prefill" else None,
@@ -190,10 +192,19 @@ def _error_type(reason: Any, message: str) -> ErrorType:
 
 
 def usage_from_meta(meta: Mapping[str, Any]) -> Usage:
+    """Usage from SGLang's ``meta_info``. With HiCache, ``cached_tokens`` counts every tier and
+    ``cached_tokens_details`` ({"device", "host"[, "storage"]}) splits it: host and storage are ours
+    ``cached_tokens_host``."""
+    cached = int(meta.get("cached_tokens") or 0)
+    details = meta.get("cached_tokens_details")
+    lower = 0
+    if isinstance(details, Mapping):
+        lower = sum(int(details.get(k) or 0) for k in ("host", "storage"))
     return Usage(
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         completion_tokens=int(meta.get("completion_tokens") or 0),
-        cached_tokens=int(meta.get("cached_tokens") or 0),
+        cached_tokens=cached,
+        cached_tokens_host=min(lower, cached),
     )
 
 

@@ -10,11 +10,18 @@ payload)``; the payload is msgpack of ``sglang.srt.disaggregation.kv_events.KVEv
   "block_hashes": [...], "parent_block_hash": ..., "token_ids": [...], ...}``, where a field left at its
   default (``medium: None``) is absent.
 
+A ``BlockStored`` of an adapter's prefix cache names the adapter in ``lora_name`` (SGLang 0.5.23; a
+map field), which our event carries on: the router keys the blocks on it. SGLang 0.5.17's events
+carry no adapter (``lora_id`` is always None there).
+
 ``decode_batch`` turns one decoded batch into our ``KvEvent`` models and its attention-dp rank (pure);
-``KvEventRelay`` does the ZMQ I/O. Only events of the GPU tier are relayed (host/disk tiers do not make a
-prefix cheap for the router). A batch that decodes neither way is dropped and logged (loudly the first
-time), and the relay goes on with the next one. ``pyzmq`` and ``msgspec`` come with SGLang; they are
-imported only when a relay starts.
+``KvEventRelay`` does the ZMQ I/O. Every tier is relayed, its ``medium`` mapped onto ours (``MEDIA``):
+SGLang's ``GPU`` (or none) is ``gpu``; ``CPU_PINNED`` is ``host`` (HiCache's host memory, L2); ``DISK``
+and ``EXTERNAL`` are ``disk`` (HiCache's storage tier, L3; neither 0.5.17 nor 0.5.23 publishes them yet).
+The router indexes each tier and scores a hit by what it saves (``router.index``, ``router.policy``). An
+event of a medium we do not know is skipped and named once. A batch that decodes neither way is dropped
+and logged (loudly the first time), and the relay goes on with the next one. ``pyzmq`` and ``msgspec``
+come with SGLang; they are imported only when a relay starts.
 """
 
 from __future__ import annotations
@@ -28,13 +35,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
 
 __all__ = ["DecodedBatch", "KvEventDecodeError", "KvEventRelay", "decode_batch"]
 
 log = logging.getLogger(__name__)
 
-GPU_MEDIA = (None, "GPU")
+# SGLang's StorageMedium values (sglang.srt.disaggregation.kv_events) -> our tiers.
+MEDIA: dict[str | None, Medium] = {
+    None: "gpu",
+    "GPU": "gpu",
+    "CPU_PINNED": "host",
+    "CPU": "host",  # vLLM's name for its CPU offload tier
+    "DISK": "disk",
+    "EXTERNAL": "disk",
+}
 # Array positions (after the tag) of the fields we read; the order of SGLang's struct fields.
 _ARRAY_FIELDS = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
@@ -54,6 +69,7 @@ class DecodedBatch:
     events: list[KvEvent]
     dp_rank: int  # the attention-dp rank whose KV cache the events describe
     unknown_tags: tuple[str, ...] = ()  # event types we do not know (skipped)
+    unknown_media: tuple[str, ...] = ()  # storage media we do not know (their events skipped)
 
 
 def _fields(raw: Any, index: int) -> tuple[str, dict[str, Any]]:
@@ -74,16 +90,22 @@ def _event(tag: str, f: dict[str, Any], index: int) -> KvEvent | None:
     for name in _REQUIRED.get(tag, ()):
         if not isinstance(f.get(name), list):
             raise KvEventDecodeError(f"event {index} ({tag}) has no list {name!r}: {_short(f)}")
-    medium = f.get("medium")
+    if tag == "AllBlocksCleared":
+        return AllBlocksCleared()
+    raw = f.get("medium")
+    medium = MEDIA.get(raw) if raw is None or isinstance(raw, str) else None
+    if medium is None:
+        return None  # a tier we do not know: the caller names it
     if tag == "BlockStored":
-        if medium not in GPU_MEDIA:
-            return None
+        lora = f.get("lora_name")
         return BlockStored(
-            parent_hash=f.get("parent_block_hash"), block_hashes=f["block_hashes"], token_ids=f["token_ids"]
+            parent_hash=f.get("parent_block_hash"),
+            block_hashes=f["block_hashes"],
+            token_ids=f["token_ids"],
+            medium=medium,
+            lora_name=lora if isinstance(lora, str) and lora else None,
         )
-    if tag == "BlockRemoved":
-        return BlockRemoved(block_hashes=f["block_hashes"]) if medium in GPU_MEDIA else None
-    return AllBlocksCleared()
+    return BlockRemoved(block_hashes=f["block_hashes"], medium=medium)
 
 
 def decode_batch(batch: Any) -> DecodedBatch:
@@ -104,6 +126,7 @@ def decode_batch(batch: Any) -> DecodedBatch:
         raise KvEventDecodeError(f"the batch's dp rank is not a non-negative integer: {rank!r}")
     events: list[KvEvent] = []
     unknown: list[str] = []
+    unknown_media: list[str] = []
     for i, raw in enumerate(raw_events):
         tag, f = _fields(raw, i)
         if tag not in _ARRAY_FIELDS:
@@ -116,7 +139,11 @@ def decode_batch(batch: Any) -> DecodedBatch:
             raise KvEventDecodeError(problem) from None
         if event is not None:
             events.append(event)
-    return DecodedBatch(events=events, dp_rank=rank or 0, unknown_tags=tuple(unknown))
+        else:
+            unknown_media.append(str(f.get("medium")))
+    return DecodedBatch(
+        events=events, dp_rank=rank or 0, unknown_tags=tuple(unknown), unknown_media=tuple(unknown_media)
+    )
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -136,6 +163,7 @@ class KvEventRelay:
         self.relayed = 0
         self.undecodable = 0  # batches dropped because they decode neither way
         self._unknown_tags: set[str] = set()
+        self._unknown_media: set[str] = set()
 
     def start(self) -> None:
         import zmq
@@ -174,6 +202,14 @@ class KvEventRelay:
             for tag in set(batch.unknown_tags) - self._unknown_tags:
                 self._unknown_tags.add(tag)
                 log.warning("Ignoring SGLang KV events of unknown type tag=%r (logged once per type)", tag)
+            for medium in set(batch.unknown_media) - self._unknown_media:
+                self._unknown_media.add(medium)
+                log.warning(
+                    "Ignoring SGLang KV events of an unknown storage medium medium=%r (known: %s); the "
+                    "router does not see that tier (logged once per medium)",
+                    medium,
+                    ", ".join(str(m) for m in MEDIA if m),
+                )
             publisher = (topic, batch.dp_rank)
             previous = last_seq.get(publisher)
             if previous is not None and seq != previous + 1:

@@ -39,6 +39,7 @@ __all__ = [
     "REMOVED_FLAGS",
     "RESOLVED_FIELDS",
     "SGLANG_WINDOW",
+    "STORAGE_MEDIUM_CLASS",
     "STRING_LITERALS",
     "Use",
     "generate_keywords",
@@ -75,6 +76,12 @@ DECLARED: tuple[Use, ...] = (
     Use(_ENGINE, "Engine", "async_generate", by="handler"),
     Use(_ENGINE, "Engine", "tokenizer_manager", by="handler, engine"),
     Use(_ENGINE, "Engine", "shutdown", by="engine"),
+    Use(_ENGINE, "Engine", "async_load_lora_adapter", by="engine (/v1/loras)"),
+    Use(_ENGINE, "Engine", "async_unload_lora_adapter", by="engine (/v1/loras)"),
+    *(
+        Use("sglang.srt.managers.io_struct", "LoRAUpdateOutput", f, by="engine (/v1/loras)")
+        for f in ("success", "error_message", "loaded_adapters")
+    ),
     Use(_ENGINE, "Engine", "_scheduler_init_result", by="engine (KV capacity fallback)"),
     Use(_ENGINE, "SchedulerInitResult", "scheduler_infos", by="engine"),
     Use(_ENGINE, "SchedulerInitResult", "all_child_pids", by="engine (the processes it watches)"),
@@ -201,6 +208,7 @@ STRING_LITERALS = {
         "prompt_tokens",
         "completion_tokens",
         "cached_tokens",
+        "cached_tokens_details",
         "meta_info",
         "output_ids",
         "output_token_logprobs",
@@ -209,6 +217,8 @@ STRING_LITERALS = {
     ),
     "sglang.srt.managers.schedule_batch": ("stop", "length", "abort", "matched", "status_code", "message"),
     "sglang.srt.managers.scheduler": ("max_total_num_tokens",),
+    # the keys of meta_info["cached_tokens_details"] (handler.usage_from_meta)
+    "sglang.srt.managers.scheduler_components.output_streamer": ("device", "host", "storage"),
 }
 
 # The fields kv_events.py reads of SGLang's KV event structs. Encoded as tagged arrays (up to 0.5.19)
@@ -222,6 +232,7 @@ KV_EVENT_FIELDS = {
 }
 KV_EVENT_OPTIONAL = {"attn_dp_rank", "medium", "parent_block_hash", "lora_id", "block_size"}
 KV_EVENTS_MODULE = "sglang.srt.disaggregation.kv_events"
+STORAGE_MEDIUM_CLASS = "StorageMedium"  # its values name a KV event's tier (kv_events.MEDIA)
 
 
 # --- derived from our source ---------------------------------------------------------------------

@@ -1,17 +1,20 @@
 """Status aggregation from observed children: per-service counts, multinode groups ready only when all
 their workloads are, stale observedGeneration counts as not ready, and the Ready condition's message,
 which names the first stuck pod of a service (unschedulable, image pull, crash loop, missing Secret)
-with the pod's reason."""
+with the pod's reason; the status merge patch (removed services are deleted, equal status is not
+rewritten)."""
 
 from dataclasses import dataclass
 
 from dynamo_operator.reconcile.status import (
     MAX_POD_MESSAGE,
+    ServiceCounts,
     all_counts,
     pod_problem,
     pod_problems,
     ready_condition,
     services_status,
+    status_patch,
 )
 
 COMPONENT = "nvidia.com/dynamo-component"
@@ -253,3 +256,18 @@ def test_ready_message_says_why_a_service_is_not_ready():
         "2 Insufficient nvidia.com/gpu."
     )
     assert "ignored" not in cond.message and "`kubectl get pods -l g=x`" in cond.message
+
+
+def test_status_patch():
+    current = {"state": "pending", "services": {"a": {"replicas": 1}, "gone": {"replicas": 1}}}
+    new = {"state": "successful", "services": {"a": {"replicas": 1}}}
+    assert status_patch(current, new) == {
+        "status": {"state": "successful", "services": {"a": {"replicas": 1}, "gone": None}}
+    }
+    assert status_patch({**new, "extra": 1}, new) is None
+
+
+def test_ready_condition_points_at_the_pods():
+    counts = {"decode": ServiceCounts("Deployment", 1, 0, 0, 1)}
+    cond = ready_condition(counts, "nvidia.com/dynamo-graph-deployment-name=g")
+    assert "kubectl get pods -l nvidia.com/dynamo-graph-deployment-name=g" in cond.message

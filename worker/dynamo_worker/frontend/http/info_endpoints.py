@@ -4,7 +4,9 @@ frontend serves and how it is doing, read from the model registry and the metric
 ``/v1/models`` lists the models served now and those kept (``models.registry``: a graph's models at 0
 replicas, a model whose workers left within the retention), whose requests wait for a worker.
 ``/health`` is ready while it lists one: a frontend whose models scale from zero must stay in its
-Service, or the requests that signal the demand never reach it."""
+Service, or the requests that signal the demand never reach it. Each LoRA adapter a listed model's
+workers hold follows as a model of its own, as SGLang lists them: ``root`` its source, ``parent`` the
+model."""
 
 from __future__ import annotations
 
@@ -33,17 +35,21 @@ class InfoEndpoints:
         app.router.add_get("/live", self.live)
         app.router.add_get("/metrics", self.prometheus)
 
-    def _card(self, name: str) -> ModelCard:
-        return model_card(name, self.registry.created(name))
+    def _cards(self) -> list[ModelCard]:
+        cards = [model_card(m, self.registry.created(m)) for m in self.registry.listed()]
+        for name, base, adapter in self.registry.adapter_listing():
+            cards.append(model_card(name, self.registry.created(base), root=adapter.uri, parent=base))
+        return cards
 
     async def models(self, _: web.Request) -> web.Response:
-        return json_response(dump(model_list([self._card(m) for m in self.registry.listed()])))
+        return json_response(dump(model_list(self._cards())))
 
     async def model(self, request: web.Request) -> web.Response:
-        name, listed = request.match_info["model"], self.registry.listed()
-        if name not in listed:
-            return error_response(ModelNotFound(name, listed))
-        return json_response(dump(self._card(name)))
+        name, cards = request.match_info["model"], self._cards()
+        card = next((c for c in cards if c.id == name), None)
+        if card is None:
+            return error_response(ModelNotFound(name, [c.id for c in cards]))
+        return json_response(dump(card))
 
     async def health(self, _: web.Request) -> web.Response:
         status, body = health(self.registry.listed(), self.registry.namespace)

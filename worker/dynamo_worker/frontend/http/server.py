@@ -5,9 +5,9 @@ work.
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
   (``requests.openai_models``), the request waits for a slot of its model (``serving.admission``:
   priority, deadline, 429/503, scale from zero), then ``requests.chat`` or ``requests.completions``
-  tokenizes it into a ``requests.job.Job``; ``serving.plain_run`` serves it, or
-  ``serving.featured_run`` when it uses tools, reasoning, structured output or logprobs (a
-  ``FeaturePlan`` on the job).
+  tokenizes it into a ``requests.job.Job``; a run serves it (``serving.plain_run.Run``):
+  ``PlainRun``, or ``serving.featured_run.FeaturedRun`` when it uses tools, reasoning, structured
+  output or logprobs (a ``FeaturePlan`` on the job).
 - ``POST /v1/embeddings``: ``requests.embeddings``, then ``serving.embeddings`` (its requests batched
   across clients).
 - ``POST /v1/images/generations``: ``serving.images`` (diffusion workers).
@@ -184,11 +184,10 @@ class OpenAIServer:
     async def _run(self, http_request: web.Request, job: Job, started: float) -> web.StreamResponse:
         """Serve ``job``: the run its plan calls for, each given what it uses."""
         plan = job.plan
-        if isinstance(plan, FeaturePlan):
-            return await FeaturedRun(self.dispatcher, self.metrics, http_request, job, plan, started).run()
         if isinstance(plan, EmbeddingPlan):
             return await run_embedding(self.embedder, self.metrics, job, plan)
-        return await PlainRun(self.dispatcher, self.metrics, http_request, job, started).run()
+        run = FeaturedRun if isinstance(plan, FeaturePlan) else PlainRun  # PlainRun: the fast path
+        return await run(self.dispatcher, self.metrics, http_request, job, started).run()
 
     # --- admission and failures ---------------------------------------------------------------
 

@@ -20,6 +20,15 @@ never heard of is a 404; one whose workers cannot serve it and that is not kept,
 
 Routing state follows discovery too: every added worker is added to the router, every removed one is
 dropped from it (with its KV blocks).
+
+LoRA adapters (``models.adapters``): a name that is no served model but an adapter a model's workers
+hold (``<adapter>`` or ``<model>:<adapter>``) resolves to a view of that model with only the workers
+holding the adapter (``ModelEntry.lora_name`` set). Its requests are served like the model's, held
+while the adapter is known but no worker set can serve it yet (on prefill workers but not yet on a
+decode worker of the same revision: the operator is loading it), or while the model scales from zero
+(its adapters are remembered with it). An adapter that no worker holds while the model has workers
+is a 404 naming the adapters it has; one that can never be served (the other role runs without LoRA)
+a 503 at once.
 """
 
 from __future__ import annotations
@@ -32,10 +41,17 @@ import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
+from dynamo_worker.frontend.errors import AdapterNotFound, InvalidRequest, ModelNotFound, ServiceUnavailable
+from dynamo_worker.frontend.models.adapters import (
+    AdapterName,
+    held_adapters,
+    holders,
+    resolve_adapter,
+    unserved_reason,
+)
 from dynamo_worker.frontend.models.pairing import Pair, newest_pair, unpaired
 from dynamo_worker.frontend.models.preprocess import Preprocessor
-from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, Role
+from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, LoraAdapter, Role
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent, InstanceRemoved
 
@@ -61,6 +77,11 @@ class ModelEntry:
     created: int = field(default_factory=lambda: int(time.time()))  # first seen (/v1/models "created")
     served_once: bool = False  # it could serve a request at some point (workers and a loaded card)
     left_at: float | None = None  # when its last worker left (monotonic), for the retention
+    # A base model: the LoRA adapters its workers hold (kept when its last worker leaves). An adapter's
+    # view (``ModelRegistry.resolve``): the adapter it serves, and its base model.
+    adapters: dict[str, LoraAdapter] = field(default_factory=dict)
+    lora_name: str | None = None
+    base: str | None = None
     # Derived from ``workers``, computed once per change of them (``workers_changed``), not per request.
     _pair: Pair | None = field(default=None, repr=False)
     _pair_known: bool = field(default=False, repr=False)
@@ -122,6 +143,7 @@ class ModelRegistry:
         self.namespace = namespace
         self._load_timeout_s = load_timeout_s
         self._models: dict[str, ModelEntry] = {}
+        self._views: dict[AdapterName, ModelEntry] = {}  # adapter views, rebuilt after every change
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._changed = asyncio.Event()
 
@@ -147,6 +169,7 @@ class ModelRegistry:
         self._listeners.append(listener)
 
     def _changed_now(self) -> None:
+        self._views.clear()
         for entry in self._models.values():
             if not entry.served_once and entry.ready():
                 entry.served_once = True
@@ -185,6 +208,7 @@ class ModelRegistry:
         entry = self._models.setdefault(record.model, ModelEntry(record.model))
         entry.workers[record.instance_id] = record
         entry.workers_changed()
+        entry.adapters = held_adapters(entry.workers.values())
         entry.left_at = None
         if record.role not in LANGUAGE_ROLES:
             return  # encode and diffusion workers hold no KV cache and publish no model card
@@ -202,7 +226,9 @@ class ModelRegistry:
             if entry.workers.pop(instance_id, None) is None:
                 continue
             entry.workers_changed()
-            if not entry.workers:
+            if entry.workers:  # without workers it keeps the adapters its last ones held
+                entry.adapters = held_adapters(entry.workers.values())
+            else:
                 entry.left_at = self._clock()
                 kept = self.keeps(entry.name)
                 log.info(
@@ -261,7 +287,67 @@ class ModelRegistry:
     # --- queries ------------------------------------------------------------------------------
 
     def get(self, model: str) -> ModelEntry | None:
-        return self._models.get(model)
+        """The entry of a served model, or of an adapter's view; None when ``model`` names neither."""
+        entry = self._models.get(model)
+        if entry is not None or model in self.graph_models:
+            return entry
+        try:
+            return self._adapter(model)
+        except (AdapterNotFound, InvalidRequest):
+            return None
+
+    # --- LoRA adapters ---------------------------------------------------------------------------
+
+    def _adapter(self, model: str) -> ModelEntry | None:
+        """The view serving the adapter ``model`` names (None: it names none). Raises
+        ``AdapterNotFound`` for an adapter a known model's workers do not hold, and ``InvalidRequest``
+        for a name that several models' workers hold as an adapter."""
+        found = resolve_adapter(model, {n: e.adapters.keys() for n, e in self._models.items()})
+        if found is None:
+            return None
+        if isinstance(found, list):
+            raise InvalidRequest(
+                f"Models {', '.join(found)} each have a LoRA adapter named '{model}'; name the one you "
+                f"want as '<model>:{model}' (e.g. '{found[0]}:{model}').",
+                param="model",
+                code="ambiguous_model",
+            )
+        base = self._models[found.base]
+        if found.adapter not in base.adapters:
+            raise AdapterNotFound(model, base.name, list(base.adapters))
+        view = self._views.get(found)
+        if view is None:
+            view = ModelEntry(
+                found.adapter,
+                workers=holders(base.workers.values(), found.adapter),
+                preprocessor=base.preprocessor,
+                card_checksum=base.card_checksum,
+                load_error=base.load_error,
+                created=base.created,
+                served_once=base.served_once,
+                left_at=base.left_at,
+                lora_name=found.adapter,
+                base=base.name,
+            )
+            self._views[found] = view
+        return view
+
+    def adapter_listing(self) -> list[tuple[str, str, LoraAdapter]]:
+        """(model, adapter) pairs ``/v1/models`` lists: every adapter of every listed model."""
+        listed = set(self.listed())
+        return [
+            (name, base.name, adapter)
+            for base in self._models.values()
+            if base.name in listed
+            for name, adapter in base.adapters.items()
+        ]
+
+    def _unservable(self, view: ModelEntry) -> str | None:
+        """Why an adapter's view cannot serve a request now (None: it can)."""
+        if view.can_serve():
+            return None
+        base = self._models[view.base or ""]
+        return unserved_reason(view.lora_name or "", list(base.workers.values()), list(view.workers.values()))
 
     def has_worker(self, instance_id: str) -> bool:
         """Whether discovery lists this worker now (under any model)."""
@@ -276,7 +362,9 @@ class ModelRegistry:
         module docstring)."""
         if model in self.graph_models:
             return True
-        entry = self._models.get(model)
+        entry = self.get(model)
+        if entry is not None and entry.base is not None:  # an adapter: kept with its model
+            return self.keeps(entry.base)
         if entry is None or not entry.served_once:
             return False
         if entry.workers:
@@ -289,7 +377,7 @@ class ModelRegistry:
 
     def created(self, model: str) -> int:
         """The ``created`` time of a listed model (first seen; a graph model never seen: the start)."""
-        entry = self._models.get(model)
+        entry = self.get(model)
         return entry.created if entry is not None else self._started
 
     def admissible(self, model: str) -> bool:
@@ -299,6 +387,10 @@ class ModelRegistry:
         entry = self._models.get(model)
         if entry is not None and entry.preprocessor is not None and entry.can_serve():
             return True  # the common case, first
+        if entry is None and model not in self.graph_models:
+            view = self._adapter(model)
+            if view is not None:
+                return self._adapter_admissible(view)
         if entry is not None and entry.generates_images():
             self.lookup(model)  # the wrong endpoint
         if entry is not None and entry.can_serve():
@@ -310,9 +402,29 @@ class ModelRegistry:
         self.lookup(model)  # unknown (404), or nobody serves it (503)
         return True  # workers that cannot serve it alone: dispatch says which role is missing
 
+    def _adapter_admissible(self, view: ModelEntry) -> bool:
+        """``admissible`` of an adapter: served like its model, held while its model is held or while
+        the adapter is being loaded on the workers of the other role; a 503 when it can never be."""
+        assert view.base is not None
+        base = self._models[view.base]
+        if not base.workers:
+            return self.admissible(view.base)  # scaling from zero: held (or answered) like the model
+        why = self._unservable(view)
+        if why is not None and "without LoRA" in why:
+            raise ServiceUnavailable(f"Model '{view.name}' cannot be served: {why}.", code="lora_not_enabled")
+        if why is not None:
+            return False
+        return self.admissible(view.base)
+
     def why_unserved(self, model: str) -> str:
         """Why nobody can serve ``model`` now, in words (for an answer that gave up waiting)."""
         entry = self._models.get(model)
+        if entry is None:
+            view = self.get(model)
+            if view is not None and view.base is not None and self._models[view.base].workers:
+                return self._unservable(view) or self.why_unserved(view.base)
+            if view is not None and view.base is not None:
+                return self.why_unserved(view.base)
         if entry is None or not entry.workers:
             return "no worker of it is registered"
         prefill, decode = entry.by_role("prefill"), entry.by_role("decode")
@@ -331,6 +443,8 @@ class ModelRegistry:
     def lookup(self, model: str) -> ModelEntry:
         """The entry serving ``model``, or the error that tells the client why there is none."""
         entry = self._models.get(model)
+        if entry is None and model not in self.graph_models:
+            entry = self._adapter(model)
         if entry is None:
             served = self.listed()
             if not served and not any(e.workers for e in self._models.values()):
@@ -339,7 +453,13 @@ class ModelRegistry:
                     "served. Start a worker for it (or check the frontend's --namespace / --nats-server).",
                     code="no_workers",
                 )
-            raise ModelNotFound(model, served)
+            raise ModelNotFound(model, served + [n for n, _, _ in self.adapter_listing()])
+        if entry.base is not None and entry.workers and not entry.can_serve():
+            raise ServiceUnavailable(
+                f"Model '{model}' cannot be served now: {self._unservable(entry)}.",
+                code="no_workers",
+                headers={"Retry-After": "1"},
+            )
         if not entry.workers:
             raise ServiceUnavailable(
                 f"No worker serves model '{model}' right now (its workers left discovery). Retry when a "

@@ -27,6 +27,14 @@ from typing import Any, Literal
 
 from dynamo_worker.frontend.output.harmony import HARMONY_TOKENS, Open, parse_harmony
 from dynamo_worker.frontend.output.reasoning import ReasoningParser
+from dynamo_worker.frontend.output.responses import (
+    AssistantMessage,
+    ChatDelta,
+    ChatToolCall,
+    ChatToolCallDelta,
+    FunctionCall,
+    FunctionDelta,
+)
 from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, Parsed, ToolCall
 
 log = logging.getLogger(__name__)
@@ -161,8 +169,9 @@ class _Field:
 
 
 class AnswerStream:
-    """Feeds text in, gets OpenAI ``delta`` dicts out; ``message`` gives the whole answer at the end.
-    Only the text after the last settled point is re-parsed, so an answer costs linear time."""
+    """Feeds text in, gets OpenAI ``delta``s out (``responses.ChatDelta``); ``message`` gives the whole
+    answer at the end. Only the text after the last settled point is re-parsed, so an answer costs
+    linear time."""
 
     def __init__(self, parser: AnswerParser) -> None:
         self.parser = parser
@@ -181,7 +190,7 @@ class AnswerStream:
         self._calls_fed = 0  # calls of the unsettled part already taken
         self.calls: list[tuple[str, ToolCall]] = []  # (id, call) as emitted
 
-    def push(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+    def push(self, text: str, final: bool = False) -> list[ChatDelta]:
         reasoning = ""
         if self._split is not None:
             reasoning, text = self._split.push(text, final)
@@ -198,36 +207,37 @@ class AnswerStream:
         self._calls_fed = len(parsed.calls) - (parsed.settled_calls if settle else 0)
         if settle:
             self._tail, self._restarted, self._resume = self._tail[settle:], True, resume
-        deltas: list[dict[str, Any]] = []
+        deltas: list[ChatDelta] = []
         if reasoning:
-            deltas.append({"reasoning_content": reasoning})
+            deltas.append(ChatDelta(reasoning_content=reasoning))
         if final and not self.calls and not new_calls:
             content += self._content.flush()  # no tool call: the answer's own trailing whitespace
         if content:
-            deltas.append({"content": content})
+            deltas.append(ChatDelta(content=content))
         for call in new_calls:
             if self.calls and not self.parser.parallel:
                 break
             index, call_id = len(self.calls), _call_id()
             self.calls.append((call_id, call))
-            head = {"index": index, "id": call_id, "type": "function"}
-            deltas.append({"tool_calls": [head | {"function": {"name": call.name, "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]})
+            named = ChatToolCallDelta(
+                index=index, id=call_id, type="function", function=FunctionDelta(name=call.name, arguments="")
+            )
+            args = ChatToolCallDelta(index=index, function=FunctionDelta(arguments=call.arguments))
+            deltas += [ChatDelta(tool_calls=[named]), ChatDelta(tool_calls=[args])]
         return deltas
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[ChatDelta]:
         return self.push("", final=True)
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> AssistantMessage:
         """The whole assistant message (after ``finish``)."""
         content = self._content.text()
-        message: dict[str, Any] = {"role": "assistant", "content": content or (None if self.calls else "")}
-        reasoning = self._reasoning.text()
-        if reasoning:
-            message["reasoning_content"] = reasoning
-        if self.calls:
-            message["tool_calls"] = [
-                {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for i, c in self.calls
-            ]
-        return message
+        calls = [
+            ChatToolCall(id=i, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for i, c in self.calls
+        ]
+        return AssistantMessage(
+            content=content or (None if calls else ""),
+            reasoning_content=self._reasoning.text() or None,
+            tool_calls=calls or None,
+        )

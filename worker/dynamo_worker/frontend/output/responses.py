@@ -23,12 +23,20 @@ __all__ = [
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatDelta",
+    "ChatLogprobs",
+    "ChatTokenLogprob",
+    "ChatToolCall",
+    "ChatToolCallDelta",
+    "ChatTopLogprob",
     "Completion",
     "CompletionChoice",
+    "CompletionLogprobs",
     "Embedding",
     "EmbeddingList",
     "EmbeddingUsage",
     "FinishReason",
+    "FunctionCall",
+    "FunctionDelta",
     "GeneratedImages",
     "Health",
     "ImageData",
@@ -77,18 +85,64 @@ class Usage(_Wire):
     prompt_tokens_details: PromptTokensDetails
 
 
+# --- logprobs -------------------------------------------------------------------------------------
+
+
+class ChatTopLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(_Wire):
+    """A chat choice's ``logprobs``: one entry per token."""
+
+    content: list[ChatTokenLogprob]
+
+
+class CompletionLogprobs(_Wire):
+    """A completion choice's ``logprobs``, OpenAI's legacy shape: parallel lists, one item per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 # --- /v1/chat/completions -------------------------------------------------------------------------
 
 
+class FunctionCall(_Wire):
+    name: str
+    arguments: str  # JSON text
+
+
+class ChatToolCall(_Wire):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(_Wire):
+    """The whole answer; ``reasoning_content`` and ``tool_calls`` only when there are some."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = _omitted_if_none()
+    tool_calls: list[ChatToolCall] | None = _omitted_if_none()
 
 
 class ChatChoice(_Wire):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
 
 
@@ -101,17 +155,35 @@ class ChatCompletion(_Wire):
     usage: Usage
 
 
+class FunctionDelta(_Wire):
+    name: str | None = _omitted_if_none()  # in a call's first delta
+    arguments: str | None = _omitted_if_none()
+
+
+class ChatToolCallDelta(_Wire):
+    """A call's first delta has ``index``, ``id``, ``type`` and ``function.name``; later ones add to
+    ``function.arguments``."""
+
+    index: int
+    id: str | None = _omitted_if_none()
+    type: Literal["function"] | None = _omitted_if_none()
+    function: FunctionDelta
+
+
 class ChatDelta(_Wire):
-    """Only what the chunk adds: ``{"role", "content"}`` first, then ``{"content"}``, ``{}`` at the end."""
+    """Only what the chunk adds: ``{"role", "content"}`` first, then ``{"content"}`` (or
+    ``{"reasoning_content"}``, ``{"tool_calls"}``), ``{}`` at the end."""
 
     role: Literal["assistant"] | None = _omitted_if_none()
     content: str | None = _omitted_if_none()
+    reasoning_content: str | None = _omitted_if_none()
+    tool_calls: list[ChatToolCallDelta] | None = _omitted_if_none()
 
 
 class ChatChunkChoice(_Wire):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -133,7 +205,7 @@ class ChatCompletionChunk(_Wire):
 class CompletionChoice(_Wire):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -191,6 +263,8 @@ class ModelCard(_Wire):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "dynamo"
+    root: str | None = _omitted_if_none()  # a LoRA adapter: where it was loaded from (SGLang's field)
+    parent: str | None = _omitted_if_none()  # a LoRA adapter: the served model it adapts
 
 
 class ModelList(_Wire):

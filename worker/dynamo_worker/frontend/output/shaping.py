@@ -1,5 +1,5 @@
 """Response shaping: pure functions from results to the bodies of ``output.responses``, and the SSE
-events of a plain (featureless) chat or completion stream.
+events of a streamed chat or completion answer (``StreamEvents``), plain or with features.
 
 Nothing here does I/O or reads a clock; the same input gives the same bytes.
 """
@@ -19,8 +19,10 @@ from dynamo_worker.frontend.output.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
+    ChatLogprobs,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     FinishReason,
     Health,
     ModelCard,
@@ -33,7 +35,7 @@ from dynamo_worker.frontend.output.responses import (
 __all__ = [
     "SSE_DONE",
     "Head",
-    "PlainStream",
+    "StreamEvents",
     "finish_reason",
     "health",
     "model_card",
@@ -77,8 +79,9 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
     )
 
 
-def model_card(name: str, created: int) -> ModelCard:
-    return ModelCard(id=name, created=created)
+def model_card(name: str, created: int, *, root: str | None = None, parent: str | None = None) -> ModelCard:
+    """A model of ``/v1/models``; a LoRA adapter with ``root`` (its source) and ``parent`` (its model)."""
+    return ModelCard(id=name, created=created, root=root, parent=parent)
 
 
 def model_list(cards: list[ModelCard]) -> ModelList:
@@ -108,16 +111,29 @@ class Head:
     include_usage: bool = False  # stream_options.include_usage: chunks carry "usage"
 
 
-def whole(head: Head, text: str, finish: FinishReason, use: Usage) -> ChatCompletion | Completion:
-    """The answer of a request that did not stream."""
+def whole(
+    head: Head,
+    text: str,
+    finish: FinishReason,
+    use: Usage,
+    *,
+    message: AssistantMessage | None = None,
+    logprobs: ChatLogprobs | CompletionLogprobs | None = None,
+) -> ChatCompletion | Completion:
+    """The answer of a request that did not stream: ``text``, or for chat the parsed ``message`` when
+    tools or reasoning shaped it, with the ``logprobs`` of its tokens when asked for."""
     if head.kind == "chat":
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
+        assert not isinstance(logprobs, CompletionLogprobs)
+        if message is None:
+            message = AssistantMessage(content=text)
+        choice = ChatChoice(message=message, logprobs=logprobs, finish_reason=finish)
         return ChatCompletion(id=head.id, created=head.created, model=head.model, choices=[choice], usage=use)
+    assert not isinstance(logprobs, ChatLogprobs)
     return Completion(
         id=head.id,
         created=head.created,
         model=head.model,
-        choices=[CompletionChoice(text=text, finish_reason=finish)],
+        choices=[CompletionChoice(text=text, logprobs=logprobs, finish_reason=finish)],
         usage=use,
     )
 
@@ -141,9 +157,10 @@ def _recurring(kind: str, text: str, finish: FinishReason | None) -> tuple[Choic
     return choice, dump(choice)
 
 
-class PlainStream:
-    """The SSE events of one plain streamed answer: ``role`` (chat only), ``text`` per token,
-    ``final`` with the finish reason, ``usage`` when asked for, then ``SSE_DONE``.
+class StreamEvents:
+    """The SSE events of one streamed answer: ``role`` (chat only), ``text`` per token (or ``event`` per
+    delta of an answer with features), ``final`` with the finish reason, ``usage`` when asked for, then
+    ``SSE_DONE``.
 
     Every event is rendered from ``responses`` models, but each model only once: the chunk around
     the choice (the same in every event of a request but the usage one) once per request, a choice
@@ -180,6 +197,22 @@ class PlainStream:
         kind = self.head.kind
         choice = dump(_choice(kind, text, finish)) if text else _recurring(kind, "", finish)[1]
         return self._before + choice + self._after
+
+    def event(
+        self,
+        delta: ChatDelta | str,
+        logprobs: ChatLogprobs | CompletionLogprobs | None = None,
+        finish: FinishReason | None = None,
+    ) -> bytes:
+        """An event of an answer with features: a chat ``delta`` (reasoning, content, tool calls) or a
+        completion's text, with the logprobs of its tokens."""
+        if isinstance(delta, ChatDelta):
+            assert not isinstance(logprobs, CompletionLogprobs)
+            choice: Choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)
+        else:
+            assert not isinstance(logprobs, ChatLogprobs)
+            choice = CompletionChoice(text=delta, logprobs=logprobs, finish_reason=finish)
+        return self._before + dump(choice) + self._after
 
     def usage(self, use: Usage) -> bytes:
         """The last event before ``SSE_DONE`` when the client asked for usage: no choices, the counts."""

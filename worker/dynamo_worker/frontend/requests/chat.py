@@ -1,8 +1,10 @@
 """``POST /v1/chat/completions`` up to the job, from the parsed and validated body
 (``openai_models.parse_request``; the server holds it for a slot in between, ``serving.admission``):
 look the model up (404 unknown, 503 nobody serving it), plan the features it uses (``plan_chat``: tools,
-a grammar, reasoning, logprobs, template variables), render the chat template and tokenize (images
-through ``requests.multimodal``), and check the context length (``job.build_job``).
+a grammar, reasoning, logprobs, template variables), convert the messages (``chat_messages``), render
+the chat template and tokenize (images through ``requests.multimodal``), and check the context length
+(``job.build_job``). A request with images takes the same steps, so it is served or refused as the same
+request without them would be.
 
 What each feature means and when it is refused: ``requests.features``.
 """
@@ -29,13 +31,13 @@ from dynamo_worker.frontend.requests.features import (
     served_features,
 )
 from dynamo_worker.frontend.requests.job import Job, build_job, with_plan
-from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest
+from dynamo_worker.frontend.requests.multimodal import PLACEHOLDER, MultimodalProcessor
+from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, ChatMessage, ImageUrlPart
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 log = logging.getLogger(__name__)
 
-__all__ = ["chat_messages", "plan_chat", "prepare_chat"]
+__all__ = ["chat_messages", "image_urls", "plan_chat", "prepare_chat"]
 
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
 
@@ -43,27 +45,30 @@ _RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools
 async def prepare_chat(
     registry: ModelRegistry, multimodal: MultimodalProcessor | None, req: ChatCompletionRequest
 ) -> Job:
+    """The job for ``req``, with or without images: one plan (``plan_chat``), one message conversion
+    (``chat_messages``), one chat template; the multimodal processor only turns the rendered chat and
+    its images into token ids and image spans."""
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
-    if req.has_images():  # processor -> encode worker -> language worker (requests.multimodal)
-        if multimodal is None:
-            raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
-        ids, spans, _ = await multimodal.prepare(entry, req, pre)
-        job = build_job("chat", req, entry, ids, prompt_param="messages", default_max=None)
-        job.generate = job.generate.model_copy(update={"images": spans})
-        return job
+    images = image_urls(req)
+    if images and multimodal is None:
+        raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
     plan = plan_chat(req, served_features(pre))
-    messages = chat_messages(req)
-    kwargs = (plan.template_kwargs,) if plan is not None and plan.template_kwargs else ()
-    ids = await encode_off_loop(
-        sum(len(m["content"]) for m in messages),
-        pre.encode_chat,
-        messages,
-        req.add_generation_prompt,
-        *kwargs,
-    )
-    return with_plan(build_job("chat", req, entry, ids, prompt_param="messages", default_max=None), plan)
+    kwargs = plan.template_kwargs if plan is not None else {}
+    if images:  # processor -> encode worker -> language worker (requests.multimodal)
+        assert multimodal is not None
+        rendered = pre.render_chat(chat_messages(req, PLACEHOLDER), req.add_generation_prompt, kwargs)
+        ids, spans = await multimodal.prompt_ids(entry, pre, rendered, images)
+    else:
+        messages = chat_messages(req)
+        chars = sum(len(m["content"]) for m in messages)
+        ids = await encode_off_loop(chars, pre.encode_chat, messages, req.add_generation_prompt, kwargs)
+        spans = []
+    job = build_job("chat", req, entry, ids, prompt_param="messages", default_max=None)
+    if spans:
+        job.generate = job.generate.model_copy(update={"images": spans})
+    return with_plan(job, plan)
 
 
 def plan_chat(req: ChatCompletionRequest, features: ServingFeatures) -> FeaturePlan | None:
@@ -175,11 +180,13 @@ def _arguments(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """The messages as chat templates expect them (HF's ``apply_chat_template`` shape)."""
+def chat_messages(req: ChatCompletionRequest, image_mark: str | None = None) -> list[dict[str, Any]]:
+    """The messages as chat templates expect them (HF's ``apply_chat_template`` shape), tool calls, tool
+    results and reasoning included. ``image_mark``: each image part becomes this text (and the mark is
+    taken out of the texts), so the rendered chat shows where the images go; else images are left out."""
     out: list[dict[str, Any]] = []
     for m in req.messages:
-        msg: dict[str, Any] = {"role": m.role, "content": m.text() or ""}
+        msg: dict[str, Any] = {"role": m.role, "content": _content(m, image_mark)}
         if m.name:
             msg["name"] = m.name
         if m.tool_calls:
@@ -197,3 +204,24 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             msg["reasoning_content"] = m.reasoning_content
         out.append(msg)
     return out
+
+
+def image_urls(req: ChatCompletionRequest) -> list[tuple[str, str]]:
+    """(param, URL) of each image in the messages, in order."""
+    return [
+        (f"messages[{i}].content[{j}].image_url", p.image_url.url)
+        for i, m in enumerate(req.messages)
+        if isinstance(m.content, list)
+        for j, p in enumerate(m.content)
+        if isinstance(p, ImageUrlPart)
+    ]
+
+
+def _content(m: ChatMessage, image_mark: str | None) -> str:
+    if image_mark is None:
+        return m.text() or ""
+    if isinstance(m.content, list):
+        return "".join(
+            image_mark if isinstance(p, ImageUrlPart) else p.text.replace(image_mark, "") for p in m.content
+        )
+    return (m.content or "").replace(image_mark, "")

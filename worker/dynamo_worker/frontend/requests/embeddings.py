@@ -92,6 +92,13 @@ def _check_dimensions(features: ServingFeatures, dimensions: int, model: str) ->
 
 async def prepare_embeddings(registry: ModelRegistry, req: EmbeddingRequest) -> Job:
     entry = registry.lookup(req.model)
+    if entry.lora_name is not None:
+        raise InvalidRequest(
+            f"'{req.model}' is a LoRA adapter; adapters serve chat and completions. Ask "
+            f"'{entry.base}' for embeddings.",
+            param="model",
+            code="unsupported",
+        )
     pre = entry.preprocessor
     assert pre is not None
     features = served_features(pre)

@@ -145,6 +145,7 @@ def build_job(
             ignore_eos=req.ignore_eos,
         ),
         eos_token_ids=list(pre.eos_token_ids),
+        lora_name=entry.lora_name,  # a LoRA adapter's view of its model (models.adapters)
     )
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
     return Job(

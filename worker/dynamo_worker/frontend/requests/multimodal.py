@@ -12,10 +12,11 @@ For a chat request with ``image_url`` parts the frontend is the processor:
 2. Ask an encode worker of the model (round-robin; one retry on another when one cannot be reached)
    for the images' embeddings, sending each file with its sha256 content hash; the worker answers from
    its cache by that hash or computes them.
-3. Render the chat template with each image as a placeholder, tokenize the text around the
-   placeholders, and put ``num_tokens`` pad ids (``protocol.image_pad_id(content_hash)``) where each
-   image goes. The ``GenerateRequest`` carries the spans and embeddings (``images``); the pad ids make
-   equal images equal token blocks, so the KV router and the workers' prefix caches share them.
+3. Tokenize the chat as its template rendered it (``requests.chat``: the same plan, messages and
+   template as a request without images, each image a ``PLACEHOLDER``) around the placeholders, and
+   put ``num_tokens`` pad ids (``protocol.image_pad_id(content_hash)``) where each image goes. The
+   ``GenerateRequest`` carries the spans and embeddings (``images``); the pad ids make equal images
+   equal token blocks, so the KV router and the workers' prefix caches share them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import itertools
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlparse
 
 import aiohttp
@@ -41,12 +41,17 @@ from pydantic import ValidationError
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
 from dynamo_worker.frontend.models.preprocess import Preprocessor
 from dynamo_worker.frontend.models.registry import ModelEntry
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, ImageUrlPart
 from dynamo_worker.multimodal.images import BadImage, content_hash, sniff
 from dynamo_worker.multimodal.wire import ENCODE_PATH, EncodeRequest, EncodeResponse, ImageInput
 from dynamo_worker.protocol import ImageSpan, InstanceRecord, image_pad_id
 
-__all__ = ["ImageFetcher", "MultimodalProcessor", "Unreachable", "post_to_worker"]
+__all__ = [
+    "PLACEHOLDER",
+    "ImageFetcher",
+    "MultimodalProcessor",
+    "Unreachable",
+    "post_to_worker",
+]
 
 MAX_REDIRECTS = 3
 PLACEHOLDER = "<|dynamo-image|>"  # stands for one image while the chat template renders
@@ -240,29 +245,16 @@ class MultimodalProcessor:
             await self._session.close()
             self._session = None
 
-    async def prepare(
-        self, entry: ModelEntry, req: ChatCompletionRequest, pre: Preprocessor
-    ) -> tuple[list[int], list[ImageSpan], list[dict[str, Any]]]:
-        """Token ids with image pad ids, the image spans, and the messages as the template saw them."""
-        messages, parts = [], []
-        for i, m in enumerate(req.messages):
-            if isinstance(m.content, list):
-                text = []
-                for j, p in enumerate(m.content):
-                    if isinstance(p, ImageUrlPart):
-                        parts.append((f"messages[{i}].content[{j}].image_url", p.image_url.url))
-                        text.append(PLACEHOLDER)
-                    else:
-                        text.append(p.text.replace(PLACEHOLDER, ""))
-                content = "".join(text)
-            else:
-                content = (m.content or "").replace(PLACEHOLDER, "")
-            messages.append({"role": m.role, "content": content, **({"name": m.name} if m.name else {})})
-        if len(parts) > self.max_images:
+    async def prompt_ids(
+        self, entry: ModelEntry, pre: Preprocessor, rendered: str, images: list[tuple[str, str]]
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """The prompt's token ids, with each image's pad ids where ``rendered`` (the chat as its template
+        rendered it) has ``PLACEHOLDER``, and the image spans; ``images``: (param, URL) of each image in
+        order (``requests.chat.image_urls``)."""
+        if len(images) > self.max_images:
             raise InvalidRequest(
-                f"The request has {len(parts)} images; this server takes at most {self.max_images} "
-                "per request "
-                "(--max-images-per-request). Send fewer.",
+                f"The request has {len(images)} images; this server takes at most {self.max_images} "
+                "per request (--max-images-per-request). Send fewer.",
                 param="messages",
                 code="too_many_images",
             )
@@ -273,19 +265,6 @@ class MultimodalProcessor:
                 "worker with --role encode for it, or send text only.",
                 code="no_encode_workers",
             )
-        files = await asyncio.gather(*(self.fetcher.fetch(url, param) for param, url in parts))
-        images = []
-        for (param, _), data in zip(parts, files, strict=True):
-            try:
-                sniff(data)
-            except BadImage as e:
-                raise InvalidRequest(
-                    f"The image is not usable: {e}. Send a PNG, JPEG, GIF or WebP file.",
-                    param=param,
-                    code="invalid_image",
-                ) from None
-            images.append(_Image(param, data, content_hash(data)))
-        rendered = pre.render_chat(messages, req.add_generation_prompt)
         pieces = rendered.split(PLACEHOLDER)
         if len(pieces) != len(images) + 1:
             raise InvalidRequest(
@@ -294,7 +273,19 @@ class MultimodalProcessor:
                 param="messages",
                 code="chat_template_error",
             )
-        embeddings = await self._encode(encoders, entry.name, images)
+        files = await asyncio.gather(*(self.fetcher.fetch(url, param) for param, url in images))
+        checked = []
+        for (param, _), data in zip(images, files, strict=True):
+            try:
+                sniff(data)
+            except BadImage as e:
+                raise InvalidRequest(
+                    f"The image is not usable: {e}. Send a PNG, JPEG, GIF or WebP file.",
+                    param=param,
+                    code="invalid_image",
+                ) from None
+            checked.append(_Image(param, data, content_hash(data)))
+        embeddings = await self._encode(encoders, entry.name, checked)
         encoded = await asyncio.to_thread(pre.tokenizer.encode_batch, pieces, add_special_tokens=False)
         ids: list[int] = list(encoded[0].ids)
         spans = []
@@ -302,7 +293,7 @@ class MultimodalProcessor:
             spans.append(ImageSpan(offset=len(ids), embedding=emb))
             ids += [image_pad_id(emb.content_hash)] * emb.num_tokens
             ids += piece.ids
-        return ids, spans, messages
+        return ids, spans
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:

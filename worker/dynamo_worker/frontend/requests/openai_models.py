@@ -257,13 +257,6 @@ class ChatCompletionRequest(_Sampling):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def has_images(self) -> bool:
-        """Whether a message carries an image (then ``requests.multimodal`` prepares the prompt)."""
-        return any(
-            isinstance(m.content, list) and any(isinstance(p, ImageUrlPart) for p in m.content)
-            for m in self.messages
-        )
-
 
 class CompletionRequest(_Sampling):
     prompt: (

@@ -1,6 +1,7 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
-Serving mode per model, decided from the workers discovery knows now (``plan_roles``):
+Serving mode per model, decided from the workers discovery knows now (``plan_roles``); for a LoRA
+adapter, the model's workers that hold it (its entry is the adapter's view, ``models.adapters``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
   are chosen (the newest revision that has both roles, ``models.pairing``), a random 63-bit
@@ -191,10 +192,11 @@ class Dispatcher:
                 )
             return Plan(
                 "disagg",
-                self.router.choose(f"{entry.name}/prefill", pair.prefill, token_ids),
-                self.router.choose(f"{entry.name}/decode", pair.decode, token_ids),
+                self.router.choose(f"{entry.name}/prefill", pair.prefill, token_ids, entry.lora_name),
+                self.router.choose(f"{entry.name}/decode", pair.decode, token_ids, entry.lora_name),
             )
-        return Plan("agg", self.router.choose(f"{entry.name}/agg", self._live(entry, "agg", out), token_ids))
+        agg = self._live(entry, "agg", out)
+        return Plan("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
 
     def _live(self, entry: ModelEntry, role: Role, out: frozenset[str]) -> list[InstanceRecord]:
         """The workers of ``role`` a request may go to: registered, neither excluded nor quarantined."""

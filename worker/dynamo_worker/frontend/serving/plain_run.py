@@ -1,11 +1,15 @@
-"""Serving a plain chat or completion job (no tools, reasoning, structured output or logprobs): the
-worker's token stream through detokenization and stop handling to the client, whole or as SSE.
+"""Serving a chat or completion job: the worker's token stream through detokenization and stop
+handling to the client, whole or as SSE.
+
+``Run`` is what every job's run does: relay the worker's chunks, time them (TTFT, ITL), take the
+finish reason and usage from the last one, count the tokens, and handle errors and a client that went
+away. What the text becomes is a subclass's: ``PlainRun`` here (no tools, reasoning, structured output
+or logprobs: the byte splice of ``output.shaping.StreamEvents``, the fast path) and
+``serving.featured_run.FeaturedRun``. Every body is shaped in ``output``.
 
 Streaming responses start only when the first output arrives, so a failure before it (no worker,
 worker unreachable, overload) is an ordinary HTTP error status. A failure after it is sent as a final
 SSE event ``data: {"error": {...}}`` (the ``openai`` client raises it) without ``data: [DONE]``.
-Streamed, every token is an event of its own, also when several arrived at once (the worker or the
-request plane coalesced them because a reader fell behind); those events then leave in one write.
 """
 
 from __future__ import annotations
@@ -20,34 +24,38 @@ from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
-from dynamo_worker.frontend.output.responses import FinishReason, Usage, dump
+from dynamo_worker.frontend.output.responses import ChatCompletion, Completion, FinishReason, Usage, dump
 from dynamo_worker.frontend.output.shaping import (
     SSE_DONE,
     Head,
-    PlainStream,
+    StreamEvents,
     finish_reason,
     sse,
     usage,
     whole,
 )
-from dynamo_worker.frontend.output.text import OutputText
+from dynamo_worker.frontend.output.text import Decoder, OutputText
 from dynamo_worker.frontend.requests.job import prompt_tokens
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
     from dynamo_worker.frontend.requests.job import Job
     from dynamo_worker.frontend.serving.dispatch import Dispatch
+    from dynamo_worker.protocol import GenerateChunk
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PlainRun"]
+__all__ = ["PlainRun", "Run"]
 
 
-class PlainRun:
-    """One plain job from the worker's first chunk to the client's last byte."""
+class Run:
+    """One job from the worker's first chunk to the client's last byte. A subclass turns a chunk's
+    tokens into text (``_decode``), the text into events or the whole answer (``emit``), and ends the
+    stream (``_close``) or shapes the whole body (``_whole``)."""
 
     __slots__ = (
         "cached_tokens",
+        "cached_tokens_host",
         "completion_tokens",
         "dispatcher",
         "events",
@@ -58,7 +66,6 @@ class PlainRun:
         "job",
         "last_token_at",
         "metrics",
-        "one_by_one",
         "out",
         "pending",
         "prompt_tokens",
@@ -75,6 +82,7 @@ class PlainRun:
         http_request: web.Request,
         job: Job,
         started: float,
+        decoder: Decoder | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -83,69 +91,50 @@ class PlainRun:
         self.job = job
         self.started = started
         self.out = OutputText(
-            job.preprocessor.tokenizer,
+            job.preprocessor.tokenizer if decoder is None else decoder,  # a Tokenizer streams faster
             prompt_ids=job.prompt_ids,
             stop_strings=job.stop_strings,
             stop_token_ids=job.stop_token_ids,
         )
-        head = Head(job.kind, job.id, job.created, job.model, job.include_usage)
-        self.head = head
-        self.events = PlainStream(head) if job.stream else None
+        self.head = Head(job.kind, job.id, job.created, job.model, job.include_usage)
+        self.events = StreamEvents(self.head) if job.stream else None
         self.response: web.StreamResponse | None = None
-        self.completion_tokens = self.cached_tokens = 0
-        self.prompt_tokens = len(job.prompt_ids)
+        self.completion_tokens = self.cached_tokens = self.cached_tokens_host = 0
+        self.prompt_tokens = len(job.prompt_ids)  # the worker's count for a request with images
         self.finish: FinishReason | None = None
         self.texts: list[str] = []  # not streamed: the answer so far
         self.last_token_at: float | None = None
-        self.one_by_one = job.stream or bool(job.stop_strings)  # a chunk of several tokens, token by token
-        # SSE events not sent yet. Mid-stream an event is sent at once; the events after the finish
-        # reason wait for the end of the stream, so it ends in one write instead of four.
+        # SSE events not sent yet: the stream's tail waits for its end, so it leaves in one write.
         self.pending: list[bytes] = []
 
-    async def emit(self, *parts: str) -> None:
-        """One event per part (the last one carries the finish reason, once there is one), sent in one
-        write."""
-        events = self.events
-        if events is None:
-            self.texts.extend(parts)
-            return
-        if self.response is None:
-            self.response = await sse_response(self.http_request)
-            if self.job.kind == "chat":
-                self.pending.append(events.role())
-        pending, finish = self.pending, self.finish
-        if finish is None and len(parts) == 1 and not pending:  # the usual event: one token's text
-            if parts[0]:
-                await self.response.write(events.text(parts[0]))
-            return
-        for text in parts if finish is None else parts[:-1]:
-            if text:
-                pending.append(events.text(text))
-        if finish is not None:
-            pending.append(events.final(parts[-1], finish))
-        elif pending:
-            await self.response.write(b"".join(pending))
-            pending.clear()
+    # --- what a subclass does -------------------------------------------------------------------
 
-    def _decode(self, ids: list[int]) -> list[str]:
-        """The text of each token of ``ids`` (of all at once, when neither streamed nor stopped by
-        strings), up to a stop string or token, which sets ``finish``. Token by token, a stop string
-        also ends the count of completion tokens at the token holding it."""
-        now, last = time.monotonic(), self.last_token_at
-        if last is None:
-            self.ttft.observe(now - self.started)
-        else:
-            self.itl.observe(now - last)
-        self.last_token_at = now
-        if self.one_by_one:
-            parts, count, stopped = self.out.push_each(ids)
-        else:
-            delta = self.out.push(ids)
-            parts, count, stopped = [delta.text], delta.token_count, delta.stopped
-        self.completion_tokens += count
-        if stopped:
-            self.finish = "stop"
-        return parts
+    def _decode(self, chunk: GenerateChunk) -> list[str]:
+        """The text of the chunk's tokens, in the parts ``emit`` takes; sets ``finish`` at a stop string
+        or token."""
+        raise NotImplementedError
+
+    async def emit(self, *parts: str) -> None:
+        """Send the parts' events (streamed) or keep their text (not streamed)."""
+        raise NotImplementedError
+
+    async def _close(self, events: StreamEvents) -> None:
+        """Start the response if nothing did, and put the events up to the finish reason in
+        ``pending``."""
+        raise NotImplementedError
+
+    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+        """The answer not streamed."""
+        raise NotImplementedError
+
+    # --- the run --------------------------------------------------------------------------------
+
+    async def start(self, events: StreamEvents) -> web.StreamResponse:
+        """Start the SSE response; a chat's first event (the assistant's role) goes with the next write."""
+        self.response = response = await sse_response(self.http_request)
+        if self.job.kind == "chat":
+            self.pending.append(events.role())
+        return response
 
     async def _generate(self) -> None:
         """Relay the worker's chunks (a coroutine per chunk would cost more than the chunk's event)."""
@@ -153,8 +142,14 @@ class PlainRun:
         async with contextlib.aclosing(self.dispatcher.generate(job.entry, job.generate)) as chunks:
             async for chunk in chunks:
                 if chunk.token_ids:
-                    parts = self._decode(chunk.token_ids)
-                    if self.finish is not None:
+                    now, last = time.monotonic(), self.last_token_at
+                    if last is None:
+                        self.ttft.observe(now - self.started)
+                    else:
+                        self.itl.observe(now - last)
+                    self.last_token_at = now
+                    parts = self._decode(chunk)
+                    if self.finish is not None:  # a stop string or token
                         await self.emit(*parts)
                         return
                     if any(parts):
@@ -164,6 +159,7 @@ class PlainRun:
                     self.prompt_tokens = prompt_tokens(job, chunk.usage)
                     if chunk.usage is not None:
                         self.cached_tokens = min(chunk.usage.cached_tokens, self.prompt_tokens)
+                        self.cached_tokens_host = min(chunk.usage.cached_tokens_host, self.cached_tokens)
                     await self.emit(self.out.finish())
                     return
 
@@ -189,17 +185,77 @@ class PlainRun:
             return self.response
         metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
         metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
+        metrics.cached_tokens_host.labels(job.model).inc(self.cached_tokens_host)
         use = usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         if self.events is None:
-            return json_response(dump(whole(self.head, "".join(self.texts), self.finish or "stop", use)))
-        return await self._end(self.events, use)
-
-    async def _end(self, events: PlainStream, use: Usage) -> web.StreamResponse:
-        if self.response is None:  # finished without any output: still a valid (empty) stream
-            await self.emit("")
+            return json_response(dump(self._whole(use)))
+        await self._close(self.events)
         assert self.response is not None
-        if self.job.include_usage:
-            self.pending.append(events.usage(use))
+        if job.include_usage:
+            self.pending.append(self.events.usage(use))
         self.pending.append(SSE_DONE)
         await self.response.write_eof(b"".join(self.pending))
         return self.response
+
+
+class PlainRun(Run):
+    """A job without features. Streamed, every token is an event of its own, also when several arrived
+    at once (the worker or the request plane coalesced them because a reader fell behind); those events
+    then leave in one write."""
+
+    __slots__ = ("one_by_one",)
+
+    def __init__(
+        self,
+        dispatcher: Dispatch,
+        metrics: FrontendMetrics,
+        http_request: web.Request,
+        job: Job,
+        started: float,
+    ) -> None:
+        super().__init__(dispatcher, metrics, http_request, job, started)
+        self.one_by_one = job.stream or bool(job.stop_strings)  # a chunk of several tokens, token by token
+
+    def _decode(self, chunk: GenerateChunk) -> list[str]:
+        """The text of each token (of all at once, when neither streamed nor stopped by strings). Token
+        by token, a stop string also ends the count of completion tokens at the token holding it."""
+        if self.one_by_one:
+            parts, count, stopped = self.out.push_each(chunk.token_ids)
+        else:
+            delta = self.out.push(chunk.token_ids)
+            parts, count, stopped = [delta.text], delta.token_count, delta.stopped
+        self.completion_tokens += count
+        if stopped:
+            self.finish = "stop"
+        return parts
+
+    async def emit(self, *parts: str) -> None:
+        """One event per part (the last one carries the finish reason, once there is one), sent in one
+        write; the events after the finish reason wait for the end of the stream."""
+        events = self.events
+        if events is None:
+            self.texts.extend(parts)
+            return
+        response = self.response
+        if response is None:
+            response = await self.start(events)
+        pending, finish = self.pending, self.finish
+        if finish is None and len(parts) == 1 and not pending:  # the usual event: one token's text
+            if parts[0]:
+                await response.write(events.text(parts[0]))
+            return
+        for text in parts if finish is None else parts[:-1]:
+            if text:
+                pending.append(events.text(text))
+        if finish is not None:
+            pending.append(events.final(parts[-1], finish))
+        elif pending:
+            await response.write(b"".join(pending))
+            pending.clear()
+
+    async def _close(self, events: StreamEvents) -> None:
+        if self.response is None:  # finished without any output: still a valid (empty) stream
+            await self.emit("")
+
+    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+        return whole(self.head, "".join(self.texts), self.finish or "stop", use)

@@ -1,0 +1,490 @@
+"""LoRA adapters on GPUs, the path users take: ``dynamo-run`` of the LoRA examples, against SGLang's server.
+
+usage: python3 tests/gpu/run_lora.py agg|disagg|all      (see tests/gpu/README.md for the device calls)
+
+Adapters: four PEFT adapters with random weights for the 8B-shaped dummy model of ``tests/gpu/model``
+(``tests/support/peft_adapters.py``; ranks 8 and 16 alternating, every attention and MLP projection), so
+each changes the output, and differently.
+
+Phase ``agg`` (1 GPU): ``dynamo-run`` of ``examples/lora-agg.yaml`` (until it exists,
+``tests/gpu/examples/lora-agg.yaml``), with only what a user of this machine changes (``run_examples``:
+the dummy model, ``USER_FLAGS``) and its ``DynamoModel`` documents pointed at the generated adapters.
+The adapters are served as ``dynamo-run`` applies them; those it did not apply within ``APPLY_S`` (a
+``dynamo-run`` without ``DynamoModel`` support), and the extra ones up to four, are loaded as the
+operator does: ``POST /v1/loras`` on every worker. Then, with the official ``openai`` client:
+
+- ``/v1/models`` lists every adapter with ``parent`` the served model;
+- greedy completions (``PROBES`` prompts of token ids, ``PROBE_OUT`` tokens, ``ignore_eos``) of the
+  base model and of each adapter, by name (and one as ``<model>:<adapter>``);
+- a mixed load: ``NREQ`` completions of ``ISL``/``OSL`` tokens, ``CONC`` at once, cycling over the four
+  adapters and the base model: output tokens/s and errors.
+
+Then (``ENGINE=sglang``) the same on SGLang's own server on the same GPU: ``sglang.launch_server`` with
+the same flags, ``--lora-paths`` for the four adapters, driven through its ``/generate`` with
+``input_ids`` and ``lora_path``. Passes when every greedy output equals SGLang's (and each adapter's
+differs from the base model's) and the mixed load's throughput is at least ``MIN_RATIO`` (0.95) of
+SGLang's, with 0 errors.
+
+Phase ``disagg`` (2 GPUs): ``dynamo-run`` of ``lora-disagg.yaml`` (prefill + decode), the same adapters
+loaded on both, the same greedy probes (equal to SGLang's aggregated server, run afterwards on the
+first GPU) and the mixed load: 0 errors.
+
+``ENGINE=mocker`` runs the same on the simulated engine (SGLang's server is skipped; smaller adapters):
+the suite does, to keep the script working between runs on the lent machines. Everything printed and
+every log lands in ``$OUT``; the summary is printed last and ``$OUT/lora.json`` holds the figures; the
+exit status is 1 when a check failed.
+
+Env: ENGINE, GRAPH_GPUS, ISL (1024), OSL (128), NREQ (160), CONC (32), PROBES (4), PROBE_OUT (32),
+APPLY_S (60), MIN_RATIO (0.95), STARTUP_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1]))
+import run_examples as ex  # noqa: E402  (the same Graph, flags and model as the user-path proof)
+
+from tests.support.peft_adapters import DEFAULT_TARGETS, write_adapter  # noqa: E402
+
+ISL, OSL, NREQ, CONC = (
+    int(os.environ.get(k, d)) for k, d in (("ISL", 1024), ("OSL", 128), ("NREQ", 160), ("CONC", 32))
+)
+PROBES, PROBE_OUT = int(os.environ.get("PROBES", 4)), int(os.environ.get("PROBE_OUT", 32))
+APPLY_S = float(os.environ.get("APPLY_S", 60))
+MIN_RATIO = float(os.environ.get("MIN_RATIO", 0.95))
+ADAPTERS = 4
+LORA_FLAG_PREFIXES = ("--enable-lora", "--max-lora", "--lora-", "--max-loaded-loras", "--max-loras-per-batch")
+STATE = Path(os.environ.get("GPU_STATE") or "/tmp/dynamo-gpu-state")
+
+
+def log(msg: str) -> None:
+    ex.log(msg)
+
+
+# --- the adapters and the manifest -------------------------------------------------------------------
+
+
+def example(phase: str) -> Path:
+    """``examples/lora-<phase>.yaml`` once it exists, else ours under tests/gpu/examples."""
+    shipped = ex.ROOT / "examples" / f"lora-{phase}.yaml"
+    return shipped if shipped.is_file() else HERE / "examples" / f"lora-{phase}.yaml"
+
+
+def declared_models(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if isinstance(d, dict) and d.get("kind") == "DynamoModel"]
+
+
+def adapter_names(docs: list[dict]) -> list[str]:
+    """The DynamoModels' names, then ``lora-N`` up to four adapters."""
+    names = [str(d["spec"]["modelName"]) for d in declared_models(docs)]
+    n = 1
+    while len(names) < ADAPTERS:
+        if f"lora-{n}" not in names:
+            names.append(f"lora-{n}")
+        n += 1
+    return names[:ADAPTERS]
+
+
+def make_adapters(names: list[str], folder: Path) -> dict[str, Path]:
+    """A PEFT adapter per name, rank 8 and 16 alternating, for the model's shapes (the tiny model's on
+    the mocker, which reads only the config)."""
+    if ex.ENGINE == "sglang":
+        config = json.loads((HERE / "model" / "config.json").read_text())
+    else:
+        from dynamo_worker.tinymodel import ensure_tiny_model
+
+        config = json.loads((ensure_tiny_model(folder / "tiny") / "config.json").read_text())
+    return {
+        name: write_adapter(
+            config, folder / name, rank=8 if i % 2 == 0 else 16, seed=i + 1, targets=DEFAULT_TARGETS
+        )
+        for i, name in enumerate(names)
+    }
+
+
+def user_manifest(phase: str, adapters: dict[str, Path], folder: Path) -> tuple[Path, list[str]]:
+    """The example as a user of this machine runs it (``run_examples.user_graph``), its DynamoModels
+    pointed at the generated adapters; and the names of those DynamoModels."""
+    docs = [d for d in yaml.safe_load_all(example(phase).read_text()) if d is not None]
+    for doc in docs:
+        if doc.get("kind") == "DynamoGraphDeployment":
+            ex.user_graph(doc)
+    for model in declared_models(docs):
+        model["spec"]["source"]["uri"] = f"file://{adapters[str(model['spec']['modelName'])]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"lora-{phase}.yaml"
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return path, [str(m["spec"]["modelName"]) for m in declared_models(docs)]
+
+
+def lora_flags(phase: str) -> list[str]:
+    """The LoRA flags and page size of the example's first SGLang worker (for SGLang's own server)."""
+    docs = [d for d in yaml.safe_load_all(example(phase).read_text()) if d is not None]
+    graph = next(d for d in docs if d.get("kind") == "DynamoGraphDeployment")
+    args = [str(a) for a in (ex._containers(graph)[-1].get("args") or [])]
+    flags, keep = [], False
+    for a in args:
+        if a.startswith("--"):
+            keep = a.startswith(LORA_FLAG_PREFIXES) or a == "--page-size"
+        if keep:
+            flags.append(a)
+    return flags
+
+
+# --- our stack --------------------------------------------------------------------------------------
+
+
+def http(method: str, url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def listed(graph: ex.Graph) -> dict[str, dict]:
+    status, body = http("GET", f"{graph.base}/models")
+    return {m["id"]: m for m in body.get("data", [])} if status == 200 else {}
+
+
+def workers(graph: ex.Graph) -> list[int]:
+    """The system ports that answer ``/v1/loras`` (the workers'; LoRA on)."""
+    out = []
+    for port in graph.system_ports():
+        try:
+            status, _ = http("GET", f"http://127.0.0.1:{port}/v1/loras", timeout=10)
+        except (OSError, ValueError):
+            continue
+        if status == 200:
+            out.append(port)
+    return out
+
+
+def serve_adapters(graph: ex.Graph, adapters: dict[str, Path], declared: list[str], row: dict) -> None:
+    """Every adapter listed by the frontend: the declared ones as dynamo-run applies them (within
+    ``APPLY_S``), the rest (and those it did not apply) loaded on every worker through ``/v1/loras``."""
+    deadline = time.monotonic() + (APPLY_S if declared else 0)
+    while declared and time.monotonic() < deadline and not set(declared) <= set(listed(graph)):
+        time.sleep(1)
+    applied = [n for n in declared if n in listed(graph)]
+    row["applied_by_dynamo_run"] = applied
+    ports = workers(graph)
+    row["workers_with_lora"] = len(ports)
+    for name, folder in adapters.items():
+        if name in applied:
+            continue
+        for port in ports:
+            status, body = http(
+                "POST",
+                f"http://127.0.0.1:{port}/v1/loras",
+                {"lora_name": name, "source": {"uri": f"file://{folder}"}},
+            )
+            if status != 200:
+                raise RuntimeError(f"loading {name} on the worker at port {port} answered {status}: {body}")
+    deadline = time.monotonic() + 60
+    while not set(adapters) <= set(listed(graph)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the frontend lists {sorted(listed(graph))}, not every adapter of {sorted(adapters)}"
+            )
+        time.sleep(0.5)
+    models = listed(graph)
+    row["checks"]["adapters_listed_with_parent"] = all(
+        models[n].get("parent") == graph.model for n in adapters
+    )
+
+
+def ids_of(text: str) -> list[int]:
+    """The token ids of a completion's text (the dummy model's token i is ``w<i>``)."""
+    return [int(w[1:]) for w in text.split() if w[:1] == "w" and w[1:].isdigit()]
+
+
+def probe_prompts() -> list[list[int]]:
+    rng = random.Random(11)
+    top = 800 if ex.ENGINE != "sglang" else 30000  # the mocker's tiny tokenizer has 825 ids
+    return [[rng.randrange(100, top) for _ in range(300)] for _ in range(PROBES)]
+
+
+async def ours_greedy(graph: ex.Graph, adapters: list[str]) -> dict[str, list[str]]:
+    """Greedy completions of every probe for the base model and each adapter (the first also as
+    ``<model>:<adapter>``, which must answer the same)."""
+    import openai
+
+    out: dict[str, list[str]] = {}
+    async with openai.AsyncOpenAI(base_url=graph.base, api_key="none", max_retries=0, timeout=300) as c:
+        for model in [graph.model, *adapters, f"{graph.model}:{adapters[0]}"]:
+            texts = []
+            for ids in probe_prompts():
+                r = await c.completions.create(
+                    model=model,
+                    prompt=ids,
+                    max_tokens=PROBE_OUT,
+                    temperature=0,
+                    extra_body={"ignore_eos": True},
+                )
+                texts.append(r.choices[0].text)
+            out[model] = texts
+    return out
+
+
+def mixed_requests(models: list[str]) -> list[tuple[str, list[int]]]:
+    rng = random.Random(5)
+    top = 800 if ex.ENGINE != "sglang" else 30000
+    return [(models[i % len(models)], [rng.randrange(100, top) for _ in range(ISL)]) for i in range(NREQ)]
+
+
+async def ours_load(graph: ex.Graph, models: list[str]) -> dict:
+    """The mixed load through our frontend: output tokens/s and errors."""
+    import openai
+
+    sem = asyncio.Semaphore(CONC)
+    tokens, errors = 0, []
+
+    async def one(c, model: str, ids: list[int]) -> None:
+        nonlocal tokens
+        async with sem:
+            try:
+                r = await c.completions.create(
+                    model=model, prompt=ids, max_tokens=OSL, temperature=0, extra_body={"ignore_eos": True}
+                )
+                tokens += r.usage.completion_tokens
+            except openai.APIError as e:
+                errors.append(f"{model}: {e}"[:200])
+
+    async with openai.AsyncOpenAI(base_url=graph.base, api_key="none", max_retries=0, timeout=600) as c:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(c, m, ids) for m, ids in mixed_requests(models)))
+        seconds = time.perf_counter() - start
+    return {"tok_s": tokens / seconds, "tokens": tokens, "errors": len(errors), "first_errors": errors[:3]}
+
+
+def run_ours(phase: str, gpus: str, adapters: dict[str, Path], row: dict) -> None:
+    manifest, declared = user_manifest(phase, adapters, ex.OUT / "manifests")
+    graph = ex.Graph(f"lora-{phase}", manifest, gpus)
+    try:
+        row["ready_s"] = round(graph.ready_s, 1)
+        serve_adapters(graph, adapters, declared, row)
+        names = list(adapters)
+        greedy = asyncio.run(ours_greedy(graph, names))
+        row["ours_greedy"] = greedy
+        row["checks"]["base_model_colon_adapter_is_the_adapter"] = (
+            greedy[f"{graph.model}:{names[0]}"] == greedy[names[0]]
+        )
+        row["checks"]["adapters_change_the_output"] = all(greedy[n] != greedy[graph.model] for n in names)
+        row["ours_load"] = asyncio.run(ours_load(graph, [graph.model, *names]))
+        row["checks"]["mixed_load_0_errors"] = row["ours_load"]["errors"] == 0
+        row["model"] = graph.model
+    finally:
+        row["exit_code"], left = graph.stop()
+        row["checks"]["clean_exit"] = row["exit_code"] == 0 and not left
+
+
+# --- SGLang's own server -----------------------------------------------------------------------------
+
+
+class Native:
+    """``sglang.launch_server`` with the example's LoRA flags, ``USER_FLAGS`` and ``--lora-paths``."""
+
+    def __init__(self, phase: str, gpu: str, adapters: dict[str, Path]) -> None:
+        self.port = ex.free_port()
+        flags = [
+            *lora_flags(phase),
+            *ex.USER_FLAGS,
+            "--lora-paths",
+            *(f"{n}={p}" for n, p in adapters.items()),
+        ]
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ex.MODEL_DIR),
+                "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(self.port), *flags]  # fmt: skip
+        self.log_path = ex.OUT / "logs" / f"sglang-native-{phase}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._out = self.log_path.open("w")
+        log(f"native: {' '.join(argv)}")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu},
+        )  # fmt: skip
+        deadline = time.monotonic() + ex.STARTUP_S
+        while True:
+            try:
+                if http("GET", f"http://127.0.0.1:{self.port}/health", timeout=5)[0] == 200:
+                    break
+            except (OSError, ValueError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sglang.launch_server did not start; see {self.log_path}")
+            time.sleep(1)
+
+    async def generate(self, session, ids: list[int], n: int, lora: str | None) -> list[int]:
+        body: dict = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        }
+        if lora is not None:
+            body["lora_path"] = lora
+        async with session.post(f"http://127.0.0.1:{self.port}/generate", json=body) as r:
+            text = await r.text()
+            if r.status != 200:
+                raise RuntimeError(f"SGLang /generate answered {r.status}: {text[:300]}")
+            return json.loads(text)["output_ids"][:n]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._out.close()
+
+
+async def native_greedy(native: Native, model: str, adapters: list[str]) -> dict[str, list[list[int]]]:
+    """SGLang's greedy token ids of every probe, for the base model and each adapter."""
+    import aiohttp
+
+    out = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        for name in [model, *adapters]:
+            lora = None if name == model else name
+            out[name] = [await native.generate(s, ids, PROBE_OUT, lora) for ids in probe_prompts()]
+    return out
+
+
+async def native_load(native: Native, models: list[str], model: str) -> dict:
+    import aiohttp
+
+    sem = asyncio.Semaphore(CONC)
+    tokens, errors = 0, []
+
+    async def one(s, name: str, ids: list[int]) -> None:
+        nonlocal tokens
+        async with sem:
+            try:
+                tokens += len(await native.generate(s, ids, OSL, None if name == model else name))
+            except (RuntimeError, aiohttp.ClientError) as e:
+                errors.append(str(e)[:200])
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(s, m, ids) for m, ids in mixed_requests(models)))
+        seconds = time.perf_counter() - start
+    return {"tok_s": tokens / seconds, "tokens": tokens, "errors": len(errors), "first_errors": errors[:3]}
+
+
+def run_native(phase: str, gpu: str, adapters: dict[str, Path], row: dict, with_load: bool) -> None:
+    model, names = row["model"], list(adapters)
+    native = Native(phase, gpu, adapters)
+    try:
+        greedy = asyncio.run(native_greedy(native, model, names))
+        if with_load:
+            row["native_load"] = asyncio.run(native_load(native, [model, *names], model))
+    finally:
+        native.stop()
+    ours = row["ours_greedy"]  # text of the dummy model's tokens: token i is "w<i>"
+    equal = sum(ids_of(ours[m][i]) == greedy[m][i] for m in greedy for i in range(PROBES))
+    row["greedy_equal"] = f"{equal}/{len(greedy) * PROBES}"
+    row["checks"]["greedy_equals_sglang"] = equal == len(greedy) * PROBES
+    if with_load:
+        ratio = row["ours_load"]["tok_s"] / max(row["native_load"]["tok_s"], 1e-9)
+        row["throughput_ratio"] = round(ratio, 3)
+        row["checks"][f"throughput_at_least_{MIN_RATIO}x_sglang"] = ratio >= MIN_RATIO
+
+
+# --- the phases ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    phase: str
+    gpus: str
+    checks: dict[str, bool] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def phase(name: str, gpus: list[str]) -> dict:
+    need = 1 if name == "agg" else 2
+    row: dict = asdict(Row(name, ",".join(gpus[:need])))
+    if len(gpus) < need:
+        row["notes"].append(f"needs {need} GPUs, {len(gpus)} given; skipped")
+        return row
+    adapters = make_adapters(
+        adapter_names(list(yaml.safe_load_all(example(name).read_text()))), STATE / "adapters"
+    )
+    row["adapters"] = {n: str(p) for n, p in adapters.items()}
+    try:
+        run_ours(name, row["gpus"], adapters, row)
+        if ex.ENGINE == "sglang":
+            run_native(name, gpus[0], adapters, row, with_load=name == "agg")
+    except (
+        Exception
+    ) as e:  # a failed phase is reported with the rest, never a traceback in place of the table
+        row["checks"]["no_exception"] = False
+        row["notes"].append(f"{type(e).__name__}: {str(e)[:500]}")
+    log(f"lora {name}: {json.dumps({k: v for k, v in row.items() if k != 'ours_greedy'})}")
+    return row
+
+
+def summary(rows: list[dict]) -> tuple[str, bool]:
+    lines = [
+        f"{'phase':7} {'gpus':5} {'ready s':>7} {'greedy = sglang':>15} {'ours tok/s':>10} "
+        f"{'sglang tok/s':>12} {'ratio':>6} {'errors':>6}"
+    ]
+    ok = True
+    for r in rows:
+        ours, native = r.get("ours_load") or {}, r.get("native_load") or {}
+        lines.append(
+            f"{r['phase']:7} {r['gpus']:5} {r.get('ready_s', '-')!s:>7} {r.get('greedy_equal', '-'):>15} "
+            f"{ours.get('tok_s', 0):10.0f} {native.get('tok_s', 0):12.0f} "
+            f"{r.get('throughput_ratio', '-')!s:>6} {ours.get('errors', '-')!s:>6}"
+        )
+        failed = [k for k, v in r["checks"].items() if not v]
+        ok &= bool(r["checks"]) and not failed
+        if failed or r["notes"]:
+            lines.append(f"        failed: {', '.join(failed) or '-'}; {'; '.join(r['notes'])}")
+    lines.append(f"RESULT: {'PASS' if ok else 'FAIL'}")
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str]) -> int:
+    which = argv[0] if argv else "all"
+    if which not in ("agg", "disagg", "all"):
+        print(__doc__)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ex.OUT.mkdir(parents=True, exist_ok=True)
+    STATE.mkdir(parents=True, exist_ok=True)
+    if ex.ENGINE == "sglang":
+        from run_gpu import make_model
+
+        make_model(ex.MODEL_DIR)
+    gpus = ex.gpu_list()
+    rows = [phase(name, gpus) for name in (["agg", "disagg"] if which == "all" else [which])]
+    (ex.OUT / "lora.json").write_text(json.dumps(rows, indent=1))
+    text, ok = summary(rows)
+    (ex.OUT / "lora.txt").write_text(text + "\n")
+    print(text, flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
