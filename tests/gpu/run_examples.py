@@ -133,19 +133,26 @@ def _containers(graph: dict) -> list[dict]:
     return found
 
 
-def user_manifest(example: str, folder: Path, frontend_args: list[str] | None = None) -> Path:
-    """``example`` with ``USER_FLAGS`` appended to every SGLang worker's args (and ``frontend_args`` to
-    the frontend's), written into ``folder``."""
-    graph = user_graph(yaml.safe_load((ROOT / example).read_text()), frontend_args)
+def user_manifest(
+    example: str,
+    folder: Path,
+    frontend_args: list[str] | None = None,
+    worker_args: list[str] | None = None,
+) -> Path:
+    """``example`` with ``USER_FLAGS`` (then ``worker_args``) appended to every SGLang worker's args (and
+    ``frontend_args`` to the frontend's), written into ``folder``."""
+    graph = user_graph(yaml.safe_load((ROOT / example).read_text()), frontend_args, worker_args)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / Path(example).name
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
     return path
 
 
-def user_graph(graph: dict, frontend_args: list[str] | None = None) -> dict:
-    """The graph document with ``USER_FLAGS`` appended to every SGLang worker's args (and
-    ``frontend_args`` to the frontend's), changed in place."""
+def user_graph(
+    graph: dict, frontend_args: list[str] | None = None, worker_args: list[str] | None = None
+) -> dict:
+    """The graph document with ``USER_FLAGS`` (then ``worker_args``) appended to every SGLang worker's
+    args (and ``frontend_args`` to the frontend's), changed in place."""
     for svc in (graph["spec"].get("services") or {}).values():  # v1alpha1, as the examples are
         if frontend_args and svc.get("componentType") == "frontend":
             main = svc.setdefault("extraPodSpec", {}).setdefault("mainContainer", {})
@@ -162,9 +169,9 @@ def user_graph(graph: dict, frontend_args: list[str] | None = None) -> dict:
         if (
             len(args) >= 1 and isinstance(args[-1], str) and " -m " in f" {args[-1]}"
         ):  # sh -c "python3 -m ..."
-            args[-1] = f"{args[-1]} {' '.join(USER_FLAGS + EXTRA_FLAGS)}"
+            args[-1] = f"{args[-1]} {' '.join(USER_FLAGS + EXTRA_FLAGS + (worker_args or []))}"
         else:
-            container["args"] = [*map(str, args), *USER_FLAGS, *EXTRA_FLAGS]
+            container["args"] = [*map(str, args), *USER_FLAGS, *EXTRA_FLAGS, *(worker_args or [])]
     return graph
 
 
@@ -217,9 +224,11 @@ def dump_stacks(root: int, tag: str) -> Path | None:
 
 
 class Graph:
-    """``dynamo-run MANIFEST --engine $ENGINE --model-dir ...`` until Ready (bounded)."""
+    """``dynamo-run MANIFEST --engine $ENGINE --model-dir ... [run_args]`` until Ready (bounded)."""
 
-    def __init__(self, name: str, manifest: Path, gpus: str, cold: bool = False) -> None:
+    def __init__(
+        self, name: str, manifest: Path, gpus: str, cold: bool = False, run_args: tuple[str, ...] = ()
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.logs = OUT / "logs" / name
@@ -228,7 +237,7 @@ class Graph:
         # python -m: the GPU machine runs the checkout, so there is no dynamo-run script beside python
         argv = [sys.executable, "-m", "dynamo_worker.local", str(manifest), "--engine", ENGINE,
                 "--port", str(self.port), "--startup-timeout", str(STARTUP_S),
-                "--log-dir", str(self.logs)]  # fmt: skip
+                "--log-dir", str(self.logs), *run_args]  # fmt: skip
         if ENGINE == "sglang":
             argv += ["--model-dir", str(MODEL_DIR)]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
@@ -643,7 +652,8 @@ def stuck_engine(name: str, gpus: str) -> dict:
     try:
         row["first"] = first_request(graph, "chat", f"{name}-stuck")[1]
         prefill = worker_pid(graph, "prefill")
-        schedulers = [p for p in descendants(prefill) if "scheduler" in cmdline(p)]
+        # SGLang's scheduler processes (the mocker simulates in its worker process: stop that one)
+        schedulers = [p for p in descendants(prefill) if "sglang::scheduler" in cmdline(p)]
         target = schedulers or [prefill]
         client = openai.OpenAI(base_url=graph.base, api_key="none", max_retries=0, timeout=STUCK_BOUND_S * 4)
         prompt = " ".join(f"w{i}" for i in range(100, 1600))  # ~1500 tokens here, ~6600 on the mocker

@@ -12,6 +12,13 @@ SGLang's ``LoRAUpdateOutput`` (``success``, ``error_message``, ``loaded_adapters
 ``max_loaded_loras`` the least recently loaded unpinned adapter is evicted), and a request's
 ``lora_path`` shifts its tokens by the adapter (an adapter that is not loaded is SGLang's ValueError).
 
+With ``child_processes``, it also starts real child processes titled as SGLang titles its schedulers and
+detokenizer (``sglang::scheduler_TP0``, ``sglang::detokenizer``), listed in
+``_scheduler_init_result.all_child_pids`` as SGLang lists them, and killed by ``shutdown`` (SGLang's
+``kill_process_tree``): what a test SIGKILLs to kill the engine. Its tokenizer manager's
+``auto_create_handle_loop`` installs SIGTERM and SIGQUIT handlers on the loop, as SGLang's does (its
+SIGQUIT handler would kill the whole process tree: here it only records that it ran).
+
 Its model is deterministic: token i of a completion is ``(sum(input_ids) + 7 * i) % vocab + 1``; the
 prefix cache remembers prompts whole and reports them as cached on a repeat. A decode request waits
 until the prefill request of the same ``bootstrap_room`` has finished (the same rendezvous SGLang's KV
@@ -22,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +78,17 @@ class FakeLoad:
 @dataclass
 class FakeBootstrapServer:
     thread: threading.Thread | None = None
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeSchedulerInitResult:
+    """``SchedulerInitResult``: the child pids SGLang started (schedulers, detokenizer)."""
+
+    all_child_pids: list[int] = field(default_factory=list)
 
 
 class _Done(threading.Thread):
@@ -86,6 +106,8 @@ class FakeTokenizerManager:
         self.context_len = 8192
         self.loads = [FakeLoad()]
         self.handle_loop_started = False
+        self.asyncio_tasks: set[asyncio.Task] = set()
+        self.sglang_sigquit_ran = False  # SGLang's own SIGQUIT handler (kills the process tree) ran
         # While set and not yet open, load queries get no answer: a blocked scheduler, not a busy one.
         self.blocked: asyncio.Event | None = None
 
@@ -103,7 +125,12 @@ class FakeTokenizerManager:
         """Like SGLang's: installs its own SIGTERM handler on the running loop (the worker must undo it)."""
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: None)
+        loop.add_signal_handler(signal.SIGQUIT, self._sglang_sigquit)
+        self.asyncio_tasks.add(loop.create_task(asyncio.Event().wait()))  # its handle loop, waiting forever
         self.handle_loop_started = True
+
+    def _sglang_sigquit(self) -> None:
+        self.sglang_sigquit_ran = True
 
     async def get_loads(self, include: list[str] | None = None, dp_rank: int | None = None) -> list[Any]:
         if self.blocked is not None:
@@ -170,15 +197,30 @@ class FakeSglangEngine:
     calls: list[dict[str, Any]] = field(default_factory=list)
     abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
     shut_down: bool = False
+    child_processes: bool = False  # start real children titled as SGLang's scheduler and detokenizer
 
     def __post_init__(self) -> None:
         self.tokenizer_manager = FakeTokenizerManager(self)
         self._cache: set[tuple[int, ...]] = set()
         self._finished_rooms: dict[int, asyncio.Event] = {}
+        self._children: list[subprocess.Popen[bytes]] = []
+        if self.child_processes:
+            for title in ("sglang::scheduler_TP0", "sglang::detokenizer"):
+                self._children.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", "import sys; sys.stdin.buffer.read()", title],
+                        stdin=subprocess.PIPE,
+                    )
+                )
+        self._scheduler_init_result = FakeSchedulerInitResult([c.pid for c in self._children])
         self.loras: dict[str, tuple[str, bool]] = {}  # name -> (path, pinned), in load order
         for item in self.server_args.lora_paths or []:
             name, _, path = str(item).partition("=")
             self.loras[name] = (path, False)
+
+    def child(self, title: str) -> int:
+        """The pid of the child titled ``sglang::<title>``."""
+        return next(c.pid for c in self._children if f"sglang::{title}" in c.args)
 
     async def async_load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> Any:
         if not (self.server_args.enable_lora or self.server_args.lora_paths):
@@ -210,6 +252,12 @@ class FakeSglangEngine:
 
     def shutdown(self) -> None:
         self.shut_down = True
+        for child in self._children:  # SGLang's kill_process_tree: SIGKILL, then reap
+            if child.poll() is None:
+                child.kill()
+            child.wait(5)
+            if child.stdin is not None:
+                child.stdin.close()
 
     def _room(self, room: int) -> asyncio.Event:
         return self._finished_rooms.setdefault(room, asyncio.Event())

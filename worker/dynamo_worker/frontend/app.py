@@ -144,9 +144,10 @@ class Frontend:
                 self.nc, s.namespace, self.router, snapshot_timeout_s=s.kv_snapshot_timeout_s
             )
         self._watcher = await InstanceWatcher(self.nc, s.namespace).start()
-        self.discovery = asyncio.create_task(self.registry.run(self._watcher.events()), name="discovery")
-        self._tasks.append(self.discovery)
         self.quarantine = Quarantine(self.registry.has_worker)
+        events = self.quarantine.releasing(self._watcher.events())
+        self.discovery = asyncio.create_task(self.registry.run(events), name="discovery")
+        self._tasks.append(self.discovery)
         warm = WarmPairs() if s.pair_warmup_timeout_s > 0 else None
         dispatcher = Dispatcher(
             self.router,
@@ -172,6 +173,8 @@ class Frontend:
             dispatcher,
             s.migration_limit,
             on_migration=lambda model: self.metrics.migrations.labels(model).inc(),
+            wait_s=s.scale_up_timeout_s,
+            workers_changed=self.registry.wait_changed,
         )
         self.multimodal = MultimodalProcessor(
             ImageFetcher(

@@ -175,7 +175,8 @@ class FrontendSettings(Settings):
         description="How long a request for a model that no worker serves now (scaling from zero, its "
         "workers restarting) is held for one to register before it is answered 503 'model_scaling_up' "
         "(llm-d's noEndpointRequestTTL). Meanwhile dynamo_frontend_queued_requests tells the planner or "
-        "a KEDA scaler there is demand.",
+        "a KEDA scaler there is demand. A migrating stream that finds no worker of its role (the only one "
+        "is restarting its engine) waits as long for one.",
     )
     model_retention_s: float = Field(
         600.0,

@@ -13,9 +13,10 @@
 3. Print where to send requests, then watch. A worker that dies is reported loudly with its last
    log lines and the rest keeps serving: the frontend answers requests that need it with an error, or
    holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). A planner
-   that dies is reported the same way; the graph serves on at the manifest's replicas. dynamo-run
-   restarts neither, so a failure stays visible; restart dynamo-run to get it back. The frontend or
-   NATS dying stops everything (exit 1).
+   that dies is reported the same way; the graph serves on at the manifest's replicas. By default
+   dynamo-run restarts neither, so a failure stays visible; restart dynamo-run to get it back. With
+   ``--restart always`` a dead worker is started again as Kubernetes would (``restarts``), with every
+   pod of its multinode group. The frontend or NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
    temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
    --log-dir was given).
@@ -34,6 +35,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -45,8 +47,9 @@ from dynamo_worker.local.engine import choose_engine, probe_host
 from dynamo_worker.local.loras import Adapter, adapters_of, load_adapters, ready_lines
 from dynamo_worker.local.manifest import ManifestError, load_manifest, load_models
 from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
+from dynamo_worker.local.restarts import RestartBackoff
 from dynamo_worker.local.settings import RunSettings
-from dynamo_worker.local.supervisor import Console, Supervisor, SupervisorError, die_with_parent_prefix
+from dynamo_worker.local.supervisor import Child, Console, Supervisor, SupervisorError, die_with_parent_prefix
 from dynamo_worker.runtime.nats_server import NatsServer, NatsServerError, free_port
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "run"]
@@ -126,6 +129,8 @@ class _Run:
         self.process_died = False  # one exited while serving: its log must outlive the run
         self.dgd: DynamoGraphDeployment | None = None
         self.adapters: list[Adapter] = []  # the file's DynamoModels, loaded once the workers are up
+        self.backoffs: dict[str, RestartBackoff] = {}  # per pod, or per multinode group
+        self.restarts_due: dict[str, float] = {}  # pod or group -> when to start it again (monotonic)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals += 1
@@ -274,21 +279,47 @@ class _Run:
                         child.tail_text(),
                     )
                     continue
-                alive = [
-                    c.spec.name for c in self.supervisor.children if c.alive() and c.spec.kind == "worker"
-                ]
-                log.error(
-                    "%s EXITED with %s. Requests that need a %s worker now fail with an error (503 once "
-                    "none is left); still serving: %s. dynamo-run does not restart it: stop (Ctrl-C) and "
-                    "run again to bring it back. Its last log lines (%s):\n%s",
-                    child.spec.name,
-                    child.describe_exit(),
-                    child.spec.service,
-                    ", ".join(alive) or "no worker",
-                    child.log_path,
-                    child.tail_text(),
-                )
+                self._worker_died(child)
+            self._restart_due()
         return EXIT_OK
+
+    def _worker_died(self, child: Child) -> None:
+        assert self.supervisor is not None
+        alive = [c.spec.name for c in self.supervisor.children if c.alive() and c.spec.kind == "worker"]
+        key = child.spec.group or child.spec.name
+        if self.settings.restart == "always" and key in self.restarts_due:
+            then = f"Its group {key} is starting again (--restart always)"
+        elif self.settings.restart == "always":
+            backoff = self.backoffs.setdefault(key, RestartBackoff())
+            delay = backoff.delay(time.monotonic() - child.started)
+            self.restarts_due[key] = time.monotonic() + delay
+            what = f"its group {key}" if child.spec.group else "it"
+            then = f"Starting {what} again in {delay:.0f}s (restart {backoff.restarts}, --restart always)"
+        else:
+            then = "dynamo-run does not restart it (--restart never): stop (Ctrl-C) and run again"
+        log.error(
+            "%s EXITED with %s. Requests that need a %s worker now fail with an error (503 once "
+            "none is left); still serving: %s. %s. Its last log lines (%s):\n%s",
+            child.spec.name,
+            child.describe_exit(),
+            child.spec.service,
+            ", ".join(alive) or "no worker",
+            then,
+            child.log_path,
+            child.tail_text(),
+        )
+
+    def _restart_due(self) -> None:
+        """Start again the pods (every pod of a group) whose restart is due."""
+        assert self.supervisor is not None
+        now = time.monotonic()
+        for key, due in list(self.restarts_due.items()):
+            if now < due:
+                continue
+            del self.restarts_due[key]
+            members = [c for c in self.supervisor.children if (c.spec.group or c.spec.name) == key]
+            log.warning("Starting %s again: %s", key, ", ".join(c.spec.name for c in members))
+            self.supervisor.restart(members)
 
 
 def run(manifest: Path, settings: RunSettings, console: Console) -> int:

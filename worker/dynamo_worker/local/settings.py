@@ -40,7 +40,8 @@ examples:
 
 Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
 When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest
-serving (requests that need it fail with a clear error); when the frontend or NATS dies it stops all.
+serving (requests that need it fail with a clear error); with --restart always it also starts it again
+(a multinode worker's whole group), as Kubernetes would; when the frontend or NATS dies it stops all.
 Exit status: 0 after Ctrl-C/SIGTERM, 1 when a process failed, 2 when the manifest cannot run here.
 """
 
@@ -104,6 +105,15 @@ class RunSettings(Settings):
         description="Seconds processes get to drain after SIGTERM before SIGKILL (also their "
         f"{contract.ENV_GRACEFUL_SHUTDOWN_S}).",
         json_schema_extra={"env": "DYN_RUN_GRACE_PERIOD", "metavar": "S"},
+    )
+    restart: Literal["never", "always"] = Field(
+        "never",
+        description="A worker process that exits after startup: never started again (the failure stays "
+        "visible; restart dynamo-run), or always started again as Kubernetes restarts the container of a "
+        "pod whose restartPolicy is Always (at once, then after 10 s, 20 s, ... up to 300 s while it keeps "
+        "exiting within 10 minutes of starting), with every pod of its multinode group, as the operator "
+        "restarts a group.",
+        json_schema_extra={"env": "DYN_RUN_RESTART", "metavar": "{never,always}"},
     )
     cuda_visible_devices: CliSuppress[str | None] = Field(  # no flag: parse_args passes it
         None, description="GPUs workers may use; read from CUDA_VISIBLE_DEVICES ('' hides every GPU)."

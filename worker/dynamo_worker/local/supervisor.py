@@ -124,6 +124,7 @@ class Child:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     ready: bool = False
     reported_exit: bool = False
+    started: float = field(default_factory=time.monotonic)
     _pump: threading.Thread | None = None
 
     @property
@@ -164,24 +165,42 @@ class Supervisor:
         """Spawn each process in its own session, with a thread copying its output."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.console.width = max([self.console.width, *(len(s.name) for s in specs)])
-        prefix = die_with_parent_prefix()
         for spec in specs:
-            proc = subprocess.Popen(
-                [*prefix, *spec.argv],
-                env={**os.environ, **spec.env},  # this shell's (PATH, HOME, HF_TOKEN, ...), then the pod's
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            child = Child(spec=spec, log_path=self.log_dir / f"{spec.name}.log", proc=proc)
-            self.children.append(child)
-            gpus = f" gpus={','.join(spec.gpus)}" if spec.gpus else ""
-            child._pump = threading.Thread(
-                target=self._pump, args=(child,), name=f"log-{spec.name}", daemon=True
-            )
-            child._pump.start()
-            log.info("Started %s pid=%s%s log=%s", spec.name, proc.pid, gpus, child.log_path)
+            self.children.append(self._spawn(spec))
+
+    def _spawn(self, spec: ProcessSpec) -> Child:
+        proc = subprocess.Popen(
+            [*die_with_parent_prefix(), *spec.argv],
+            env={**os.environ, **spec.env},  # this shell's (PATH, HOME, HF_TOKEN, ...), then the pod's
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        child = Child(spec=spec, log_path=self.log_dir / f"{spec.name}.log", proc=proc)
+        gpus = f" gpus={','.join(spec.gpus)}" if spec.gpus else ""
+        child._pump = threading.Thread(target=self._pump, args=(child,), name=f"log-{spec.name}", daemon=True)
+        child._pump.start()
+        log.info("Started %s pid=%s%s log=%s", spec.name, proc.pid, gpus, child.log_path)
+        return child
+
+    def restart(self, children: Sequence[Child]) -> None:
+        """Stop those of ``children`` still running (SIGTERM to the group, the grace period, SIGKILL),
+        then start each again from its spec (its log file goes on)."""
+        for child in children:
+            if child.alive() or _group_exists(child.pid):
+                _signal_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if _group_exists(child.pid):
+                _signal_group(child.pid, signal.SIGKILL)
+                child.proc.wait(timeout=KILL_WAIT_S)
+        for child in children:
+            if child._pump is not None:
+                child._pump.join(timeout=2.0)
+            self.children[self.children.index(child)] = self._spawn(child.spec)
 
     def _pump(self, child: Child) -> None:
         assert child.proc.stdout is not None

@@ -23,8 +23,9 @@ Roles:
 The load it reports is SGLang's (``sglang.engine.snapshot``): queued requests and prefill tokens,
 running requests, KV in use, and the handoff's bootstrap, prealloc and transfer queues.
 
-Tokens: see ``tokens.TokenSampler``; they depend on the prompt, ``sampling.seed`` (else
-``--random-seed``) and the position only (temperature, top-p etc. change nothing). A
+Tokens: see ``tokens``; each depends on ``sampling.seed`` (else ``--random-seed``) and the sequence before
+it only (prompt and the tokens emitted so far, like a greedy model; temperature, top-p etc. change
+nothing), so a migrated stream's continuation is the uninterrupted stream's, token for token. A
 ``stop_token_ids`` hit (after ``min_tokens``) ends with "stop" and is not returned; eos is emitted only
 with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_token_ids``; never with
 ``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
@@ -32,6 +33,12 @@ for a decode leg, its prefill's hits), of which ``cached_tokens_host`` were load
 simulated HiCache host tier (``--enable-hierarchical-cache``; see ``kv_manager``), which the step that
 admits the request pays for (``timing.TimingModel.load_back_s``).
 Closing the request's iterator (the client went away) frees its blocks at once.
+
+Engine death: with ``scheduler_process`` (as ``python -m dynamo_worker.mocker`` runs it), ``start`` also
+starts a child process, the stand-in for SGLang's scheduler process (``scheduler_process``), which
+``processes()`` names; SIGKILL it and the worker treats the engine as dead, exactly as with SGLang
+(``runtime.recovery``). ``stop`` ends it. ``start`` after ``stop`` begins again with an empty KV cache and
+queue (an in-place restart), its bootstrap server on the same port.
 
 LoRA (``--enable-lora`` or ``--lora-paths``, SGLang's flags): adapters load and unload through the
 worker's ``/v1/loras`` (``--lora-load-ms`` each) and serve requests that name them as SGLang would
@@ -80,9 +87,10 @@ from dynamo_worker.mocker.bootstrap import (
 )
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
+from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
-from dynamo_worker.mocker.tokens import TokenSampler, prompt_digest
+from dynamo_worker.mocker.tokens import TokenSampler, next_state, prompt_digest
 from dynamo_worker.protocol import (
     ErrorType,
     FinishReason,
@@ -97,7 +105,14 @@ from dynamo_worker.protocol import (
     image_pad_id,
     lora_seed,
 )
-from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
+from dynamo_worker.runtime.engine import (
+    Engine,
+    EngineEventSink,
+    EngineInfo,
+    EngineProcess,
+    LoadSnapshot,
+    NullEventSink,
+)
 from dynamo_worker.runtime.lora_checks import (
     LoraError,
     LoraLimits,
@@ -209,7 +224,7 @@ class _Seq:
     request: GenerateRequest
     tokens: list[int]  # tokens that need KV: the prompt (+ generated ones after a preemption)
     max_new: int
-    digest: int
+    digest: int  # the token state after the prompt (``tokens.prompt_digest``)
     out: _Outbox = field(default_factory=_Outbox)
     kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
     preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
@@ -220,6 +235,7 @@ class _Seq:
     rank: int = 0  # data-parallel rank whose KV cache holds it
     script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
     queued_tokens: int = 0  # uncached prompt tokens while it waits for a prefill (load reports)
+    state: int | None = None  # the token state after the prompt and ``generated`` (digest at first)
 
     @property
     def lora(self) -> str | None:
@@ -232,7 +248,12 @@ def _error(error_type: ErrorType, message: str) -> GenerateChunk:
 
 class MockerEngine(Engine):
     def __init__(
-        self, settings: MockerSettings, *, listen_host: str = "127.0.0.1", advertise_host: str = "127.0.0.1"
+        self,
+        settings: MockerSettings,
+        *,
+        listen_host: str = "127.0.0.1",
+        advertise_host: str = "127.0.0.1",
+        scheduler_process: bool = False,
     ) -> None:
         self.settings = settings
         self.role = settings.role
@@ -252,10 +273,7 @@ class MockerEngine(Engine):
         self._peers = PeerConnections(settings.kv_first_transfer_s / settings.speedup)
         self.bootstrap: BootstrapServer | None = None
         self._layout = ""  # kv_layout(), once started
-        host = settings.host_blocks(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
-        self.kvs = [
-            BlockManager(settings.gpu_blocks, settings.page_size, host) for _ in range(settings.dp_size)
-        ]
+        self.kvs = self._new_caches()
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
         self.timing = settings.timing(settings.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
@@ -265,11 +283,10 @@ class MockerEngine(Engine):
         self.rules: list[ScriptRule] = load_script(settings.script) if settings.script else []
         self.embedding_dim = settings.embedding_dim or 64
         self._tokenizer: Any = None  # decodes prompts for --script, encodes replies
-        self.loras = (
-            MockLoras(settings.max_loras_per_batch, settings.max_loaded_loras, settings.lora_eviction_policy)
-            if settings.lora_enabled
-            else None
-        )
+        label = f"mocker-scheduler node_rank={settings.node_rank}"
+        self.scheduler = SchedulerProcess(label) if scheduler_process else None
+        self._bootstrap_port = settings.disaggregation_bootstrap_port  # the bound one, after a start
+        self.loras = self._new_loras()
         self._lora_limits: LoraLimits | None = None
         self._startup_loras: list[StartupAdapter] = []
         self._lora_drained: asyncio.Event | None = None  # set when a request of an adapter ends
@@ -279,8 +296,38 @@ class MockerEngine(Engine):
     def attach_events(self, sink: EngineEventSink) -> None:
         self._sink = sink
 
+    def processes(self) -> list[EngineProcess]:
+        s = self.scheduler
+        return [EngineProcess("scheduler", s.pid)] if s is not None and s.alive() else []
+
+    def _new_caches(self) -> list[BlockManager]:
+        s = self.settings
+        host = s.host_blocks(s.kv_bytes_per_token or DEFAULT_KV_BYTES_PER_TOKEN)
+        return [BlockManager(s.gpu_blocks, s.page_size, host) for _ in range(s.dp_size)]
+
+    def _new_loras(self) -> MockLoras | None:
+        s = self.settings
+        if not s.lora_enabled:
+            return None
+        return MockLoras(s.max_loras_per_batch, s.max_loaded_loras, s.lora_eviction_policy)
+
+    def _reset(self) -> None:
+        """An empty engine: what ``start`` begins with, the first time and after a ``stop`` (no KV cache,
+        no queue, only the adapters it starts with)."""
+        self.stopping = False
+        self._waiting.clear()
+        self._running.clear()
+        self._wakeup = asyncio.Event()
+        self._last_load = None
+        self.kvs = self._new_caches()
+        self.kv = self.kvs[0]
+        self.loras = self._new_loras()
+
     async def start(self) -> EngineInfo:
         s = self.settings
+        self._reset()
+        if self.scheduler is not None:
+            self.scheduler.start()
         model_dir = await asyncio.to_thread(resolve_model_dir, s)
         config = _read_config(model_dir)
         ctx = config.get("max_position_embeddings")
@@ -305,22 +352,22 @@ class MockerEngine(Engine):
             await self._start_loras()
         bootstrap_port = None
         if self.role == "prefill":
-            self.bootstrap = BootstrapServer(
-                self._listen_host, s.disaggregation_bootstrap_port, layout=self._layout
-            )
-            bootstrap_port = await self.bootstrap.start()
+            self.bootstrap = BootstrapServer(self._listen_host, self._bootstrap_port, layout=self._layout)
+            bootstrap_port = self._bootstrap_port = await self.bootstrap.start()
         if self.role == "decode":
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
         log.info(
-            "Started mocker role=%s model=%s kv_blocks=%s host_kv_blocks=%s page_size=%s speedup=%s",
+            "Started mocker role=%s model=%s kv_blocks=%s host_kv_blocks=%s page_size=%s speedup=%s "
+            "scheduler_pid=%s",
             self.role,
             name,
             s.gpu_blocks,
             self.kv.host_blocks,
             s.page_size,
             s.speedup,
+            self.scheduler.pid if self.scheduler is not None else None,
         )
         return EngineInfo(
             model_name=name,
@@ -333,6 +380,7 @@ class MockerEngine(Engine):
             model_dir=model_dir,
             context_length=self.context_length,
             features=self._features(config),
+            nnodes=s.nnodes,
         )
 
     def _size_host_tier(self, kv_bytes: int) -> None:
@@ -472,8 +520,12 @@ class MockerEngine(Engine):
             self._fail(seq, "shutting_down", "worker shut down before the request finished")
         if self.bootstrap is not None:
             await self.bootstrap.stop()
+            self.bootstrap = None
         if self._session is not None:
             await self._session.close()
+            self._session = None
+        if self.scheduler is not None:
+            await self.scheduler.stop()
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
@@ -608,9 +660,9 @@ class MockerEngine(Engine):
         adapter, and it goes to its data-parallel rank (or the ranks in turn)."""
         prompt = list(request.token_ids)
         seed = request.sampling.seed if request.sampling.seed is not None else self.settings.random_seed
+        if request.lora_name is not None:  # in the seed: a continuation of the adapter's answer stays exact
+            seed ^= lora_seed(request.lora_name)
         digest = prompt_digest(prompt, seed)
-        if request.lora_name is not None:
-            digest ^= lora_seed(request.lora_name)
         rank = request.data_parallel_rank
         return _Seq(
             key=f"{request.request_id}#{next(self._keys)}",
@@ -856,6 +908,7 @@ class MockerEngine(Engine):
     def _advance(self, seq: _Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""
         req, pos = seq.request, len(seq.generated)
+        state = seq.digest if seq.state is None else seq.state
         if pos == 0 and seq.preset_first is not None:
             token = seq.preset_first
         elif seq.script is not None:
@@ -864,14 +917,14 @@ class MockerEngine(Engine):
                 return
             token = seq.script[pos]
         else:
-            token = self.sampler.token(seq.digest, pos)
+            token = self.sampler.token(state, 0)
             p = self.settings.eos_probability
             if (
                 p > 0
                 and req.eos_token_ids
                 and not req.stop.ignore_eos
                 and pos >= req.stop.min_tokens
-                and self.sampler.chance(seq.digest, pos) < p
+                and self.sampler.chance(state, 0) < p
             ):
                 token = req.eos_token_ids[0]
         eos = not req.stop.ignore_eos and token in req.eos_token_ids
@@ -879,7 +932,8 @@ class MockerEngine(Engine):
             self._finish(seq, [], "stop")
             return
         seq.generated.append(token)
-        logprobs = self._logprobs(seq, pos, token)
+        seq.state = next_state(state, token)
+        logprobs = self._logprobs(seq, state, token)
         if len(seq.generated) >= seq.max_new:
             self._finish(seq, [token], "length", logprobs)
             return
@@ -890,12 +944,12 @@ class MockerEngine(Engine):
             self._kv_events(events, seq.rank)
         seq.out.put(token, logprobs)
 
-    def _logprobs(self, seq: _Seq, pos: int, token: int) -> list[TokenLogprob] | None:
+    def _logprobs(self, seq: _Seq, state: int, token: int) -> list[TokenLogprob] | None:
         k = seq.request.logprobs
         if k is None:
             return None
-        alternatives = [self.sampler.token(seq.digest ^ (j + 1), pos) for j in range(k + 1)]
-        return [token_logprobs(token, alternatives, self.sampler.chance(seq.digest, pos), k)]
+        alternatives = [self.sampler.token(state ^ (j + 1), 0) for j in range(k + 1)]
+        return [token_logprobs(token, alternatives, self.sampler.chance(state, 0), k)]
 
     def _finish(
         self, seq: _Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None

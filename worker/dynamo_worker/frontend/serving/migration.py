@@ -1,6 +1,7 @@
 """Request migration: a stream whose worker is lost continues on another worker of its role.
 
-When a worker dies, breaks its stream, stalls past the inter-token bound, or aborts the request while
+When a worker dies, breaks its stream, stalls past the inter-token bound, says its engine died under it
+(``engine_died``: the worker lives on, restarting its engine or exiting), or aborts the request while
 draining, the frontend re-sends the request to another worker with the prompt plus every token already
 streamed to the client (and ``max_tokens`` reduced by as many), so the client's stream goes on with
 no repeat and no gap; in disaggregated serving that is a new prefill and decode pair for the extended
@@ -16,15 +17,23 @@ client gets the error event within the failure's own bound, as before.
 
 Refusals for the request's own sake (``invalid_request``) and engine errors are not migrated: a
 second worker would fail it the same way.
+
+A stream whose worker said its engine died (``engine_died``: the worker restarts its engine, or its pod
+is restarted) and whose continuation finds no live worker of its role (the only decode worker, a
+multinode group) waits for one to register, as a new request for a model with no worker does, up to
+``wait_s`` (the frontend's ``--scale-up-timeout-s``), looking again at every change of the workers and at
+least every ``RECHECK_S``; past it the client gets the 503 that says why. A worker that vanished (its
+stream broke) gives no such sign that it comes back: that continuation gets the 503 at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from dynamo_worker.frontend.errors import ApiError, WorkerLost
+from dynamo_worker.frontend.errors import ApiError, ServiceUnavailable, WorkerLost
 from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, Usage
@@ -34,10 +43,17 @@ __all__ = ["DEFAULT_MIGRATION_LIMIT", "MigratingDispatcher", "continuation"]
 log = logging.getLogger(__name__)
 
 DEFAULT_MIGRATION_LIMIT = 1
+RECHECK_S = 1.0  # a continuation waiting for a worker looks again at least this often
+# 503s that say no worker of the role can take the request now (``Dispatcher.plan``)
+_NO_WORKER = frozenset({"no_workers", "no_prefill_workers", "no_decode_workers", "no_matching_revision"})
 
 
 def _migratable(error: ApiError) -> bool:
     return isinstance(error, WorkerLost) or error.code == "shutting_down"
+
+
+def _no_worker(error: ApiError) -> bool:
+    return isinstance(error, ServiceUnavailable) and error.code in _NO_WORKER
 
 
 def continuation(request: GenerateRequest, emitted: list[int], migration: int) -> GenerateRequest:
@@ -65,11 +81,16 @@ class MigratingDispatcher:
         dispatcher: Dispatcher,
         migration_limit: int = DEFAULT_MIGRATION_LIMIT,
         on_migration: Callable[[str], None] | None = None,
+        *,
+        wait_s: float = 0.0,
+        workers_changed: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.migration_limit = migration_limit
         self._on_migration = on_migration  # called with the model name (the frontend's metric)
         self.migrations = 0  # requests continued on another worker, since start (for /metrics)
+        self.wait_s = wait_s  # how long a continuation waits for a worker of its role
+        self._workers_changed = workers_changed
 
     def __getattr__(self, name: str) -> object:  # router, quarantine, plan, ...: the dispatcher's
         return getattr(self.dispatcher, name)
@@ -84,6 +105,8 @@ class MigratingDispatcher:
             return
         emitted: list[int] = []
         current, migrations = request, 0
+        waiting_until: float | None = None  # a continuation waiting for a worker of its role
+        error: ApiError | None = None  # why the stream was last migrated
         while True:
             try:
                 async with contextlib.aclosing(self.dispatcher.generate(entry, current)) as chunks:
@@ -97,6 +120,9 @@ class MigratingDispatcher:
                         yield chunk
                 return
             except ApiError as e:
+                if migrations and _no_worker(e) and error is not None and error.code == "engine_died":
+                    waiting_until = await self._wait_for_worker(request, e, waiting_until)
+                    continue
                 if not _migratable(e) or migrations >= self.migration_limit:
                     raise
                 error = e
@@ -116,6 +142,29 @@ class MigratingDispatcher:
                 error.message,
             )
             current = continuation(request, emitted, migrations)
+
+    async def _wait_for_worker(self, request: GenerateRequest, error: ApiError, until: float | None) -> float:
+        """Wait for the workers to change (or ``RECHECK_S``) before the continuation is tried again;
+        raise ``error`` once ``wait_s`` has passed since the first time it found no worker."""
+        loop = asyncio.get_running_loop()
+        if until is None:
+            until = loop.time() + self.wait_s
+            log.warning(
+                "Migration waits for a worker request_id=%s wait_s=%.0f reason=%s",
+                request.request_id,
+                self.wait_s,
+                error.message,
+            )
+        left = until - loop.time()
+        if left <= 0:
+            raise error
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(RECHECK_S, left)):
+                if self._workers_changed is not None:
+                    await self._workers_changed()
+                else:
+                    await asyncio.sleep(RECHECK_S)
+        return until
 
 
 def _client_usage(request: GenerateRequest, emitted: list[int], last: Usage | None) -> Usage:

@@ -5,7 +5,8 @@ every new request would try it first. So when a request finds a worker unreachab
 or its stream stalled past the bound, the dispatcher calls ``Quarantine.add``: from that moment the
 router never picks it (``ids``). It comes back when it answers again (a TCP connect to its request
 plane succeeds; probed every ``probe_interval_s``) or leaves discovery (``present`` says no), whichever
-comes first. With every worker of a role quarantined, the dispatcher answers 503 naming the role.
+comes first, or registers a new record (``releasing``: a worker whose engine died registers again once
+it restarted it). With every worker of a role quarantined, the dispatcher answers 503 naming the role.
 
 A probe is a plain connect: a SIGKILLed or crashed worker refuses it (its port is closed) and stays
 out until its record expires; a worker that broke one stream but still listens is back within one
@@ -18,8 +19,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+
+from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent
 
 __all__ = ["PROBE_INTERVAL_S", "Quarantine"]
 
@@ -93,6 +96,14 @@ class Quarantine:
             time.monotonic() - entry.since,
             why,
         )
+
+    async def releasing(self, events: AsyncIterator[InstanceEvent]) -> AsyncIterator[InstanceEvent]:
+        """``events`` passed on; a quarantined worker that registers a new record (discovery passes on
+        no unchanged heartbeat) is released first: it restarted, and says it serves."""
+        async for event in events:
+            if isinstance(event, InstanceAdded) and event.record.instance_id in self._entries:
+                self.release(event.record.instance_id, "registered again")
+            yield event
 
     async def _probe(self, instance_id: str, entry: _Entry) -> None:
         host, _, port = entry.address.rpartition(":")
