@@ -182,6 +182,7 @@ class Frontend:
                 queue_ttl_s=s.queue_ttl_s,
                 scale_up_timeout_s=s.scale_up_timeout_s,
             ),
+            api_keys=s.api_keys(),
         )
         reuse_port = s.http_reuse_port or s.http_workers > 1
         self._runner, self.port = await serve(
@@ -196,11 +197,12 @@ class Frontend:
             reuse_port=reuse_port or None,
         )
         log.info(
-            "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s",
+            "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s api_keys=%d",
             s.namespace,
             s.router_mode,
             s.migration_limit,
             redact_url(s.nats_server),
+            len(s.api_keys()),
         )
         return self
 
