@@ -14,7 +14,8 @@
    holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). A planner
    that dies is reported the same way; the graph serves on at the manifest's replicas. dynamo-run
    restarts neither, so a failure stays visible; restart dynamo-run to get it back. The frontend or
-   NATS dying stops everything (exit 1).
+   NATS dying stops everything (exit 1). With ``--restart`` every process that exits, nats-server
+   included (on its port, with its store), is started again after a backoff, as a kubelet would.
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
    temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
    --log-dir was given).
@@ -86,7 +87,7 @@ def _tiny_model(settings: RunSettings) -> Path:
     return ensure_tiny_model(settings.cache_dir / "tiny-model")
 
 
-def _banner(plan: Plan, engine: str, log_dir: Path) -> list[str]:
+def _banner(plan: Plan, engine: str, log_dir: Path, api_key: bool) -> list[str]:
     model = plan.served_models[0] if plan.served_models else "MODEL"
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     planners = [
@@ -97,9 +98,13 @@ def _banner(plan: Plan, engine: str, log_dir: Path) -> list[str]:
     return [
         f"Serving namespace={plan.namespace} engine={engine}",
         f"  models:  {', '.join(plan.served_models) or '(none found in the manifest)'}",
-        f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; api_key is not checked)",
+        f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; "
+        + (
+            "api_key: the key in $DYN_API_KEY or $DYN_API_KEY_FILE)" if api_key else "api_key is not checked)"
+        ),
         f"  try:     curl -sN {plan.url}/v1/chat/completions -H 'Content-Type: application/json' "
-        f"-d {shlex.quote(body)}",
+        + ('-H "Authorization: Bearer $DYN_API_KEY" ' if api_key else "")
+        + f"-d {shlex.quote(body)}",
         *planners,
         f"  logs:    {log_dir}",
         "Ctrl-C stops every process.",
@@ -211,7 +216,7 @@ class _Run:
                 status = EXIT_OK
                 return status
             self.supervisor.start([p for p in processes if p.kind == "planner"])
-            for line in _banner(plan, engine, log_dir):
+            for line in _banner(plan, engine, log_dir, self.settings.frontend_api_key):
                 log.info("%s", line)
             status = self.watch(nats)
             return status
@@ -229,17 +234,41 @@ class _Run:
                 log.info("Kept the logs in %s", log_dir)
 
     def watch(self, nats: NatsServer) -> int:
-        """Report every process that dies; EXIT_OK when stopped, EXIT_FAILED when serving is over."""
+        """Report every process that dies (and, with --restart, start it again); EXIT_OK when stopped,
+        EXIT_FAILED when serving is over."""
         assert self.supervisor is not None
+        restart = self.settings.restart
         while not self.stopping.wait(WATCH_INTERVAL_S):
             if nats.proc is None or nats.proc.poll() is not None:
-                log.error("nats-server exited; stopping everything. Its last lines:\n%s", nats.log_tail())
-                return EXIT_FAILED
+                if not restart:
+                    log.error("nats-server exited; stopping everything. Its last lines:\n%s", nats.log_tail())
+                    return EXIT_FAILED
+                log.error(
+                    "nats-server EXITED; starting it again on its port. Its last lines:\n%s", nats.log_tail()
+                )
+                self.process_died = True
+                try:
+                    nats.start()
+                except NatsServerError as e:
+                    log.error("nats-server could not start again, stopping everything: %s", e)
+                    return EXIT_FAILED
             for child in self.supervisor.dead():
                 if child.reported_exit:
                     continue
                 child.reported_exit = True
                 self.process_died = True
+                if restart:
+                    delay = self.supervisor.schedule_restart(child)
+                    log.error(
+                        "%s EXITED with %s; starting it again in %.0fs (--restart). Its last log lines "
+                        "(%s):\n%s",
+                        child.spec.name,
+                        child.describe_exit(),
+                        delay,
+                        child.log_path,
+                        child.tail_text(),
+                    )
+                    continue
                 if child.spec.kind == "frontend":
                     log.error(
                         "%s (the frontend) exited with %s; nothing can serve requests, stopping everything. "
@@ -275,6 +304,8 @@ class _Run:
                     child.log_path,
                     child.tail_text(),
                 )
+            if restart:
+                self.supervisor.restart_due()
         return EXIT_OK
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from dynamo_api import contract
-from dynamo_api.settings_sources import Settings
+from dynamo_api.settings_sources import Settings, env_value
 from pydantic import Field
 from pydantic_settings import CliSuppress
 
@@ -39,6 +39,9 @@ examples:
 Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
 When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest
 serving (requests that need it fail with a clear error); when the frontend or NATS dies it stops all.
+With --restart it starts whatever exits again instead, as Kubernetes would.
+API key: DYN_API_KEY (or DYN_API_KEY_FILE, one key a line) in this shell reaches the frontend, which
+then requires 'Authorization: Bearer <key>' (the openai client's api_key).
 Exit status: 0 after Ctrl-C/SIGTERM, 1 when a process failed, 2 when the manifest cannot run here.
 """
 
@@ -96,6 +99,19 @@ class RunSettings(Settings):
         f"{contract.ENV_GRACEFUL_SHUTDOWN_S}).",
         json_schema_extra={"env": "DYN_RUN_GRACE_PERIOD", "metavar": "S"},
     )
+    restart: bool = Field(
+        False,
+        description="Start every process that exits again (workers, the frontend, nats-server on its port), "
+        "as Kubernetes restarts a pod's containers: after 1 s, doubling up to 30 s while it keeps exiting "
+        "within a minute. Off: a worker that exits is reported and stays down, so a failure stays visible, "
+        "and the frontend or nats-server exiting stops everything.",
+        json_schema_extra={"env": "DYN_RUN_RESTART"},
+    )
+    frontend_api_key: CliSuppress[bool] = Field(  # no flag: parse_args sets it
+        False,
+        description=f"Whether the frontend requires an API key: {contract.ENV_API_KEY} or "
+        f"{contract.ENV_API_KEY_FILE} is set in dynamo-run's environment, which every process inherits.",
+    )
     cuda_visible_devices: CliSuppress[str | None] = Field(  # no flag: parse_args passes it
         None, description="GPUs workers may use; read from CUDA_VISIBLE_DEVICES ('' hides every GPU)."
     )
@@ -124,6 +140,10 @@ def parse_args(
     ns = parser.parse_args(argv)
     manifest = ns.manifest
     settings = settings_from_args(
-        RunSettings, ns, env=env, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES")
+        RunSettings,
+        ns,
+        env=env,
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        frontend_api_key=env_value(env, [contract.ENV_API_KEY, contract.ENV_API_KEY_FILE]) is not None,
     )
     return manifest, settings
