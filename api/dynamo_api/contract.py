@@ -51,6 +51,8 @@ ENV_GRAPH_NAMESPACE: Final = "DYN_PARENT_DGD_K8S_NAMESPACE"
 ENV_NODE_RANK: Final = "DYN_NODE_RANK"  # 0 on the leader, 1..N-1 on the others (from the pod-index label)
 ENV_NUM_NODES: Final = "DYN_NUM_NODES"  # N, the pods of one group
 ENV_LEADER_HOST: Final = "DYN_LEADER_HOST"  # the stable DNS name of the group's leader pod
+# host:port of the leader's system server: the other ranks hold a lifeline to it (runtime.group)
+ENV_LEADER_SYSTEM_ADDR: Final = "DYN_LEADER_SYSTEM_ADDR"
 
 # --- ports --------------------------------------------------------------------------------------
 FRONTEND_PORT: Final = 8000  # the OpenAI API (container port and Service port "http")

@@ -42,6 +42,7 @@ ErrorType = Literal[
     "bootstrap_failed",  # the KV transfer between the legs failed
     "engine_error",  # the engine failed while serving the request
     "shutting_down",  # the worker is draining and takes no new work
+    "engine_died",  # the worker's engine died under it: continue the request on another worker
 ]
 
 

@@ -77,6 +77,26 @@ async def test_streams_max_tokens_deterministically(make_engine):
     assert all(c.finish_reason is None for c in a[:-1])
 
 
+async def test_a_continuation_from_the_tokens_emitted_is_the_rest_of_the_stream(make_engine):
+    """Like a greedy model: prompt + the first 8 tokens gives tokens 9..20 of the whole answer (what
+    makes a migrated stream checkable token for token)."""
+    engine, _ = await make_engine()
+    prompt = list(range(10, 30))
+    whole = tokens_of(await collect(engine, req("a", prompt, 20)))
+    rest = tokens_of(await collect(engine, req("b", [*prompt, *whole[:8]], 12)))
+    assert rest == whole[8:]
+
+
+async def test_engine_restarts_empty_after_stop(make_engine):
+    engine, rec = await make_engine()
+    await collect(engine, req("a", list(range(100, 140)), 2))
+    assert engine.kv.cached_prefix_tokens(list(range(100, 140))) > 0  # cached before the restart
+    await engine.stop()
+    await engine.start()
+    again = await collect(engine, req("b", list(range(100, 140)), 2))
+    assert again[-1].usage is not None and again[-1].usage.cached_tokens == 0  # its cache is new
+
+
 async def test_shared_prefix_is_reported_as_cached_and_stored_events_are_emitted(make_engine):
     engine, rec = await make_engine()
     prompt = list(range(100, 140))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 from dynamo_worker.mocker.engine import MockerEngine
 from dynamo_worker.mocker.multimodal import MockEncoder, MockImageGenerator
+from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.settings import MockerSettings, parse_all
 from dynamo_worker.multimodal.diffusion import DiffusionService
 from dynamo_worker.multimodal.encode import EncodeService
@@ -17,21 +19,55 @@ from dynamo_worker.multimodal.service import run_service
 from dynamo_worker.multimodal.settings import MultimodalSettings
 from dynamo_worker.profile.model import ProfileError
 from dynamo_worker.runtime import aio
+from dynamo_worker.runtime.engine import EngineProcess
+from dynamo_worker.runtime.group import run_lifeline
+from dynamo_worker.runtime.process_watch import ProcessWatch
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.worker import run_worker
 
 log = logging.getLogger("dynamo_worker.mocker")
 
 
-async def _idle_until_signal(node_rank: int) -> int:
-    """A non-leader rank: nothing to serve. It says so only once its signal handlers are in place, so
-    that whoever waits for that line may stop it at once and still see a clean exit."""
+async def _follow(node_rank: int, leader_system_addr: str | None) -> int:
+    """A non-leader rank: nothing to serve, and its share of the engine to run, simulated by a scheduler
+    process as on the leader. It exits 1 when that process ends (as SGLang's follower does when its
+    schedulers exit) or when its lifeline to the leader closes (``runtime.group``): either way the group
+    must restart together. It says it idles only once its signal handlers are in place, so that whoever
+    waits for that line may stop it at once and still see a clean exit (0)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("Non-leader rank node_rank=%s: the leader serves; idling until stopped", node_rank)
-    await stop.wait()
+    scheduler = SchedulerProcess(f"mocker-scheduler node_rank={node_rank}")
+    scheduler.start()
+    ended: list[str] = []
+
+    def end(reason: str) -> None:
+        ended.append(reason)
+        stop.set()
+
+    watch = ProcessWatch()
+    watch.watch(
+        [EngineProcess("scheduler", scheduler.pid)],
+        lambda p, how: end(f"this rank's engine process {p.name} (pid {p.pid}) ended: {how}"),
+    )
+    lifeline = asyncio.create_task(run_lifeline(leader_system_addr, node_rank, end), name="group-lifeline")
+    log.info(
+        "Non-leader rank node_rank=%s scheduler_pid=%s: the leader serves; idling until stopped",
+        node_rank,
+        scheduler.pid,
+    )
+    try:
+        await stop.wait()
+    finally:
+        watch.close()
+        lifeline.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lifeline
+        await scheduler.stop()
+    if ended:
+        log.error("Non-leader rank node_rank=%s exits: %s; the group restarts together", node_rank, ended[0])
+        return 1
     return 0
 
 
@@ -68,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         log.info("Ignored flags the mocker does not simulate: %s", " ".join(unknown))
     if settings.node_rank > 0:
-        return asyncio.run(_idle_until_signal(settings.node_rank))
+        return asyncio.run(_follow(settings.node_rank, runtime.leader_system_addr))
     if multimodal.worker_role != "language":
         try:
             service = _service(settings, multimodal)
@@ -78,7 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(run_service(service, runtime))
     try:
         engine = MockerEngine(
-            settings, listen_host=runtime.listen_host, advertise_host=runtime.advertise_host
+            settings,
+            listen_host=runtime.listen_host,
+            advertise_host=runtime.advertise_host,
+            scheduler_process=True,
         )
     except ProfileError as e:
         print(f"error: --profile: {e}", file=sys.stderr)

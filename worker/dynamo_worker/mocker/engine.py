@@ -17,13 +17,20 @@ Roles:
   when it never comes), waits the simulated KV transfer, then decodes, starting with the prefill's
   token.
 
-Tokens: see ``tokens.TokenSampler``; they depend on the prompt, ``sampling.seed`` (else
-``--random-seed``) and the position only (temperature, top-p etc. change nothing). A
+Tokens: see ``tokens``; each depends on ``sampling.seed`` (else ``--random-seed``) and the sequence before
+it only (prompt and the tokens emitted so far, like a greedy model; temperature, top-p etc. change
+nothing), so a migrated stream's continuation is the uninterrupted stream's, token for token. A
 ``stop_token_ids`` hit (after ``min_tokens``) ends with "stop" and is not returned; eos is emitted only
 with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_token_ids``; never with
 ``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
 for a decode leg, its prefill's hits).
 Closing the request's iterator (the client went away) frees its blocks at once.
+
+Engine death: with ``scheduler_process`` (as ``python -m dynamo_worker.mocker`` runs it), ``start`` also
+starts a child process, the stand-in for SGLang's scheduler process (``scheduler_process``), which
+``processes()`` names; SIGKILL it and the worker treats the engine as dead, exactly as with SGLang
+(``runtime.recovery``). ``stop`` ends it. ``start`` after ``stop`` begins again with an empty KV cache and
+queue (an in-place restart), its bootstrap server on the same port.
 
 Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
 own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
@@ -63,9 +70,10 @@ from dynamo_worker.mocker.bootstrap import (
     kv_layout,
 )
 from dynamo_worker.mocker.kv_manager import BlockManager
+from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
-from dynamo_worker.mocker.tokens import TokenSampler, prompt_digest
+from dynamo_worker.mocker.tokens import TokenSampler, next_state, prompt_digest
 from dynamo_worker.protocol import (
     ErrorType,
     FinishReason,
@@ -79,7 +87,14 @@ from dynamo_worker.protocol import (
     embedding_chunks,
     image_pad_id,
 )
-from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
+from dynamo_worker.runtime.engine import (
+    Engine,
+    EngineEventSink,
+    EngineInfo,
+    EngineProcess,
+    LoadSnapshot,
+    NullEventSink,
+)
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
 from dynamo_worker.tinymodel import ensure_tiny_model
 
@@ -180,7 +195,7 @@ class _Seq:
     request: GenerateRequest
     tokens: list[int]  # tokens that need KV: the prompt (+ generated ones after a preemption)
     max_new: int
-    digest: int
+    digest: int  # the token state after the prompt (``tokens.prompt_digest``)
     out: _Outbox = field(default_factory=_Outbox)
     kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
     preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
@@ -189,6 +204,7 @@ class _Seq:
     finished: bool = False
     rank: int = 0  # data-parallel rank whose KV cache holds it
     script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
+    state: int | None = None  # the token state after the prompt and ``generated`` (digest at first)
 
 
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
@@ -197,7 +213,12 @@ def _error(error_type: ErrorType, message: str) -> GenerateChunk:
 
 class MockerEngine(Engine):
     def __init__(
-        self, settings: MockerSettings, *, listen_host: str = "127.0.0.1", advertise_host: str = "127.0.0.1"
+        self,
+        settings: MockerSettings,
+        *,
+        listen_host: str = "127.0.0.1",
+        advertise_host: str = "127.0.0.1",
+        scheduler_process: bool = False,
     ) -> None:
         self.settings = settings
         self.role = settings.role
@@ -223,14 +244,35 @@ class MockerEngine(Engine):
         self.rules: list[ScriptRule] = load_script(settings.script) if settings.script else []
         self.embedding_dim = settings.embedding_dim or 64
         self._tokenizer: Any = None  # decodes prompts for --script, encodes replies
+        label = f"mocker-scheduler node_rank={settings.node_rank}"
+        self.scheduler = SchedulerProcess(label) if scheduler_process else None
+        self._bootstrap_port = settings.disaggregation_bootstrap_port  # the bound one, after a start
 
     # --- Engine interface ------------------------------------------------------------------------
 
     def attach_events(self, sink: EngineEventSink) -> None:
         self._sink = sink
 
+    def processes(self) -> list[EngineProcess]:
+        s = self.scheduler
+        return [EngineProcess("scheduler", s.pid)] if s is not None and s.alive() else []
+
+    def _reset(self) -> None:
+        """An empty engine: what ``start`` begins with, the first time and after a ``stop``."""
+        s = self.settings
+        self.stopping = False
+        self._waiting.clear()
+        self._running.clear()
+        self._wakeup = asyncio.Event()
+        self._last_load = None
+        self.kvs = [BlockManager(s.num_kv_blocks, s.page_size) for _ in range(s.dp_size)]
+        self.kv = self.kvs[0]
+
     async def start(self) -> EngineInfo:
         s = self.settings
+        self._reset()
+        if self.scheduler is not None:
+            self.scheduler.start()
         model_dir = await asyncio.to_thread(resolve_model_dir, s)
         config = _read_config(model_dir)
         ctx = config.get("max_position_embeddings")
@@ -252,21 +294,20 @@ class MockerEngine(Engine):
         self._layout = kv_layout(name, s.page_size)
         bootstrap_port = None
         if self.role == "prefill":
-            self.bootstrap = BootstrapServer(
-                self._listen_host, s.disaggregation_bootstrap_port, layout=self._layout
-            )
-            bootstrap_port = await self.bootstrap.start()
+            self.bootstrap = BootstrapServer(self._listen_host, self._bootstrap_port, layout=self._layout)
+            bootstrap_port = self._bootstrap_port = await self.bootstrap.start()
         if self.role == "decode":
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
         log.info(
-            "Started mocker role=%s model=%s kv_blocks=%s page_size=%s speedup=%s",
+            "Started mocker role=%s model=%s kv_blocks=%s page_size=%s speedup=%s scheduler_pid=%s",
             self.role,
             name,
             s.num_kv_blocks,
             s.page_size,
             s.speedup,
+            self.scheduler.pid if self.scheduler is not None else None,
         )
         return EngineInfo(
             model_name=name,
@@ -279,6 +320,7 @@ class MockerEngine(Engine):
             model_dir=model_dir,
             context_length=self.context_length,
             features=self._features(config),
+            nnodes=s.nnodes,
         )
 
     def _features(self, config: dict) -> ServingFeatures:
@@ -324,8 +366,12 @@ class MockerEngine(Engine):
             self._fail(seq, "shutting_down", "worker shut down before the request finished")
         if self.bootstrap is not None:
             await self.bootstrap.stop()
+            self.bootstrap = None
         if self._session is not None:
             await self._session.close()
+            self._session = None
+        if self.scheduler is not None:
+            await self.scheduler.stop()
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
@@ -594,6 +640,7 @@ class MockerEngine(Engine):
     def _advance(self, seq: _Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""
         req, pos = seq.request, len(seq.generated)
+        state = seq.digest if seq.state is None else seq.state
         if pos == 0 and seq.preset_first is not None:
             token = seq.preset_first
         elif seq.script is not None:
@@ -602,14 +649,14 @@ class MockerEngine(Engine):
                 return
             token = seq.script[pos]
         else:
-            token = self.sampler.token(seq.digest, pos)
+            token = self.sampler.token(state, 0)
             p = self.settings.eos_probability
             if (
                 p > 0
                 and req.eos_token_ids
                 and not req.stop.ignore_eos
                 and pos >= req.stop.min_tokens
-                and self.sampler.chance(seq.digest, pos) < p
+                and self.sampler.chance(state, 0) < p
             ):
                 token = req.eos_token_ids[0]
         eos = not req.stop.ignore_eos and token in req.eos_token_ids
@@ -617,7 +664,8 @@ class MockerEngine(Engine):
             self._finish(seq, [], "stop")
             return
         seq.generated.append(token)
-        logprobs = self._logprobs(seq, pos, token)
+        seq.state = next_state(state, token)
+        logprobs = self._logprobs(seq, state, token)
         if len(seq.generated) >= seq.max_new:
             self._finish(seq, [token], "length", logprobs)
             return
@@ -628,12 +676,12 @@ class MockerEngine(Engine):
             self._kv_events(events, seq.rank)
         seq.out.put(token, logprobs)
 
-    def _logprobs(self, seq: _Seq, pos: int, token: int) -> list[TokenLogprob] | None:
+    def _logprobs(self, seq: _Seq, state: int, token: int) -> list[TokenLogprob] | None:
         k = seq.request.logprobs
         if k is None:
             return None
-        alternatives = [self.sampler.token(seq.digest ^ (j + 1), pos) for j in range(k + 1)]
-        return [token_logprobs(token, alternatives, self.sampler.chance(seq.digest, pos), k)]
+        alternatives = [self.sampler.token(state ^ (j + 1), 0) for j in range(k + 1)]
+        return [token_logprobs(token, alternatives, self.sampler.chance(state, 0), k)]
 
     def _finish(
         self, seq: _Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None

@@ -1,5 +1,10 @@
 """Which token ids the mocker emits: valid, readable ids of the model's tokenizer, chosen
-deterministically from (seed, prompt, position), so the same request always gets the same answer.
+deterministically from the seed and the whole sequence before the token (prompt and the tokens emitted
+so far), as a greedy model does. So the same request always gets the same answer, and a request
+continued from its prompt plus the tokens it already emitted (a migrated stream) gets exactly the tokens
+it would have got next: its continuation can be checked token for token. The sequence is folded into a
+64-bit state one token at a time (``prompt_digest``, ``next_state``), so a token costs the same however
+long the sequence.
 
 The candidates are the ids whose text is a short word (optionally with a leading space), so the
 detokenized output is readable and never splits a UTF-8 character; special tokens are excluded.
@@ -15,7 +20,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["TokenSampler", "prompt_digest"]
+__all__ = ["TokenSampler", "next_state", "prompt_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +28,23 @@ _WORD = re.compile(r"^ ?[A-Za-z]{1,12}$")
 _PRINTABLE = re.compile(r"^[ -~]{1,16}$")
 
 
+_M64 = (1 << 64) - 1
+
+
+def next_state(state: int, token: int) -> int:
+    """The state after one more token (splitmix64's mixing of the state and the token)."""
+    x = (state ^ token) + 0x9E3779B97F4A7C15 & _M64
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _M64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 31)
+
+
 def prompt_digest(token_ids: Sequence[int], seed: int) -> int:
-    """A 64-bit digest of the prompt and the seed."""
-    data = struct.pack(f"<q{len(token_ids)}I", seed, *token_ids)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    """The state after the seed and every token of ``token_ids``."""
+    state = next_state(seed & _M64, 0)
+    for token in token_ids:
+        state = next_state(state, token)
+    return state
 
 
 def _u64(digest: int, position: int, salt: int) -> int:

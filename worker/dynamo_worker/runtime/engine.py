@@ -1,8 +1,14 @@
 """What a worker implements: the engine behind the request plane (SGLang, or the mocker).
 
-``run_worker`` drives an ``Engine``: ``attach_events`` (before ``start``), ``start`` once, then
-``generate`` concurrently for every accepted request, ``health_check`` on each ``/health`` probe, and
-``stop`` once on shutdown.
+``run_worker`` drives an ``Engine``: ``attach_events`` and ``attach_death`` (before ``start``), ``start``,
+then ``generate`` concurrently for every accepted request, ``health_check`` on each ``/health`` probe, and
+``stop`` on shutdown.
+
+Engine death (``runtime.recovery``): after each ``start`` the worker watches the engine's
+``processes()`` (SGLang's schedulers and detokenizer, the mocker's scheduler process); when one exits,
+or the engine reports its own death through ``attach_death`` (SGLang's SIGQUIT from a failed child), the
+worker ends every stream with ``engine_died`` and either restarts the engine in place (``stop``, then
+``start`` again on the same object: an engine must support that) or exits.
 
 Cancellation contract: ``generate`` returns an async iterator; when the caller goes away the consuming
 task is cancelled and the iterator is closed (``aclose``). The engine must then abort the request and
@@ -12,7 +18,7 @@ free what it holds (KV blocks, queue slots) before ``aclose`` returns.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -21,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, KvEvent, Role, ServingFeatures
 
-__all__ = ["Engine", "EngineEventSink", "EngineInfo", "LoadSnapshot", "NullEventSink"]
+__all__ = ["Engine", "EngineEventSink", "EngineInfo", "EngineProcess", "LoadSnapshot", "NullEventSink"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,15 @@ class EngineInfo:
     model_dir: Path | None = None  # folder with tokenizer.json etc.; published as the model card
     context_length: int | None = None
     features: ServingFeatures = field(default_factory=ServingFeatures)  # published in the model card
+    nnodes: int = 1  # nodes of a multinode engine: this worker leads a group of nnodes - 1 more ranks
+
+
+@dataclass(frozen=True)
+class EngineProcess:
+    """A process that is part of the running engine: when it exits, the engine is dead."""
+
+    name: str  # what the logs call it, e.g. "scheduler_tp0", "detokenizer"
+    pid: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,15 @@ class Engine(abc.ABC):
 
     def register_metrics(self, registry: CollectorRegistry) -> None:  # noqa: B027 - optional hook
         """Called once before ``start`` with the worker's ``/metrics`` registry; default: add nothing."""
+
+    def attach_death(self, report: Callable[[str], None]) -> None:  # noqa: B027 - optional hook
+        """Called once before ``start`` with what to call (from the loop, with the reason) when the
+        engine finds out by itself that it is dead; default: the engine never does."""
+
+    def processes(self) -> Sequence[EngineProcess]:
+        """The processes of the started engine, whose exit is the engine's death; read after every
+        ``start``. Default: none (the engine runs in this process)."""
+        return ()
 
     @abc.abstractmethod
     async def start(self) -> EngineInfo:

@@ -93,7 +93,11 @@ class HealthMonitor:
                     continue
                 self._registration_owed = False
 
-    def start(self) -> None:
+    def start(self, *, registration_owed: bool = False) -> None:
+        """Start checking, from a clean slate (also after ``stop``); ``registration_owed``: the worker
+        is not registered yet, and registers at the first check that passes."""
+        self.failing_since, self.reason = None, None
+        self._registration_owed = registration_owed
         self._task = asyncio.create_task(self._run(), name="health-monitor")
 
     async def stop(self) -> None:

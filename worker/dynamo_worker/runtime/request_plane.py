@@ -9,17 +9,20 @@ newline)::
     worker -> client   D<id> <GenerateChunk JSON>       a chunk; the one with finish_reason ends <id>
                        R<id> <status> <WorkerError>     refused before it started; ends <id>
 
-Refusals: 400 ``invalid_request``, 503 ``overloaded`` / ``shutting_down``. A worker writes what its
-streams produced in one event-loop turn with one send, and a client parses what one receive brought in
-one call, so the cost of a token does not include a system call or an HTTP frame of its own (the
-reason this is not HTTP: one HTTP stream per request cost about twice the CPU per token). Anything
-that connects without ``MAGIC`` is answered (an HTTP client gets a ``400`` saying what the port is)
-and disconnected.
+Refusals: 400 ``invalid_request``, 503 ``overloaded`` / ``shutting_down`` / ``engine_died``. A worker
+writes what its streams produced in one event-loop turn with one send, and a client parses what one
+receive brought in one call, so the cost of a token does not include a system call or an HTTP frame of
+its own (the reason this is not HTTP: one HTTP stream per request cost about twice the CPU per token).
+Anything that connects without ``MAGIC`` is answered (an HTTP client gets a ``400`` saying what the port
+is) and disconnected.
 
 Server (``RequestServer``): a task per stream. A connection that closes cancels its streams, which
 closes the engine's iterator, which aborts the requests. At most ``max_inflight`` streams run at once;
-more are refused at once (no queue in front of the engine). When the client reads slower than the
-worker writes, the transport's buffer fills and the streams of that connection wait for it to drain.
+more are refused at once (no queue in front of the engine). ``abort_all`` ends every stream with an
+error chunk of a given type (``shutting_down`` when a drain runs out of time, ``engine_died`` when the
+engine died under the worker), and ``refuse`` turns new requests away with that type until ``resume``.
+When the client reads slower than the worker writes, the transport's buffer fills and the streams of
+that connection wait for it to drain.
 
 Client (``RequestClient``): every wait is bounded: connecting, the first chunk, and the gap between
 two chunks. Chunks of one stream that arrive together are handed on as one (``_coalesce``). A
@@ -291,10 +294,11 @@ class RequestServer:
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._aborted: set[asyncio.Task[None]] = set()
+        self._aborted: dict[asyncio.Task[None], WorkerError] = {}  # task -> the error chunk it ends with
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
+        self.refusal: WorkerError | None = None  # set: new requests are refused (503) with this error
         self.port: int | None = None
 
     @property
@@ -324,16 +328,35 @@ class RequestServer:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace_s):
                 await self._idle.wait()
-        left = list(self._tasks)
-        for task in left:
-            self._aborted.add(task)
-            task.cancel()
+        left = self.abort_all("shutting_down", "worker shut down before the request finished")
         if left:
-            log.warning("Aborted in-flight requests count=%s grace_s=%s", len(left), grace_s)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5.0):
-                    await self._idle.wait()
+            log.warning("Aborted in-flight requests count=%s grace_s=%s", left, grace_s)
+            await self.wait_idle(5.0)
+        return left
+
+    def refuse(self, error_type: ErrorType, message: str) -> None:
+        """Refuse every new request with 503 ``error_type`` until ``resume``."""
+        self.refusal = WorkerError(type=error_type, message=message)
+
+    def resume(self) -> None:
+        self.refusal = None
+
+    def abort_all(self, error_type: ErrorType, message: str) -> int:
+        """End every in-flight stream now with an error chunk of ``error_type`` (each engine iterator is
+        closed, which aborts its request in the engine). Returns how many there were."""
+        error = WorkerError(type=error_type, message=message)
+        left = [task for task in self._tasks if task not in self._aborted]
+        for task in left:
+            self._aborted[task] = error
+            task.cancel()
         return len(left)
+
+    async def wait_idle(self, within_s: float) -> bool:
+        """Wait up to ``within_s`` until no stream is open; whether none is."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within_s):
+                await self._idle.wait()
+        return not self._tasks
 
     async def stop(self) -> None:
         """Stop listening and close every connection (what was written is still sent)."""
@@ -373,6 +396,9 @@ class RequestServer:
     def _open(self, conn: _ServerConnection, sid: bytes, body: bytes) -> None:
         if self.draining:
             self._refuse(conn, sid, 503, "shutting_down", "worker is shutting down; send it elsewhere")
+            return
+        if self.refusal is not None:
+            self._refuse(conn, sid, 503, self.refusal.type, self.refusal.message)
             return
         if len(self._tasks) >= self.max_inflight:
             message = f"worker serves its maximum of {self.max_inflight} requests; retry later"
@@ -415,13 +441,13 @@ class RequestServer:
                     error = _error_chunk("engine_error", "engine ended the stream without a final chunk")
                     conn.send(prefix + _line(error))
         except asyncio.CancelledError:
-            if task not in self._aborted:
+            aborted = self._aborted.get(task)
+            if aborted is None:
                 log.info("Cancelled request request_id=%s (client went away)", request.request_id)
                 raise
             task.uncancel()
-            outcome = "shutting_down"
-            error = _error_chunk("shutting_down", "worker shut down before the request finished")
-            conn.send(prefix + _line(error))
+            outcome = aborted.type
+            conn.send(prefix + _line(_error_chunk(aborted.type, aborted.message)))
         except Exception as e:  # an engine bug: map it to an error chunk for this request only
             log.exception("Engine failed request_id=%s", request.request_id)
             outcome = "engine_error"
@@ -429,7 +455,7 @@ class RequestServer:
         finally:
             conn.streams.pop(sid, None)
             self._tasks.discard(task)
-            self._aborted.discard(task)
+            self._aborted.pop(task, None)
             if not self._tasks:
                 self._idle.set()
             self._count(outcome)

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from dynamo_api import contract
@@ -182,6 +182,33 @@ class RuntimeSettings(Settings):
         le=86400.0,
         description="Seconds the health check may keep failing before /live answers 503, so that "
         "Kubernetes restarts the container.",
+    )
+    on_engine_death: Literal["restart", "exit"] = Field(
+        "restart",
+        description="When the engine dies under the worker (a scheduler or detokenizer process exits: OOM "
+        "kill, CUDA error, a lost NCCL rank), after its in-flight requests were handed back to the frontend "
+        "(which continues them on other workers) and it deregistered: restart the engine in this process, or "
+        "exit so that Kubernetes restarts the container. A multinode leader always exits (its group "
+        "restarts together). See docs/faults.md.",
+    )
+    engine_restart_limit: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="In-place engine restarts allowed within --engine-restart-window-s; one more death "
+        "is a crash loop and the worker exits instead (0: never restart in place).",
+    )
+    engine_restart_window_s: float = Field(
+        600.0,
+        gt=0,
+        le=86400.0,
+        description="The window over which --engine-restart-limit counts engine deaths.",
+    )
+    leader_system_addr: str | None = Field(
+        None,
+        description="A non-leader rank of a multinode group: host:port of the leader's system server, "
+        "to which this rank holds a lifeline so that the leader notices at once when it is gone.",
+        json_schema_extra={"env": contract.ENV_LEADER_SYSTEM_ADDR},
     )
     pair_revision: str | None = Field(
         None,

@@ -6,6 +6,10 @@
   ``health_check`` passes; 503 before that, while draining, and when the check fails or exceeds its
   bound. The body is JSON ``{"status": ..., "reason": ...}`` saying why.
 - ``GET /metrics``: Prometheus text format from this process's own registry.
+- ``GET /group/lifeline`` (a multinode leader only): the other ranks' lifelines (``runtime.group``).
+
+While the worker restarts its engine after the engine died, ``/health`` is 503 ``restarting`` with the
+reason, and ``/live`` stays 200 (the restart is bounded by the engine's start timeout).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 from aiohttp import web
 from dynamo_api import contract
@@ -25,7 +29,12 @@ __all__ = ["SystemServer"]
 
 log = logging.getLogger(__name__)
 
-State = Literal["starting", "ready", "draining"]
+State = Literal["starting", "ready", "draining", "restarting"]
+_REASONS = {
+    "starting": "engine starting or not yet registered",
+    "draining": "draining",
+    "restarting": "the engine died; restarting it",
+}
 
 
 class SystemServer:
@@ -48,6 +57,8 @@ class SystemServer:
         self._health_check = health_check
         self._health_timeout_s = health_timeout_s
         self.state: State = "starting"
+        self.state_reason: str | None = None  # said by /health while not ready (default: the state's)
+        self.routes: list[tuple[str, Callable[[web.Request], Awaitable[Any]]]] = []  # more GET routes
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -56,6 +67,8 @@ class SystemServer:
         app.router.add_get(contract.LIVE_PATH, self._live)
         app.router.add_get(contract.HEALTH_PATH, self._health)
         app.router.add_get(contract.METRICS_PATH, self._metrics)
+        for path, handler in self.routes:
+            app.router.add_get(path, handler)
         self._runner, self.port = await serve(
             app, "system", self._host, self._port, what="the system server", flag="--system-port"
         )
@@ -75,7 +88,7 @@ class SystemServer:
 
     async def _health(self, _: web.Request) -> web.Response:
         if self.state != "ready":
-            reason = "engine starting or not yet registered" if self.state == "starting" else "draining"
+            reason = self.state_reason or _REASONS[self.state]
             return web.json_response({"status": self.state, "reason": reason}, status=503)
         if self._health_check is not None:
             try:

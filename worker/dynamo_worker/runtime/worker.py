@@ -9,7 +9,16 @@ Start (``Worker.start``), in this order, every step bounded:
   5. publish the model card (when the engine has a model folder),
   6. register the ``InstanceRecord`` (TTL + heartbeat); ``/health`` turns 200,
   7. watch the engine's health (``runtime.health``): deregister while it fails, register again when
-     it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``.
+     it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``;
+  8. watch the engine's processes (``runtime.process_watch``) and, on a multinode leader, the lifelines
+     of the group's other ranks (``runtime.group``).
+
+Engine death (an engine process exits, the engine reports its death, or a rank of the group is lost):
+new requests are refused and every in-flight stream ends with ``engine_died`` (the frontend continues
+each on another worker, token-exact), the record is deleted from discovery and the KV events say the
+cache is cleared; then the engine is restarted in place and the worker registers again, or the process
+exits with ``EXIT_ENGINE_DIED`` (``runtime.recovery`` decides: ``--on-engine-death``, the crash-loop
+bound, multinode). ``/health`` says ``restarting`` meanwhile; ``/live`` stays 200.
 
 Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
 "draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
@@ -34,17 +43,21 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from dynamo_worker.protocol import InstanceRecord, KvEvent
+from dynamo_worker.protocol import AllBlocksCleared, InstanceRecord, KvEvent
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
-from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
+from dynamo_worker.runtime.engine import Engine, EngineInfo, EngineProcess, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
+from dynamo_worker.runtime.group import LIFELINE_PATH, GroupLifeline
 from dynamo_worker.runtime.health import HealthMonitor
 from dynamo_worker.runtime.modelcard import ModelCardError, publish_model_card
+from dynamo_worker.runtime.process_watch import ProcessWatch
+from dynamo_worker.runtime.recovery import EXIT_ENGINE_DIED, RestartBudget, decide
 from dynamo_worker.runtime.request_plane import RequestMetrics, RequestServer
 from dynamo_worker.runtime.settings import RuntimeSettings, redact_url
 from dynamo_worker.runtime.system_server import SystemServer
 
 __all__ = [
+    "EXIT_ENGINE_DIED",
     "NATS_CONNECT_TIMEOUT_S",
     "Worker",
     "WorkerStartError",
@@ -203,19 +216,40 @@ class Worker:
             interval_s=settings.health_check_interval_s,
             timeout_s=5.0,
             liveness_fail_after_s=settings.liveness_fail_after_s,
-            on_unhealthy=self._deregister_unhealthy,
+            on_unhealthy=self._deregister,
             on_healthy=self._register,
         )
         self.system.live_check = self.health.live
         self._relay = _EventRelay(self.registry)
         engine.register_metrics(self.registry)
+        engine.attach_death(self.engine_died)
+        self.watch = ProcessWatch()
+        self.lifeline = GroupLifeline()
+        self.system.routes.append((LIFELINE_PATH, self.lifeline.handle))
+        self.budget = RestartBudget(settings.engine_restart_limit, settings.engine_restart_window_s)
+        self._deaths = Counter(
+            "dynamo_worker_engine_deaths",
+            "Times the engine died under the worker, by what the worker did next (restart or exit).",
+            ["action"],
+            registry=self.registry,
+        )
+        self._processes = Gauge(
+            "dynamo_worker_engine_process",
+            "The engine's processes (1 each, labelled with name and pid): one exiting is the engine's death.",
+            ["process", "pid"],
+            registry=self.registry,
+        )
         self.nc: NATS | None = None
         self.info: EngineInfo | None = None
         self.record: InstanceRecord | None = None
         self.registration: Registration | None = None
         self._engine_started = False
+        self._card_checksum: str | None = None
         self._renewal: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[None] | None = None
         self._snapshots: Subscription | None = None
+        self.ended = asyncio.Event()  # set when the worker decided to end by itself (engine death)
+        self.exit_code = 0
 
     @property
     def address(self) -> str:
@@ -238,7 +272,6 @@ class Worker:
         self.info = info = await self.engine.start()
         log.info("Started engine role=%s model=%s", self.engine.role, info.model_name)
         await self.request_server.start()
-        checksum = None
         if info.model_dir is not None:
             card = await publish_model_card(
                 self.nc,
@@ -248,10 +281,26 @@ class Worker:
                 page_size=info.page_size,
                 features=info.features,
             )
-            checksum = card.checksum
+            self._card_checksum = card.checksum
         else:
             log.warning("Published no model card (the engine has no model folder) model=%s", info.model_name)
-        self.record = InstanceRecord(
+        self.record = self._record(info)
+        await self._register()
+        self.system.state = "ready"
+        self.health.start()
+        self._watch_engine(info)
+        log.info(
+            "Worker ready instance_id=%s address=%s system_port=%s revision=%s",
+            s.instance_id,
+            self.address,
+            self.system.port,
+            self.record.revision,
+        )
+        return self.record
+
+    def _record(self, info: EngineInfo) -> InstanceRecord:
+        s, checksum = self.settings, self._card_checksum
+        return InstanceRecord(
             instance_id=s.instance_id,
             namespace=s.namespace,
             component=s.component,
@@ -269,17 +318,91 @@ class Worker:
             revision=worker_revision(s.pair_revision, info, checksum),
             started_at=time.time(),
         )
-        await self._register()
-        self.system.state = "ready"
-        self.health.start()
-        log.info(
-            "Worker ready instance_id=%s address=%s system_port=%s revision=%s",
-            s.instance_id,
-            self.address,
-            self.system.port,
-            self.record.revision,
+
+    # --- engine death ----------------------------------------------------------------------------
+
+    def _watch_engine(self, info: EngineInfo) -> None:
+        processes = list(self.engine.processes())
+        self._processes.clear()
+        for p in processes:
+            self._processes.labels(process=p.name, pid=str(p.pid)).set(1)
+        if processes:
+            log.info("Watching the engine's processes %s", " ".join(f"{p.name}={p.pid}" for p in processes))
+        self.watch.watch(processes, self._process_exited)
+        self.lifeline.arm(info.nnodes, self.engine_died)
+
+    def _process_exited(self, process: EngineProcess, how: str) -> None:
+        self.engine_died(f"engine process {process.name} (pid {process.pid}) ended: {how}")
+
+    def engine_died(self, reason: str) -> None:
+        """The engine is dead: hand back the in-flight requests, then restart it or exit (once)."""
+        if self.system.state != "ready" or (self._recovery is not None and not self._recovery.done()):
+            log.warning("Engine failure while %s (not acted on again): %s", self.system.state, reason)
+            return
+        self._recovery = asyncio.create_task(self._recover(reason), name="engine-recovery")
+
+    async def _recover(self, reason: str) -> None:
+        died = time.monotonic()
+        log.error("Engine died: %s", reason)
+        self.watch.close()
+        self.lifeline.disarm()
+        self.system.state, self.system.state_reason = "restarting", f"the engine died: {reason}"
+        message = (
+            f"the engine of worker {self.settings.instance_id} died ({reason}); continue the request on "
+            "another worker"
         )
-        return self.record
+        self.request_server.refuse("engine_died", message)
+        handed_back = self.request_server.abort_all("engine_died", message)
+        await self.health.stop()
+        await self._deregister(reason)
+        self._kv_cleared()
+        log.warning(
+            "Handed back in-flight requests count=%s and deregistered after_s=%.3f",
+            handed_back,
+            time.monotonic() - died,
+        )
+        nnodes = self.info.nnodes if self.info is not None else 1
+        decision = decide(
+            self.settings.on_engine_death, nnodes=nnodes, deaths=self.budget.record(died), budget=self.budget
+        )
+        self._deaths.labels(action=decision.action).inc()
+        if decision.action == "exit":
+            log.error("Engine died; %s", decision.why)
+            self._end(EXIT_ENGINE_DIED)
+            return
+        log.warning("Engine died; %s", decision.why)
+        self.system.state_reason = f"the engine died ({reason}); {decision.why}"
+        await self.request_server.wait_idle(5.0)
+        try:
+            async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
+                await self.engine.stop()
+            info = await self.engine.start()
+        except Exception as e:  # any failure to come back ends the process, which Kubernetes restarts
+            log.error("Could not restart the engine: %s; exiting so that Kubernetes restarts it", e)
+            self._end(EXIT_ENGINE_DIED)
+            return
+        self.info, self.record = info, self._record(info)
+        self.request_server.resume()
+        owed = False
+        try:
+            await self._register()
+        except (DiscoveryError, nats.errors.Error, OSError, TimeoutError) as e:
+            log.warning("Could not register again after the restart; the health monitor retries error=%r", e)
+            owed = True
+        self.system.state, self.system.state_reason = "ready", None
+        self.health.start(registration_owed=owed)
+        self._watch_engine(info)
+        log.warning("Engine restarted; the worker serves again after_s=%.1f", time.monotonic() - died)
+
+    def _kv_cleared(self) -> None:
+        """The engine's KV cache is gone: the routers' view of it must go too."""
+        ranks = self.info.dp_size if self.info is not None else 1
+        for rank in range(ranks):
+            self._relay.kv_events([AllBlocksCleared()], rank)
+
+    def _end(self, code: int) -> None:
+        self.exit_code = code
+        self.ended.set()
 
     def _renew_soon(self) -> None:
         """After a NATS reconnect, write the registration now instead of at the next heartbeat."""
@@ -290,7 +413,7 @@ class Worker:
         assert self.nc is not None and self.record is not None
         self.registration = await register(self.nc, self.record, self.settings.discovery_ttl)
 
-    async def _deregister_unhealthy(self, reason: str) -> None:
+    async def _deregister(self, reason: str) -> None:
         if self.registration is not None:
             registration, self.registration = self.registration, None
             await registration.deregister()
@@ -298,6 +421,12 @@ class Worker:
     async def shutdown(self) -> None:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
+        self.watch.close()
+        self.lifeline.disarm()
+        if self._recovery is not None and not self._recovery.done():
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
         await self.health.stop()
         if self._renewal is not None and not self._renewal.done():
             self._renewal.cancel()
@@ -334,7 +463,8 @@ class Worker:
 
 async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio.Event | None = None) -> int:
     """Serve ``engine`` until SIGTERM/SIGINT (or ``stop`` is set), then shut down gracefully.
-    Returns the process exit code: 0 after a clean shutdown, 1 when starting failed."""
+    Returns the process exit code: 0 after a clean shutdown, 1 when starting failed, ``EXIT_ENGINE_DIED``
+    when the engine died and the worker did not restart it."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -359,12 +489,17 @@ async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio
             log.error("Worker failed to start: %s", e, exc_info=not expected)
             await worker.shutdown()
             return 1
-        await stopping
+        ended = asyncio.create_task(worker.ended.wait(), name="worker-ended")
+        await asyncio.wait({stopping, ended}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopping, ended):
+            task.cancel()
         log.info(
             "Shutting down instance_id=%s grace_s=%s", settings.instance_id, settings.graceful_shutdown_s
         )
         await worker.shutdown()
-        return 0
+        if worker.exit_code:
+            log.error("Worker exits with status %s (its engine died)", worker.exit_code)
+        return worker.exit_code
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -20,8 +20,9 @@ Serving mode per model, decided from the workers discovery knows now (``plan_rol
 Failures map to client errors (``frontend.errors``): a refusal for bad input -> 400, a worker that is
 overloaded or shutting down -> 503, a role with no live worker left -> 503 naming the role, anything
 else a worker did wrong (died mid-stream, timed out, engine error) -> 502 (``WorkerLost`` when the
-worker itself is gone). A worker that cannot be reached, or refuses before doing any work, is retried
-once on another worker of the same role.
+worker itself is gone, or says its engine died: ``engine_died``). A worker that cannot be reached, or
+refuses before doing any work, is retried once on another worker of the same role; so is a request
+whose worker's engine died before its first token.
 
 A worker that cannot be reached, breaks a stream or stalls it is quarantined (``serving.quarantine``):
 no request is routed to it until it answers again or leaves discovery. When a role has no live worker
@@ -74,7 +75,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Dispatch", "Dispatcher", "Plan", "plan_roles"]
 
-_RETRYABLE_REJECTIONS = {"overloaded", "shutting_down"}
+_RETRYABLE_REJECTIONS = {"overloaded", "shutting_down", "engine_died"}
 # How long a prefill leg may still run after its decode leg finished before it is cancelled (_let_end).
 PREFILL_GRACE_S = 5.0
 
@@ -106,7 +107,14 @@ def plan_roles(entry: ModelEntry) -> str:
     )
 
 
-def _from_worker_error(error: WorkerError, address: str) -> ApiError:
+def _from_worker_error(error: WorkerError, address: str, role: str = "", instance_id: str = "") -> ApiError:
+    if error.type == "engine_died":  # the worker is lost to this request, as if it had died itself
+        return WorkerLost(
+            f"The {role} worker's engine died: {error.message}",
+            code="engine_died",
+            instance_id=instance_id,
+            role=role,
+        )
     if error.type == "invalid_request":
         return InvalidRequest(f"The worker refused the request: {error.message}", code="invalid_request")
     if error.type in _RETRYABLE_REJECTIONS:
@@ -127,7 +135,8 @@ _LOST_CODES: dict[type[RequestPlaneError], str] = {
 
 def _from_plane_error(e: RequestPlaneError, role: str, worker: InstanceRecord) -> ApiError:
     if isinstance(e, WorkerRejected):
-        return _from_worker_error(WorkerError.model_construct(type=e.error_type, message=e.detail), e.address)
+        error = WorkerError.model_construct(type=e.error_type, message=e.detail)
+        return _from_worker_error(error, e.address, role, worker.instance_id)
     code = _LOST_CODES.get(type(e))
     if code is None:
         return UpstreamError(f"The {role} worker failed: {e}", code="upstream_error")
@@ -267,7 +276,7 @@ class Dispatcher:
             async with contextlib.aclosing(self._stream(worker, request)) as chunks:
                 async for chunk in chunks:
                     if chunk.error is not None:
-                        error = _from_worker_error(chunk.error, worker.address)
+                        error = self._chunk_error(chunk.error, role, worker)
                         if first and chunk.error.type in _RETRYABLE_REJECTIONS:
                             raise _Retryable((worker.instance_id,), error)
                         raise error
@@ -346,7 +355,7 @@ class Dispatcher:
                 except RequestPlaneError as e:
                     raise self._failed(e, "decode", decode, first) from None
                 if chunk.error is not None:
-                    error = _from_worker_error(chunk.error, decode.address)
+                    error = self._chunk_error(chunk.error, "decode", decode)
                     if first and chunk.error.type in _RETRYABLE_REJECTIONS:
                         raise _Retryable((decode.instance_id,), error)
                     raise error
@@ -395,11 +404,18 @@ class Dispatcher:
     def _failed(
         self, e: RequestPlaneError, role: str, worker: InstanceRecord, first: bool
     ) -> _Retryable | ApiError:
-        """Quarantine a worker that is lost (unreachable, broken or stalled stream), and say what the
-        failure means for this request."""
-        if type(e) in _LOST_CODES:
+        """Quarantine a worker that is lost (unreachable, broken or stalled stream, engine died), and say
+        what the failure means for this request."""
+        if type(e) in _LOST_CODES or (isinstance(e, WorkerRejected) and e.error_type == "engine_died"):
             self.quarantine.add(worker.instance_id, worker.address, role, f"{type(e).__name__}: {e}")
         return _retryable_or_error(e, role, worker, first)
+
+    def _chunk_error(self, error: WorkerError, role: str, worker: InstanceRecord) -> ApiError:
+        """What an error chunk from ``worker`` means for the request; a worker whose engine died is out
+        of routing (it deregisters; quarantine covers the moments until the frontend sees that)."""
+        if error.type == "engine_died":
+            self.quarantine.add(worker.instance_id, worker.address, role, f"engine died: {error.message}")
+        return _from_worker_error(error, worker.address, role, worker.instance_id)
 
 
 def _rank(request: GenerateRequest, routed: int | None) -> int | None:

@@ -1,6 +1,7 @@
 """Request migration: a stream whose worker is lost continues on another worker of its role.
 
-When a worker dies, breaks its stream, stalls past the inter-token bound, or aborts the request while
+When a worker dies, breaks its stream, stalls past the inter-token bound, says its engine died under it
+(``engine_died``: the worker lives on, restarting its engine or exiting), or aborts the request while
 draining, the frontend re-sends the request to another worker with the prompt plus every token already
 streamed to the client (and ``max_tokens`` reduced by as many), so the client's stream goes on with
 no repeat and no gap; in disaggregated serving that is a new prefill and decode pair for the extended
