@@ -66,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
             "config": {k: str(v) for k, v in asdict(config).items()},
             "sent": len(report.outcomes),
             **{s: report.count(s) for s in ("answered", "errored", "hung", "lost")},
-            "faults": [asdict(f) for f in report.faults],
+            "faults": [
+                {"at_s": f.at_s, "kind": f.kind, "target": f.target, "recovered_s": f.recovered_s}
+                for f in report.faults
+            ],
             "frontend_memory": report.frontend_memory(),
+            "samples": [asdict(x) for x in report.samples],
             "max_growth": MAX_GROWTH,
             "ttft_p99": report.ttft_p99(),
             "key_checks": report.key_checks,

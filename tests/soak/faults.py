@@ -8,7 +8,10 @@ graph under ``dynamo-run --restart``, one every 30-60 s (seeded, so a run can be
 - stuck transfer: SIGSTOP of a prefill worker for ``STUCK_S``, then SIGCONT; its KV handoffs end at
   --kv-transfer-timeout-s and are retried on another pair;
 - NATS restart: SIGKILL of nats-server, which dynamo-run starts again on its port; serving goes on (the
-  request plane needs no NATS) and the frontend finds the workers again.
+  request plane needs no NATS) and the frontend finds the workers again;
+- engine death: SIGKILL of a worker's engine scheduler process (the mocker's stand-in for SGLang's), a
+  decode then a prefill worker's in turn; the worker ends its streams with engine_died (the frontend
+  continues them elsewhere), deregisters and restarts its engine in place.
 
 The frontend is restarted once, as the first fault: the memory check then follows one frontend process
 from its warm-up to the end of the run, under every other fault (a restart would reset its memory).
@@ -20,17 +23,22 @@ import contextlib
 import os
 import random
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tests.soak.graph import Graph
+from tests.soak.graph import Graph, alive
 
 __all__ = ["FIRST", "ROTATION", "Fault", "Faults", "schedule"]
 
 STUCK_S = 8.0  # longer than the graph's --kv-transfer-timeout-s (5 s)
 FIRST = "frontend restarted"
-ROTATION = ["worker SIGKILL (decode)", "stuck transfer", "NATS restart", "worker SIGKILL (prefill)"]
+ROTATION = [
+    "worker SIGKILL (decode)",
+    "stuck transfer",
+    "engine death",
+    "NATS restart",
+    "worker SIGKILL (prefill)",
+]
 
 
 def schedule(seconds: float, interval: tuple[float, float], seed: int) -> list[tuple[float, str]]:
@@ -51,7 +59,8 @@ class Fault:
     at_s: float  # seconds since the soak started
     kind: str
     target: str
-    recovered_s: float | None = None  # until the frontend served every worker again
+    back: Callable[[], bool] = field(repr=False, default=lambda: True)  # the faulted process runs again
+    recovered_s: float | None = None  # until it runs again and the frontend serves every worker
 
 
 @dataclass
@@ -63,30 +72,50 @@ class Faults:
     stopped: list[int] = field(default_factory=list)  # SIGSTOPped pids still to continue
 
     def do(self, kind: str, at_s: float) -> Fault:
-        action: dict[str, Callable[[], str]] = {
+        action: dict[str, Callable[[], tuple[str, Callable[[], bool]]]] = {
             FIRST: lambda: self._signal("Frontend", signal.SIGTERM),
             "worker SIGKILL (decode)": lambda: self._signal("decode", signal.SIGKILL),
             "worker SIGKILL (prefill)": lambda: self._signal("prefill", signal.SIGKILL),
             "stuck transfer": self._stop_prefill,
             "NATS restart": lambda: self._signal("nats-server", signal.SIGKILL),
+            "engine death": self._kill_engine,
         }
-        fault = Fault(at_s, kind, action[kind]())
+        target, back = action[kind]()
+        fault = Fault(at_s, kind, target, back)
         self.done.append(fault)
         return fault
 
-    def _signal(self, prefix: str, sig: signal.Signals) -> str:
+    def _pick(self, live: list[tuple[str, int]]) -> tuple[str, int]:
+        return live[len(self.done) % len(live)]
+
+    def _signal(self, prefix: str, sig: signal.Signals) -> tuple[str, Callable[[], bool]]:
+        """``sig`` to a live process named ``prefix...``; it is back once that name runs a new pid."""
         live = self.graph.live(prefix)
         if not live:
-            return f"none ({prefix} not running)"
-        name, pid = live[len(self.done) % len(live)]
+            return f"none ({prefix} not running)", lambda: True
+        name, pid = self._pick(live)
         os.kill(pid, sig)
-        return f"{name} pid={pid}"
+        return f"{name} pid={pid}", lambda: _renewed(self.graph.pids(), name, pid)
 
-    def _stop_prefill(self) -> str:
-        target = self._signal("prefill", signal.SIGSTOP)
-        if "pid=" in target:
-            self.stopped.append(int(target.rsplit("=", 1)[1]))
-        return f"{target} for {STUCK_S:g}s"
+    def _stop_prefill(self) -> tuple[str, Callable[[], bool]]:
+        live = self.graph.live("prefill")
+        if not live:
+            return "none (prefill not running)", lambda: True
+        name, pid = self._pick(live)
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped.append(pid)
+        return f"{name} pid={pid} for {STUCK_S:g}s", lambda: pid not in self.stopped
+
+    def _kill_engine(self) -> tuple[str, Callable[[], bool]]:
+        """SIGKILL the engine scheduler of a decode, then a prefill worker; back once it has a new one."""
+        schedulers = self.graph.schedulers()
+        role = "decode" if sum(f.kind == "engine death" for f in self.done) % 2 == 0 else "prefill"
+        live = [(n, p) for n, p in sorted(schedulers.items()) if n.startswith(role) and alive(p)]
+        if not live:
+            return f"none (no {role} engine running)", lambda: True
+        name, pid = self._pick(live)
+        os.kill(pid, signal.SIGKILL)
+        return f"{name} scheduler pid={pid}", lambda: _renewed(self.graph.schedulers(), name, pid)
 
     def resume(self) -> None:
         """SIGCONT every stopped process (also when the soak ends early)."""
@@ -96,5 +125,6 @@ class Faults:
                 os.kill(pid, signal.SIGCONT)
 
 
-def sleep_until(deadline: float) -> None:
-    time.sleep(max(0.0, deadline - time.monotonic()))
+def _renewed(pids: dict[str, int], name: str, old: int) -> bool:
+    pid = pids.get(name)
+    return pid is not None and pid != old and alive(pid)

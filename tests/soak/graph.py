@@ -30,6 +30,8 @@ MANIFEST = Path(__file__).with_name("graph.yaml")
 STARTUP_S = 180.0
 STOP_S = 60.0
 _STARTED = re.compile(r"Started (\S+)(?: url=\S+)? pid=(\d+)", re.M)
+# a worker's line (prefixed with its name by dynamo-run) naming its engine's scheduler process
+_SCHEDULER = re.compile(r"^(\S+)\s+\| .*Watching the engine's processes .*\bscheduler=(\d+)", re.M)
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -119,6 +121,11 @@ class Graph:
     def pids(self) -> dict[str, int]:
         """The latest pid of every process by name (``nats-server``, ``Frontend-0``, ``decode-1``, ...)."""
         return {name: int(pid) for name, pid in _STARTED.findall(self.output())}
+
+    def schedulers(self) -> dict[str, int]:
+        """The latest engine scheduler pid of every worker by name (the mocker's stand-in for SGLang's
+        scheduler process, which the worker watches: killing it is the engine's death)."""
+        return {name: int(pid) for name, pid in _SCHEDULER.findall(self.output())}
 
     def live(self, prefix: str) -> list[tuple[str, int]]:
         """The live processes whose name starts with ``prefix``."""

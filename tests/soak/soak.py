@@ -21,7 +21,7 @@ from pathlib import Path
 
 import openai
 
-from tests.soak.faults import STUCK_S, Faults, schedule
+from tests.soak.faults import STUCK_S, Fault, Faults, schedule
 from tests.soak.graph import Graph, alive, rss_bytes
 from tests.soak.traffic import Outcome, Traffic
 
@@ -69,7 +69,7 @@ class Sample:
 class Report:
     config: SoakConfig
     outcomes: list[Outcome] = field(default_factory=list)
-    faults: list = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     key_checks: dict[str, int] = field(default_factory=dict)  # what was asked -> HTTP status
 
@@ -219,15 +219,11 @@ def _sample(graph: Graph, started: float) -> Sample:
     )
 
 
-def _recovery(graph: Graph, target: str, since: float) -> float | None:
-    """Seconds from ``since`` until the faulted process runs again (a new pid, or continued) and the
-    frontend serves with every worker; None past ``RECOVERY_BOUND_S``."""
-    name, _, rest = target.partition(" pid=")
-    old = int(rest.split()[0]) if rest else None
+def _recovery(graph: Graph, fault: Fault, since: float) -> float | None:
+    """Seconds from ``since`` until the faulted process runs again and the frontend serves with every
+    worker; None past ``RECOVERY_BOUND_S``."""
     while time.monotonic() - since < RECOVERY_BOUND_S:
-        pid = graph.pids().get(name)
-        back = pid is not None and alive(pid) and (pid != old or "for" in target)
-        if back and graph.workers_seen() >= WORKERS and graph.get("/health")[0] == 200:
+        if fault.back() and graph.workers_seen() >= WORKERS and graph.get("/health")[0] == 200:
             return time.monotonic() - since
         time.sleep(0.25)
     return None
@@ -266,7 +262,7 @@ async def _faults(graph: Graph, report: Report, config: SoakConfig, started: flo
                 faults.resume()
 
             async def recover(f=fault, at_mono=started + at) -> None:
-                f.recovered_s = await asyncio.to_thread(_recovery, graph, f.target, at_mono)
+                f.recovered_s = await asyncio.to_thread(_recovery, graph, f, at_mono)
 
             recoveries.append(asyncio.create_task(recover()))
     finally:
