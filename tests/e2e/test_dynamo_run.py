@@ -2,6 +2,8 @@
 ranks) served on the mocker as local processes, driven by the official openai client: streaming chat,
 completions and usage counts; killing
 the decode process makes requests fail with a clear error and dynamo-run reports it (keeping its log);
+with --restart always, a multinode group one of whose ranks lost its engine restarts whole and serves
+again;
 SIGTERM stops every process dynamo-run started (checked by PID and process group) and leaves no
 temporary file, even of a process that was killed. The planner example runs its planner, in dry-run
 mode, deciding on the traffic the local frontend sees; a planner that dies is reported and the graph
@@ -314,6 +316,27 @@ def test_the_temporary_log_folder_outlives_a_run_in_which_a_worker_died(dynamo_r
         assert (logs / "decode-0.log").is_file()  # where the EXITED report pointed
     finally:
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def test_restart_always_restarts_a_multinode_group_whose_rank_lost_its_engine(dynamo_run):
+    """Rank 1's engine dies (its scheduler process SIGKILLed): rank 1 exits, the leader hears it on its
+    lifeline, hands back its requests and exits too, and dynamo-run starts the whole group again, as
+    the operator restarts a group."""
+    run = dynamo_run("agg-multinode.yaml", extra=["--restart", "always"])
+    check_serving(run)
+    scheduler = int(run.wait_for(r"node_rank=1 scheduler_pid=(\d+)", 10)[1])
+    os.kill(scheduler, signal.SIGKILL)
+    run.wait_for(r"Engine died: rank 1 of the 2-node group is gone", 30)
+    run.wait_for(r"decode-0 EXITED with exit code 3", 30)
+    run.wait_for(r"Starting \S+ again: decode-0, decode-0-1", 30)
+    wait_until(
+        lambda: len(re.findall(r"^decode-0 +\| .*Worker ready", run.output(), re.M)) == 2,
+        "the group's leader to register again",
+        timeout_s=60,
+        explain=run.output,
+    )
+    check_serving(run)
+    stop_and_check_nothing_left(run)
 
 
 PLANNER_INTERVAL_S = 2

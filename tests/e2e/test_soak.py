@@ -1,5 +1,5 @@
 """The soak, CI-sized: ``python -m tests.soak`` (what ``make soak`` runs) for 2 minutes with a fault every
-12-20 s instead of 30-60 s, so that every kind comes at least once: dynamo-run --restart of the soak
+12-20 s instead of 30-60 s, so that every kind comes at least once: dynamo-run --restart always of the soak
 graph (2 prefill + 2 decode + 1 embedding mocker, an API key from its environment), mixed traffic, the
 frontend restarted, workers SIGKILLed, a prefill worker stopped mid-transfer, NATS restarted. None of
 its requests may hang or be lost, the frontend's memory may not grow 10% after its warm-up, and the

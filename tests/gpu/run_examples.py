@@ -543,7 +543,8 @@ def stuck_engine(name: str, gpus: str) -> dict:
     try:
         row["first"] = first_request(graph, "chat", f"{name}-stuck")[1]
         prefill = worker_pid(graph, "prefill")
-        schedulers = [p for p in descendants(prefill) if "scheduler" in cmdline(p)]
+        # SGLang's scheduler processes (the mocker simulates in its worker process: stop that one)
+        schedulers = [p for p in descendants(prefill) if "sglang::scheduler" in cmdline(p)]
         target = schedulers or [prefill]
         client = openai.OpenAI(base_url=graph.base, api_key="none", max_retries=0, timeout=STUCK_BOUND_S * 4)
         prompt = " ".join(f"w{i}" for i in range(100, 1600))  # ~1500 tokens here, ~6600 on the mocker

@@ -1,5 +1,5 @@
 """The soak's faults: the kinds of the fault table (``make faults``), done to the live processes of the
-graph under ``dynamo-run --restart``, one every 30-60 s (seeded, so a run can be repeated).
+graph under ``dynamo-run --restart always``, one every 30-60 s (seeded, so a run can be repeated).
 
 - frontend restarted: SIGTERM to the frontend (a rollout's restart), which dynamo-run starts again; it
   drains what is in flight, and new requests are refused (connection) while it is down;

@@ -1,4 +1,4 @@
-"""The soak's graph: ``dynamo-run --restart`` of ``tests/soak/graph.yaml`` on the mocker, as a child
+"""The soak's graph: ``dynamo-run --restart always`` of ``tests/soak/graph.yaml`` on the mocker, as a child
 process whose output names every process it starts (``Started NAME pid=N``, again after each restart),
 so the soak can aim its faults at the live ones and read their memory."""
 
@@ -70,7 +70,7 @@ def write_manifest(folder: Path) -> Path:
 
 
 class Graph:
-    """``dynamo-run --restart MANIFEST --engine mocker`` on a free port, its output in ``log_path``."""
+    """``dynamo-run --restart always MANIFEST --engine mocker`` on a free port, its output in ``log_path``."""
 
     def __init__(self, folder: Path, api_key: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -81,8 +81,8 @@ class Graph:
         self._lock = threading.Lock()
         argv = [
             str(Path(sys.executable).parent / "dynamo-run"), str(write_manifest(folder)),
-            "--engine", "mocker", "--port", str(self.port), "--restart", "--log-dir", str(folder / "logs"),
-            "--startup-timeout", str(STARTUP_S), "--grace-period", "5",
+            "--engine", "mocker", "--port", str(self.port), "--restart", "always",
+            "--log-dir", str(folder / "logs"), "--startup-timeout", str(STARTUP_S), "--grace-period", "5",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_"))}
         env["DYN_API_KEY"] = api_key  # the frontend inherits it, as from a Secret in a pod

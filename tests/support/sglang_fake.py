@@ -9,6 +9,13 @@ as SGLang's ``to_json()`` dicts, ``prompt_tokens``, ``completion_tokens``, ``cac
 ``tokenizer_manager`` has ``abort_request``, ``auto_create_handle_loop``, ``get_loads`` and
 ``bootstrap_server``.
 
+With ``child_processes``, it also starts real child processes titled as SGLang titles its schedulers and
+detokenizer (``sglang::scheduler_TP0``, ``sglang::detokenizer``), listed in
+``_scheduler_init_result.all_child_pids`` as SGLang lists them, and killed by ``shutdown`` (SGLang's
+``kill_process_tree``): what a test SIGKILLs to kill the engine. Its tokenizer manager's
+``auto_create_handle_loop`` installs SIGTERM and SIGQUIT handlers on the loop, as SGLang's does (its
+SIGQUIT handler would kill the whole process tree: here it only records that it ran).
+
 Its model is deterministic: token i of a completion is ``(sum(input_ids) + 7 * i) % vocab + 1``; the
 prefix cache remembers prompts whole and reports them as cached on a repeat. A decode request waits
 until the prefill request of the same ``bootstrap_room`` has finished (the same rendezvous SGLang's KV
@@ -19,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +73,17 @@ class FakeLoad:
 @dataclass
 class FakeBootstrapServer:
     thread: threading.Thread | None = None
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeSchedulerInitResult:
+    """``SchedulerInitResult``: the child pids SGLang started (schedulers, detokenizer)."""
+
+    all_child_pids: list[int] = field(default_factory=list)
 
 
 class _Done(threading.Thread):
@@ -81,6 +101,8 @@ class FakeTokenizerManager:
         self.context_len = 8192
         self.loads = [FakeLoad()]
         self.handle_loop_started = False
+        self.asyncio_tasks: set[asyncio.Task] = set()
+        self.sglang_sigquit_ran = False  # SGLang's own SIGQUIT handler (kills the process tree) ran
         # While set and not yet open, load queries get no answer: a blocked scheduler, not a busy one.
         self.blocked: asyncio.Event | None = None
 
@@ -98,7 +120,12 @@ class FakeTokenizerManager:
         """Like SGLang's: installs its own SIGTERM handler on the running loop (the worker must undo it)."""
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, lambda: None)
+        loop.add_signal_handler(signal.SIGQUIT, self._sglang_sigquit)
+        self.asyncio_tasks.add(loop.create_task(asyncio.Event().wait()))  # its handle loop, waiting forever
         self.handle_loop_started = True
+
+    def _sglang_sigquit(self) -> None:
+        self.sglang_sigquit_ran = True
 
     async def get_loads(self, include: list[str] | None = None, dp_rank: int | None = None) -> list[Any]:
         if self.blocked is not None:
@@ -150,14 +177,35 @@ class FakeSglangEngine:
     calls: list[dict[str, Any]] = field(default_factory=list)
     abort_events: dict[str, asyncio.Event] = field(default_factory=dict)
     shut_down: bool = False
+    child_processes: bool = False  # start real children titled as SGLang's scheduler and detokenizer
 
     def __post_init__(self) -> None:
         self.tokenizer_manager = FakeTokenizerManager(self)
         self._cache: set[tuple[int, ...]] = set()
         self._finished_rooms: dict[int, asyncio.Event] = {}
+        self._children: list[subprocess.Popen[bytes]] = []
+        if self.child_processes:
+            for title in ("sglang::scheduler_TP0", "sglang::detokenizer"):
+                self._children.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", "import sys; sys.stdin.buffer.read()", title],
+                        stdin=subprocess.PIPE,
+                    )
+                )
+        self._scheduler_init_result = FakeSchedulerInitResult([c.pid for c in self._children])
+
+    def child(self, title: str) -> int:
+        """The pid of the child titled ``sglang::<title>``."""
+        return next(c.pid for c in self._children if f"sglang::{title}" in c.args)
 
     def shutdown(self) -> None:
         self.shut_down = True
+        for child in self._children:  # SGLang's kill_process_tree: SIGKILL, then reap
+            if child.poll() is None:
+                child.kill()
+            child.wait(5)
+            if child.stdin is not None:
+                child.stdin.close()
 
     def _room(self, room: int) -> asyncio.Event:
         return self._finished_rooms.setdefault(room, asyncio.Event())

@@ -103,6 +103,8 @@ def _member(
         rank,
         {"name": contract.ENV_NUM_NODES, "value": str(nnodes)},
         {"name": contract.ENV_LEADER_HOST, "value": leader_host},
+        # the other ranks' lifeline to the leader (dynamo_worker.runtime.group)
+        {"name": contract.ENV_LEADER_SYSTEM_ADDR, "value": f"{leader_host}:{contract.SYSTEM_PORT}"},
     ]
     out = sglang.for_group_member(
         _with_env(container, env), nnodes=nnodes, leader_host=leader_host, leader=leader

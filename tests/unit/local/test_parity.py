@@ -96,8 +96,8 @@ def graphs(draw) -> dict:
 def on_this_machine(text: str, ports: dict[int, int], peers: dict[str, dict[int, int]]) -> str:
     """The oracle's substitution: a pod's DNS name and 0.0.0.0 -> 127.0.0.1, a port after a pod's DNS
     name -> that pod's local port, any other port of this pod -> its local port."""
-    for port, local in ports.items():
-        text = re.sub(rf"(?<![\d.]){port}(?!\d)", str(local), text)
+    for port, local in ports.items():  # a port after a pod's DNS name is that pod's: below
+        text = re.sub(rf"(?<![\d.])(?<!\.svc:){port}(?!\d)", str(local), text)
     text = re.sub(r"([\w.-]+\.svc):(\d+)", lambda m: f"127.0.0.1:{peers[m[1]].get(int(m[2]), m[2])}", text)
     return re.sub(r"[\w.-]+\.svc\b", "127.0.0.1", text).replace("0.0.0.0", "127.0.0.1")
 

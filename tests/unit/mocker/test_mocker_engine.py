@@ -88,7 +88,7 @@ async def test_a_continuation_from_the_tokens_emitted_is_the_rest_of_the_stream(
 
 
 async def test_engine_restarts_empty_after_stop(make_engine):
-    engine, rec = await make_engine()
+    engine, _ = await make_engine()
     await collect(engine, req("a", list(range(100, 140)), 2))
     assert engine.kv.cached_prefix_tokens(list(range(100, 140))) > 0  # cached before the restart
     await engine.stop()

@@ -45,7 +45,12 @@ LEADER_HOST = "g-decode-0-0.g-decode-0.ns.svc"
 
 
 def _multinode_env(rank: dict) -> list[dict]:
-    return [rank, {"name": "DYN_NUM_NODES", "value": "2"}, {"name": "DYN_LEADER_HOST", "value": LEADER_HOST}]
+    return [
+        rank,
+        {"name": "DYN_NUM_NODES", "value": "2"},
+        {"name": "DYN_LEADER_HOST", "value": LEADER_HOST},
+        {"name": "DYN_LEADER_SYSTEM_ADDR", "value": f"{LEADER_HOST}:9090"},
+    ]
 
 
 def _flags(rank: str) -> list[str]:
@@ -80,8 +85,8 @@ def test_statefulset_group():
     lead, work = _main(leader["spec"]["template"]), _main(worker["spec"]["template"])
     assert lead["args"] == _flags("0")
     assert work["args"] == _flags("$(DYN_NODE_RANK)")
-    assert lead["env"][-3:] == _multinode_env({"name": "DYN_NODE_RANK", "value": "0"})
-    assert work["env"][-3:] == _multinode_env(
+    assert lead["env"][-4:] == _multinode_env({"name": "DYN_NODE_RANK", "value": "0"})
+    assert work["env"][-4:] == _multinode_env(
         {
             "name": "DYN_NODE_RANK",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}},
@@ -117,7 +122,7 @@ def test_leader_worker_set_group():
     lead, work = _main(template["leaderTemplate"]), _main(template["workerTemplate"])
     assert lead["args"] == _flags("0")
     assert work["args"] == _flags("$(DYN_NODE_RANK)")
-    assert work["env"][-3]["valueFrom"]["fieldRef"]["fieldPath"] == (
+    assert work["env"][-4]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"
     )
     assert "readinessProbe" in lead and "readinessProbe" not in work

@@ -99,6 +99,7 @@ class ProcessSpec:
     metrics_url: str | None = None  # the frontend's /metrics (read for readiness), a planner's planner_*
     pod: str = ""  # the pod's name in the cluster (POD_NAME)
     ports: Mapping[int, int] = field(default_factory=dict)  # declared containerPort -> local port
+    group: str | None = None  # a multinode worker's group (its pods restart together)
 
 
 @dataclass(frozen=True)
@@ -511,6 +512,7 @@ def _process(
         gpus=gpus,
         pod=pod.name,
         ports=ports,
+        group=pod.labels.get(labels.GROUP),
     )
     return process, notes
 

@@ -12,10 +12,11 @@
 3. Print where to send requests, then watch. A worker that dies is reported loudly with its last
    log lines and the rest keeps serving: the frontend answers requests that need it with an error, or
    holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). A planner
-   that dies is reported the same way; the graph serves on at the manifest's replicas. dynamo-run
-   restarts neither, so a failure stays visible; restart dynamo-run to get it back. The frontend or
-   NATS dying stops everything (exit 1). With ``--restart`` every process that exits, nats-server
-   included (on its port, with its store), is started again after a backoff, as a kubelet would.
+   that dies is reported the same way; the graph serves on at the manifest's replicas. By default
+   dynamo-run restarts neither, so a failure stays visible; restart dynamo-run to get it back. With
+   ``--restart always`` a dead worker is started again as Kubernetes would (``restarts``), with every
+   pod of its multinode group, and so is the frontend (nats-server at once, on its port with its
+   store); otherwise the frontend or NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
    temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
    --log-dir was given).
@@ -34,6 +35,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -41,8 +43,9 @@ from types import FrameType
 from dynamo_worker.local.engine import choose_engine, probe_host
 from dynamo_worker.local.manifest import ManifestError, load_manifest
 from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
+from dynamo_worker.local.restarts import RestartBackoff
 from dynamo_worker.local.settings import RunSettings
-from dynamo_worker.local.supervisor import Console, Supervisor, SupervisorError, die_with_parent_prefix
+from dynamo_worker.local.supervisor import Child, Console, Supervisor, SupervisorError, die_with_parent_prefix
 from dynamo_worker.runtime.nats_server import NatsServer, NatsServerError, free_port
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "run"]
@@ -123,6 +126,8 @@ class _Run:
         self.signals = 0
         self.nats_port = 0  # chosen in prepare(), before the plan that points every process at it
         self.process_died = False  # one exited while serving: its log must outlive the run
+        self.backoffs: dict[str, RestartBackoff] = {}  # per pod, or per multinode group
+        self.restarts_due: dict[str, float] = {}  # pod or group -> when to start it again (monotonic)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals += 1
@@ -234,13 +239,11 @@ class _Run:
                 log.info("Kept the logs in %s", log_dir)
 
     def watch(self, nats: NatsServer) -> int:
-        """Report every process that dies (and, with --restart, start it again); EXIT_OK when stopped,
-        EXIT_FAILED when serving is over."""
+        """Report every process that dies; EXIT_OK when stopped, EXIT_FAILED when serving is over."""
         assert self.supervisor is not None
-        restart = self.settings.restart
         while not self.stopping.wait(WATCH_INTERVAL_S):
             if nats.proc is None or nats.proc.poll() is not None:
-                if not restart:
+                if self.settings.restart != "always":
                     log.error("nats-server exited; stopping everything. Its last lines:\n%s", nats.log_tail())
                     return EXIT_FAILED
                 log.error(
@@ -257,19 +260,7 @@ class _Run:
                     continue
                 child.reported_exit = True
                 self.process_died = True
-                if restart:
-                    delay = self.supervisor.schedule_restart(child)
-                    log.error(
-                        "%s EXITED with %s; starting it again in %.0fs (--restart). Its last log lines "
-                        "(%s):\n%s",
-                        child.spec.name,
-                        child.describe_exit(),
-                        delay,
-                        child.log_path,
-                        child.tail_text(),
-                    )
-                    continue
-                if child.spec.kind == "frontend":
+                if child.spec.kind == "frontend" and self.settings.restart != "always":
                     log.error(
                         "%s (the frontend) exited with %s; nothing can serve requests, stopping everything. "
                         "Its last log lines (%s):\n%s",
@@ -290,23 +281,51 @@ class _Run:
                         child.tail_text(),
                     )
                     continue
-                alive = [
-                    c.spec.name for c in self.supervisor.children if c.alive() and c.spec.kind == "worker"
-                ]
-                log.error(
-                    "%s EXITED with %s. Requests that need a %s worker now fail with an error (503 once "
-                    "none is left); still serving: %s. dynamo-run does not restart it: stop (Ctrl-C) and "
-                    "run again to bring it back. Its last log lines (%s):\n%s",
-                    child.spec.name,
-                    child.describe_exit(),
-                    child.spec.service,
-                    ", ".join(alive) or "no worker",
-                    child.log_path,
-                    child.tail_text(),
-                )
-            if restart:
-                self.supervisor.restart_due()
+                self._worker_died(child)
+            self._restart_due()
         return EXIT_OK
+
+    def _worker_died(self, child: Child) -> None:
+        assert self.supervisor is not None
+        alive = [c.spec.name for c in self.supervisor.children if c.alive() and c.spec.kind == "worker"]
+        key = child.spec.group or child.spec.name
+        if self.settings.restart == "always" and key in self.restarts_due:
+            then = f"Its group {key} is starting again (--restart always)"
+        elif self.settings.restart == "always":
+            backoff = self.backoffs.setdefault(key, RestartBackoff())
+            delay = backoff.delay(time.monotonic() - child.started)
+            self.restarts_due[key] = time.monotonic() + delay
+            what = f"its group {key}" if child.spec.group else "it"
+            then = f"Starting {what} again in {delay:.0f}s (restart {backoff.restarts}, --restart always)"
+        else:
+            then = "dynamo-run does not restart it (--restart never): stop (Ctrl-C) and run again"
+        impact = (
+            "Nothing serves requests until it is back (clients' connections are refused)"
+            if child.spec.kind == "frontend"
+            else f"Requests that need a {child.spec.service} worker now fail with an error (503 once none is "
+            f"left); still serving: {', '.join(alive) or 'no worker'}"
+        )
+        log.error(
+            "%s EXITED with %s. %s. %s. Its last log lines (%s):\n%s",
+            child.spec.name,
+            child.describe_exit(),
+            impact,
+            then,
+            child.log_path,
+            child.tail_text(),
+        )
+
+    def _restart_due(self) -> None:
+        """Start again the pods (every pod of a group) whose restart is due."""
+        assert self.supervisor is not None
+        now = time.monotonic()
+        for key, due in list(self.restarts_due.items()):
+            if now < due:
+                continue
+            del self.restarts_due[key]
+            members = [c for c in self.supervisor.children if (c.spec.group or c.spec.name) == key]
+            log.warning("Starting %s again: %s", key, ", ".join(c.spec.name for c in members))
+            self.supervisor.restart(members)
 
 
 def run(manifest: Path, settings: RunSettings, console: Console) -> int:

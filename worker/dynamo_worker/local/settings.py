@@ -38,8 +38,9 @@ examples:
 
 Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
 When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest
-serving (requests that need it fail with a clear error); when the frontend or NATS dies it stops all.
-With --restart it starts whatever exits again instead, as Kubernetes would.
+serving (requests that need it fail with a clear error); with --restart always it also starts it again
+(a multinode worker's whole group), as Kubernetes would; when the frontend or NATS dies it stops all,
+unless --restart always, which starts them again too (nats-server on its port, with its store).
 API key: DYN_API_KEY (or DYN_API_KEY_FILE, one key a line) in this shell reaches the frontend, which
 then requires 'Authorization: Bearer <key>' (the openai client's api_key).
 Exit status: 0 after Ctrl-C/SIGTERM, 1 when a process failed, 2 when the manifest cannot run here.
@@ -99,13 +100,15 @@ class RunSettings(Settings):
         f"{contract.ENV_GRACEFUL_SHUTDOWN_S}).",
         json_schema_extra={"env": "DYN_RUN_GRACE_PERIOD", "metavar": "S"},
     )
-    restart: bool = Field(
-        False,
-        description="Start every process that exits again (workers, the frontend, nats-server on its port), "
-        "as Kubernetes restarts a pod's containers: after 1 s, doubling up to 30 s while it keeps exiting "
-        "within a minute. Off: a worker that exits is reported and stays down, so a failure stays visible, "
-        "and the frontend or nats-server exiting stops everything.",
-        json_schema_extra={"env": "DYN_RUN_RESTART"},
+    restart: Literal["never", "always"] = Field(
+        "never",
+        description="A worker process that exits after startup: never started again (the failure stays "
+        "visible; restart dynamo-run), or always started again as Kubernetes restarts the container of a "
+        "pod whose restartPolicy is Always (at once, then after 10 s, 20 s, ... up to 300 s while it keeps "
+        "exiting within 10 minutes of starting), with every pod of its multinode group, as the operator "
+        "restarts a group. The frontend is started again the same way, and nats-server at once on its "
+        "port (never: either exiting stops everything).",
+        json_schema_extra={"env": "DYN_RUN_RESTART", "metavar": "{never,always}"},
     )
     frontend_api_key: CliSuppress[bool] = Field(  # no flag: parse_args sets it
         False,

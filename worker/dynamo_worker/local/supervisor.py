@@ -48,17 +48,6 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 40
 PROGRESS_EVERY_S = 5.0
 KILL_WAIT_S = 5.0
-# --restart: Kubernetes' CrashLoopBackOff, shortened for one machine (the kubelet's starts at 10 s and caps
-# at 300 s): the first restart after RESTART_DELAY_S, doubled for each exit in a row of a process that ran
-# less than STABLE_AFTER_S, at most RESTART_DELAY_MAX_S.
-RESTART_DELAY_S = 1.0
-RESTART_DELAY_MAX_S = 30.0
-STABLE_AFTER_S = 60.0
-
-
-def restart_delay(crashes: int) -> float:
-    """Seconds before restarting a process after ``crashes`` short-lived exits in a row (0: the first)."""
-    return min(RESTART_DELAY_S * 2 ** min(crashes, 16), RESTART_DELAY_MAX_S)
 
 
 class SupervisorError(RuntimeError):
@@ -135,10 +124,7 @@ class Child:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     ready: bool = False
     reported_exit: bool = False
-    started_at: float = field(default_factory=time.monotonic)
-    restarts: int = 0  # times this process was started again (--restart)
-    crashes: int = 0  # exits in a row after less than STABLE_AFTER_S (the restart backoff)
-    restart_at: float | None = None  # when it is due to start again
+    started: float = field(default_factory=time.monotonic)
     _pump: threading.Thread | None = None
 
     @property
@@ -182,7 +168,7 @@ class Supervisor:
         for spec in specs:
             self.children.append(self._spawn(spec))
 
-    def _spawn(self, spec: ProcessSpec, restarts: int = 0, crashes: int = 0) -> Child:
+    def _spawn(self, spec: ProcessSpec) -> Child:
         proc = subprocess.Popen(
             [*die_with_parent_prefix(), *spec.argv],
             env={**os.environ, **spec.env},  # this shell's (PATH, HOME, HF_TOKEN, ...), then the pod's
@@ -191,43 +177,30 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        child = Child(
-            spec=spec,
-            log_path=self.log_dir / f"{spec.name}.log",
-            proc=proc,
-            restarts=restarts,
-            crashes=crashes,
-        )
+        child = Child(spec=spec, log_path=self.log_dir / f"{spec.name}.log", proc=proc)
         gpus = f" gpus={','.join(spec.gpus)}" if spec.gpus else ""
         child._pump = threading.Thread(target=self._pump, args=(child,), name=f"log-{spec.name}", daemon=True)
         child._pump.start()
-        again = f" restart={restarts}" if restarts else ""
-        log.info("Started %s pid=%s%s%s log=%s", spec.name, proc.pid, gpus, again, child.log_path)
+        log.info("Started %s pid=%s%s log=%s", spec.name, proc.pid, gpus, child.log_path)
         return child
 
-    def schedule_restart(self, child: Child) -> float:
-        """Mark a dead child to start again after its backoff; the delay in seconds."""
-        if time.monotonic() - child.started_at < STABLE_AFTER_S:
-            child.crashes += 1
-        else:
-            child.crashes = 0
-        delay = restart_delay(max(child.crashes - 1, 0))
-        child.restart_at = time.monotonic() + delay
-        return delay
-
-    def restart_due(self) -> list[Child]:
-        """Start again every dead child whose restart is due (its process group killed first: what it
-        forked dies with it, as a container's processes do); the new children."""
-        started = []
-        for i, child in enumerate(self.children):
-            if child.restart_at is None or child.alive() or time.monotonic() < child.restart_at:
-                continue
-            _signal_group(child.pid, signal.SIGKILL)
+    def restart(self, children: Sequence[Child]) -> None:
+        """Stop those of ``children`` still running (SIGTERM to the group, the grace period, SIGKILL),
+        then start each again from its spec (its log file goes on)."""
+        for child in children:
+            if child.alive() or _group_exists(child.pid):
+                _signal_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if _group_exists(child.pid):
+                _signal_group(child.pid, signal.SIGKILL)
+                child.proc.wait(timeout=KILL_WAIT_S)
+        for child in children:
             if child._pump is not None:
                 child._pump.join(timeout=2.0)
-            self.children[i] = self._spawn(child.spec, restarts=child.restarts + 1, crashes=child.crashes)
-            started.append(self.children[i])
-        return started
+            self.children[self.children.index(child)] = self._spawn(child.spec)
 
     def _pump(self, child: Child) -> None:
         assert child.proc.stdout is not None

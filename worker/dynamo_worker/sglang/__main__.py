@@ -3,8 +3,10 @@
 
 Rank 0 of an engine (every single-node worker) is a full worker: ``run_worker`` connects NATS, starts
 the engine, the request plane and the system server, and registers. A multinode rank > 0
-(``--node-rank`` > 0) only joins the engine: it registers nothing and serves ``/live`` until its
-SGLang scheduler exits or SIGTERM arrives.
+(``--node-rank`` > 0) only joins the engine: it registers nothing, holds a lifeline to the leader
+(``runtime.group``: the leader learns at once when this rank is gone), and serves ``/live`` until its
+SGLang scheduler exits or the leader goes away (exit 1: the group restarts together) or SIGTERM arrives
+(exit 0).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dynamo_worker.runtime.group import run_lifeline
 from dynamo_worker.runtime.listening import PortUnavailable
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.system_server import SystemServer
@@ -47,18 +50,32 @@ async def run_follower(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("Joining a multinode SGLang engine node_rank=%s (registers nothing)", plan.server_args.node_rank)
+    rank = plan.server_args.node_rank
+    log.info("Joining a multinode SGLang engine node_rank=%s (registers nothing)", rank)
+    failed: list[str] = []
+
+    def fail(reason: str) -> None:
+        failed.append(reason)
+        stop.set()
+
     engine_task = asyncio.ensure_future(asyncio.to_thread(engine_factory, plan.server_args))
-    stop_task = asyncio.ensure_future(stop.wait())
+    engine_task.add_done_callback(
+        lambda t: fail(
+            f"SGLang schedulers of this node exited (error={None if t.cancelled() else t.exception()!r})"
+        )
+    )
+    lifeline = asyncio.ensure_future(run_lifeline(rt.leader_system_addr, rank, fail))
     try:
-        await asyncio.wait([engine_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
-        if engine_task.done():
-            log.error("SGLang schedulers of this node exited error=%r", engine_task.exception())
+        await stop.wait()
+        if failed:
+            log.error(
+                "Leaving the multinode engine node_rank=%s: %s; the group restarts together", rank, failed[0]
+            )
             return 1
-        log.info("Stopping multinode follower node_rank=%s", plan.server_args.node_rank)
+        log.info("Stopping multinode follower node_rank=%s", rank)
         return 0
     finally:
-        stop_task.cancel()
+        lifeline.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         kill_children()

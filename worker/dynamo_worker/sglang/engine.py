@@ -5,6 +5,19 @@ Startup (``start``): SGLang's constructor blocks until the model is loaded, so i
 tokenizer manager then installs its own SIGTERM handler on our loop when it first runs; we start it
 eagerly and put the runtime's handler back, so graceful shutdown stays ours.
 
+Engine death (``runtime.recovery`` acts on it): the engine's processes are SGLang's schedulers (one per
+TP/PP rank, or its data-parallel controller and the schedulers under it) and its detokenizer,
+``_scheduler_init_result.all_child_pids``, named from the titles SGLang gives them
+(``sglang::scheduler_TP0``).
+SGLang 0.5.17 left alone would end this whole process when one dies: a child that fails (and its
+``SubprocessWatchdog``, once a second) sends us SIGQUIT, and the tokenizer manager's handler for it kills
+the process tree, this worker included, with no deregistration and no word to the frontend. So the worker
+takes SIGQUIT over (before SGLang starts, and again after its handle loop installs its own) and reports
+the engine's death instead; the runtime also watches the processes itself (a pidfd each, so within the
+loop turn, not the watchdog's second). ``stop`` then releases what the dead engine left in this process
+(its tokenizer manager's tasks on our loop, the prefill bootstrap server's port), so that ``start`` can
+build a new engine here.
+
 A prefill worker whose bootstrap port we chose (no ``--disaggregation-bootstrap-port``) checks that
 SGLang's bootstrap server really bound it; another process taking the port in between is a conflict,
 and the engine is restarted on a new free port (at most ``BOOTSTRAP_PORT_ATTEMPTS`` times), with a new
@@ -53,7 +66,14 @@ from dynamo_worker.protocol import (
     StopConditions,
     WorkerError,
 )
-from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
+from dynamo_worker.runtime.engine import (
+    Engine,
+    EngineEventSink,
+    EngineInfo,
+    EngineProcess,
+    LoadSnapshot,
+    NullEventSink,
+)
 from dynamo_worker.sglang import handler
 from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_port
 from dynamo_worker.sglang.images import image_item, image_prompt, image_tokens
@@ -61,7 +81,15 @@ from dynamo_worker.sglang.kv_events import KvEventRelay
 from dynamo_worker.sglang.resolved import resolved_args
 from dynamo_worker.sglang.transport import TransportWatch, observation_env
 
-__all__ = ["EngineStartError", "SglangEngine", "canary", "diagnose", "kill_sglang_children", "sglang_engine"]
+__all__ = [
+    "EngineStartError",
+    "SglangEngine",
+    "canary",
+    "diagnose",
+    "kill_sglang_children",
+    "process_name",
+    "sglang_engine",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +147,32 @@ class SglangEngine(Engine):
         self._canary_error: str | None = None
         self._registry: CollectorRegistry | None = None
         self._transport: TransportWatch | None = None
+        self._report_death: Callable[[str], None] | None = None
+        self._serving = False  # started, not stopped: a SIGQUIT from SGLang is then the engine's death
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     def attach_events(self, sink: EngineEventSink) -> None:
         self._sink = sink
+
+    def attach_death(self, report: Callable[[str], None]) -> None:
+        self._report_death = report
+
+    def processes(self) -> list[EngineProcess]:
+        """SGLang's schedulers, data-parallel controller and detokenizer(s), by the titles they set."""
+        if self._engine is None:
+            return []
+        init = getattr(self._engine, "_scheduler_init_result", None)
+        pids = [int(p) for p in getattr(init, "all_child_pids", None) or ()]
+        return [EngineProcess(process_name(_cmdline(pid), pid), pid) for pid in dict.fromkeys(pids)]
+
+    def _sigquit(self) -> None:
+        """SGLang's children and watchdogs send SIGQUIT when one of its processes failed or hangs."""
+        reason = "SGLang signalled that one of its processes failed or hangs (SIGQUIT; see its log above)"
+        if self._serving and self._report_death is not None:
+            self._report_death(reason)
+        else:
+            log.error("%s while the engine is not serving", reason)
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         """Add SGLang's own load figures (per dp rank) to the worker's ``/metrics`` registry."""
@@ -159,6 +208,7 @@ class SglangEngine(Engine):
         self._page_size = cfg.page_size
         totals = await self._capacity(cfg.dp_ranks)
         await self._warm_up()
+        self._serving = True
         info = EngineInfo(
             model_name=cfg.served_model_name,
             page_size=self._page_size,
@@ -170,6 +220,7 @@ class SglangEngine(Engine):
             model_dir=await asyncio.to_thread(_model_dir, cfg.tokenizer_path),
             context_length=totals.get("context_length") or None,
             features=self._features(),
+            nnodes=int(self.server_args.nnodes or 1),
         )
         self._tasks.append(asyncio.create_task(self._poll_load(), name="sglang-load"))
         self._tasks.append(asyncio.create_task(self._canary_loop(), name="sglang-canary"))
@@ -236,6 +287,7 @@ class SglangEngine(Engine):
 
     async def _start_engine(self) -> None:
         loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGQUIT, self._sigquit)  # SGLang's launch installs none: a thread
         before = _signal_handlers(loop)
         started = time.monotonic()
         log.info("Starting SGLang engine role=%s model=%s", self.role, self.server_args.model_path)
@@ -279,6 +331,7 @@ class SglangEngine(Engine):
         return {"max_total_num_tokens": sum(int(i["max_total_num_tokens"]) for i in infos)}
 
     async def stop(self) -> None:
+        self._serving = False
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -300,6 +353,7 @@ class SglangEngine(Engine):
             with contextlib.suppress(Exception):
                 engine.tokenizer_manager.abort_request(abort_all=True)
             await asyncio.to_thread(engine.shutdown)
+            await _release_in_process_parts(engine.tokenizer_manager)
             log.info("Stopped SGLang engine")
 
     # --- requests --------------------------------------------------------------------------------
@@ -560,10 +614,11 @@ def _model_dir(path: str) -> Path | None:
 
 
 def _signal_handlers(loop: asyncio.AbstractEventLoop) -> dict[int, Any]:
-    """The loop's SIGTERM handler (asyncio keeps it on the loop). SGLang's SIGQUIT handler stays: its
-    children send SIGQUIT when they fail, and it then ends the whole process tree."""
+    """The loop's SIGTERM and SIGQUIT handlers (asyncio keeps them on the loop): the worker's own, which
+    SGLang's tokenizer manager replaces when its handle loop starts (SIGQUIT: with one that kills this
+    whole process tree when a child fails; ours reports the engine's death instead)."""
     handlers = getattr(loop, "_signal_handlers", {})
-    return {signal.SIGTERM: handlers.get(signal.SIGTERM)}
+    return {sig: handlers.get(sig) for sig in (signal.SIGTERM, signal.SIGQUIT)}
 
 
 def _restore_signal_handlers(loop: asyncio.AbstractEventLoop, before: dict[int, Any]) -> None:
@@ -572,4 +627,36 @@ def _restore_signal_handlers(loop: asyncio.AbstractEventLoop, before: dict[int, 
             loop.add_signal_handler(sig, handle._callback, *handle._args)
         else:
             loop.remove_signal_handler(sig)
-    log.info("Kept the worker's SIGTERM handling (SGLang's tokenizer manager installs its own)")
+    log.info("Kept the worker's SIGTERM and SIGQUIT handling (SGLang's tokenizer manager installs its own)")
+
+
+def process_name(cmdline: str, pid: int) -> str:
+    """An SGLang process's name from its title (``sglang::scheduler_TP0`` -> ``scheduler_TP0``). Pure."""
+    for word in cmdline.split():
+        if word.startswith("sglang::"):
+            return word.removeprefix("sglang::")
+    return f"process_{pid}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _release_in_process_parts(tokenizer_manager: Any, within_s: float = 5.0) -> None:
+    """What a stopped SGLang engine leaves in this process, released so a new one can start here: its
+    tokenizer manager's tasks on our loop (the handle loop waits on the dead detokenizer forever) and the
+    prefill bootstrap server (a thread holding the bootstrap port)."""
+    for task in list(getattr(tokenizer_manager, "asyncio_tasks", None) or ()):
+        if isinstance(task, asyncio.Task) and not task.done():
+            task.cancel()
+    server = getattr(tokenizer_manager, "bootstrap_server", None)
+    close = getattr(server, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):  # a server whose bind failed has nothing to close
+            close()
+        thread = getattr(server, "thread", None)
+        if thread is not None and thread.is_alive():
+            await asyncio.to_thread(thread.join, within_s)

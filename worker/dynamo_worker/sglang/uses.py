@@ -77,8 +77,10 @@ DECLARED: tuple[Use, ...] = (
     Use(_ENGINE, "Engine", "shutdown", by="engine"),
     Use(_ENGINE, "Engine", "_scheduler_init_result", by="engine (KV capacity fallback)"),
     Use(_ENGINE, "SchedulerInitResult", "scheduler_infos", by="engine"),
+    Use(_ENGINE, "SchedulerInitResult", "all_child_pids", by="engine (the processes it watches)"),
     Use(_TM, "TokenizerManager", "abort_request", by="handler, engine"),
     Use(_TM, "TokenizerManager", "auto_create_handle_loop", by="engine"),
+    Use(_TM, "TokenizerManager", "asyncio_tasks", by="engine (released after the engine died)"),
     Use(_TM, "TokenizerManager", "bootstrap_server", by="engine (bootstrap port check)"),
     Use(_TM, "TokenizerManager", "context_len", by="engine"),
     Use(_TM, "TokenizerManager", "generate_request", by="handler (embeddings)"),
@@ -92,6 +94,7 @@ DECLARED: tuple[Use, ...] = (
     ),
     Use("sglang.srt.managers.tokenizer_control_mixin", "TokenizerControlMixin", "get_loads", by="engine"),
     Use("sglang.srt.disaggregation.common.conn", "CommonKVBootstrapServer", "thread", by="engine"),
+    Use("sglang.srt.disaggregation.common.conn", "CommonKVBootstrapServer", "close", by="engine (restart)"),
     *(
         Use(_LOADS, "LoadSnapshot", f, by="engine")
         for f in (
