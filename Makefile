@@ -92,6 +92,13 @@ image-runtime: ## build the CPU runtime image (mocker, no CUDA) with buildah and
 image-runtime-cuda: ## build the CUDA runtime image (SGLang, torch, NIXL as images/gpu-lock.txt pins them; several GB; not in CI)
 	FLAVOUR=cuda bash hack/build-runtime-image.sh
 
+# make soak SOAK_MINUTES=30: the soak of docs/soak.md (not in CI; tests/e2e/test_soak.py runs 2 minutes of it).
+SOAK_MINUTES ?= 30
+SOAK_ARGS ?=
+.PHONY: soak
+soak: venv ## the soak: disagg graph on the mocker, mixed traffic, a fault every 30-60 s, one table (SOAK_MINUTES=30)
+	$(BIN)/python -m tests.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
 .PHONY: bench bench-peers image-operator image-runtime image-runtime-cuda
 bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
 	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json

@@ -36,6 +36,10 @@ ENV_REVISION: Final = "DYN_REVISION"
 # The frontend of a graph: the models its workers serve, listed and held for even at 0 replicas.
 ENV_GRAPH_MODELS: Final = "DYN_GRAPH_MODELS"
 ENV_LOG_LEVEL: Final = "DYN_LOG_LEVEL"
+# The frontend's API key(s), from a Secret (a graph's frontend env, or the chart's frontend.apiKey through
+# the operator); never logged. The file form holds one key a line.
+ENV_API_KEY: Final = "DYN_API_KEY"
+ENV_API_KEY_FILE: Final = "DYN_API_KEY_FILE"
 # Set by the runtime image, not the operator: what `python -m dynamo.sglang` runs (sglang | mocker).
 ENV_SGLANG_ENGINE: Final = "DYN_SGLANG_ENGINE"
 ENV_POD_NAME: Final = "POD_NAME"

@@ -66,6 +66,18 @@ class OperatorConfig(BaseModel):
         DEFAULT_DISCOVERY_TTL_S, description="Seconds a worker's registration lives without a heartbeat."
     )
     pod_log_format: Literal["json", "text"] = Field("json", description="DYN_LOG_FORMAT in the pods.")
+    frontend_api_key_secret: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="A Secret, in the namespace of each graph, whose key --frontend-api-key-secret-key every "
+        "frontend pod reads as DYN_API_KEY (secretKeyRef), so that every frontend requires that API key; a "
+        "graph that sets DYN_API_KEY on its frontend itself keeps its own. Unset: only such graphs do.",
+    )
+    frontend_api_key_secret_key: str = Field(
+        "api-key",
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="The key of --frontend-api-key-secret that holds the API key.",
+    )
     gang_scheduler: Literal["coscheduling", "none"] = Field(
         "none",
         description="Who starts a graph's gangs (services with minAvailable, every multinode group) all at "

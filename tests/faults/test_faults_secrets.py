@@ -1,13 +1,18 @@
 """Secrets never appear in logs, status, Events or metric labels: runs that use them (an HF token in
-a worker's environment, NATS credentials in the URL, a Secret behind ``envFromSecret``, a literal env
-value, and an invalid env entry whose value the operator must not quote), with a NATS restart to make
-the runtime log its reconnects, then a grep of everything a user or another tenant can read."""
+a worker's environment, NATS credentials in the URL, the frontend's API key from its environment with
+requests sending it, a wrong key and none, a Secret behind ``envFromSecret``, a literal env value, and
+an invalid env entry whose value the operator must not quote), with a NATS restart to make the runtime
+log its reconnects, then a grep of everything a user or another tenant can read (``--help`` with the
+key set included)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+import subprocess
+import sys
 import time
 
 import openai
@@ -37,11 +42,12 @@ async def test_secrets_absent_from_worker_and_frontend_output(
 ):
     row = fault_row(
         "secrets absent (data plane)",
-        "HF token in a worker's env, NATS password in the URL, NATS restart; grep logs, /metrics, discovery",
+        "HF token in a worker's env, NATS password in the URL, frontend API key (right, wrong, none), NATS "
+        "restart; grep logs, /metrics, discovery, 401 bodies, --help",
         0,
     )
     row.unit = "leaks"
-    hf_token, password = token("hf"), token("natspw")
+    hf_token, password, api_key, wrong_key = token("hf"), token("natspw"), token("sk"), token("sk")
     broker = NatsServer(
         store_dir=tmp_path / "nats",
         command_prefix=die_with_parent(),
@@ -53,9 +59,13 @@ async def test_secrets_absent_from_worker_and_frontend_output(
     fe = None
     try:
         m = mockers("null", "--nats-server", url)
-        fe = start_frontend(tmp_path / "frontend.log", namespace, url)
+        env = {**os.environ, "DYN_API_KEY": api_key, "DYN_LOG_LEVEL": "DEBUG"}
+        fe = start_frontend(tmp_path / "frontend.log", namespace, url, env=env)
         await asyncio.to_thread(fe.wait_serving)
-        async with openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
+        refusals = await refused_bodies(fe.url, wrong_key)
+        async with openai.AsyncOpenAI(
+            base_url=fe.url + "/v1", api_key=api_key, max_retries=0, timeout=30
+        ) as c:
             r = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
             assert r.choices[0].finish_reason == "length"
             broker.proc.kill()  # the runtime logs the disconnect and the reconnect
@@ -73,15 +83,42 @@ async def test_secrets_absent_from_worker_and_frontend_output(
             "frontend /metrics": fe.get("/metrics")[1],
             "discovery records": records,
             "nats-server log": broker.log_path.read_text(errors="replace"),
+            "401 bodies": refusals,
+            "frontend --help": frontend_help(env),
         }
     finally:
         if fe is not None:
             fe.stop()
         broker.stop()
     assert records and "Reconnected to NATS url=nats://dynamo:***@" in places["frontend log"]
-    found = leaks(places, [hf_token, password])
+    found = leaks(places, [hf_token, password, api_key, wrong_key])
     row.answered(len(found))
     assert found == []
+
+
+async def refused_bodies(url: str, wrong_key: str) -> str:
+    """The 401 bodies of a request with a wrong key and of one with none."""
+    bodies = []
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=wrong_key, max_retries=0, timeout=30) as c:
+        for headers in ({}, {"Authorization": openai.Omit()}):
+            with pytest.raises(openai.AuthenticationError) as e:
+                await c.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, max_tokens=3, extra_headers=headers
+                )
+            bodies.append(e.value.response.text)
+    return "\n".join(bodies)
+
+
+def frontend_help(env: dict[str, str]) -> str:
+    """``python -m dynamo_worker.frontend --help`` with the key in its environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "dynamo_worker.frontend", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
 async def discovery_records(url: str) -> str:

@@ -225,6 +225,12 @@ The operator's configuration, as the environment variables dynamo_operator.setti
   value: {{ .Values.runtime.topologyDomains | toJson | quote }}
 - name: DYN_OPERATOR_POD_LOG_FORMAT
   value: {{ .Values.runtime.logFormat | quote }}
+{{- with .Values.frontend.apiKey.existingSecret }}
+- name: DYN_OPERATOR_FRONTEND_API_KEY_SECRET
+  value: {{ . | quote }}
+- name: DYN_OPERATOR_FRONTEND_API_KEY_SECRET_KEY
+  value: {{ $.Values.frontend.apiKey.key | quote }}
+{{- end }}
 - name: DYN_OPERATOR_LOG_LEVEL
   value: {{ .Values.operator.logLevel | quote }}
 - name: DYN_OPERATOR_LOG_FORMAT

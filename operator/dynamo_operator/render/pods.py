@@ -45,7 +45,8 @@ def contract_env(
     dgd: DynamoGraphDeployment, c: Component, config: OperatorConfig, revision: str | None = None
 ) -> list[dict[str, Any]]:
     """The env every pod of the graph gets (names from ``contract.py``); a frontend also gets the graph's
-    models, and the prefill and decode pods of a disaggregated graph their ``revision``."""
+    models and, when the operator is configured with one, its API key Secret; the prefill and decode pods
+    of a disaggregated graph get their ``revision``."""
     env = [
         _field_env(contract.ENV_POD_NAME, "metadata.name"),
         _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
@@ -63,6 +64,9 @@ def contract_env(
         models = graph_models(components(dgd))
         if models:
             env.append({"name": contract.ENV_GRAPH_MODELS, "value": ",".join(models)})
+        if config.frontend_api_key_secret:
+            ref = {"name": config.frontend_api_key_secret, "key": config.frontend_api_key_secret_key}
+            env.append({"name": contract.ENV_API_KEY, "valueFrom": {"secretKeyRef": ref}})
     else:
         env += [
             {"name": contract.ENV_SYSTEM_ENABLED, "value": "true"},

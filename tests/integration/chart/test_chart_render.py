@@ -228,3 +228,26 @@ def test_conversion_webhook_service_port_and_flags(bins):
     assert str(settings.webhook_cert_dir) == "/etc/dynamo-operator/webhook"
     (volume,) = [v for v in pod["volumes"] if v["name"] == "webhook-cert"]
     assert volume["secret"]["secretName"] == "webhook-tls"
+
+
+def test_frontend_api_key_secret_reaches_every_frontend_pod(bins):
+    """frontend.apiKey -> the operator's settings -> DYN_API_KEY from a secretKeyRef on frontend pods."""
+    from dynamo_api.conversion import load_graph
+    from dynamo_operator.render import render
+
+    assert _operator_settings(template(bins)).frontend_api_key_secret is None
+    settings = _operator_settings(
+        template(bins, "frontend.apiKey.existingSecret=frontend-api-key", "frontend.apiKey.key=token")
+    )
+    config = settings.operator_config("statefulset")
+    graph = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": "g", "namespace": "ml", "uid": "u-1"},
+        "spec": {"services": {"Frontend": {"componentType": "frontend"}}},
+    }
+    (deployment,) = [o for o in render(load_graph(graph), config).objects if o["kind"] == "Deployment"]
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    ref = {"secretKeyRef": {"name": "frontend-api-key", "key": "token"}}
+    assert [e for e in env if e["name"] == "DYN_API_KEY"] == [{"name": "DYN_API_KEY", "valueFrom": ref}]
+    assert "existingSecret" in template_error(bins, "frontend.apiKey.existingSecret=Not_A_Name")

@@ -205,6 +205,7 @@ class Frontend:
                 scale_up_timeout_s=s.scale_up_timeout_s,
             ),
             starting=self.warmer.starting if self.warmer is not None else None,
+            api_keys=s.api_keys(),
         )
         reuse_port = s.http_reuse_port or s.http_workers > 1
         self._runner, self.port = await serve(
@@ -219,11 +220,12 @@ class Frontend:
             reuse_port=reuse_port or None,
         )
         log.info(
-            "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s",
+            "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s api_keys=%d",
             s.namespace,
             s.router_mode,
             s.migration_limit,
             redact_url(s.nats_server),
+            len(s.api_keys()),
         )
         return self
 

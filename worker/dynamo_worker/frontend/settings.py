@@ -13,7 +13,7 @@ from pathlib import Path
 from dynamo_api import contract
 from dynamo_api.frontend_args import DEFAULT_ROUTER_MODE, RouterMode
 from dynamo_api.settings_sources import Settings
-from pydantic import Field
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dynamo_worker.router.policy import KvWeights
@@ -152,6 +152,20 @@ class FrontendSettings(Settings):
         description="Requests in flight at once; more are refused at once with 503 'overloaded'.",
         json_schema_extra={"env": contract.ENV_HTTP_MAX_INFLIGHT},
     )
+    # --- API keys (http.auth) -----------------------------------------------------------------
+    api_key: SecretStr | None = Field(
+        None,
+        description="Require 'Authorization: Bearer <key>' on every route but /health, /live and /metrics "
+        "(401 in OpenAI's error shape otherwise). Prefer the environment variable, set from a Secret, to "
+        "the flag, which other users of the machine can read in the process list.",
+        json_schema_extra={"env": contract.ENV_API_KEY, "metavar": "KEY"},
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="A file of API keys, one a line (blank lines and #-comments skipped): any of them is "
+        "accepted, with --api-key's too (several keys: rotate without downtime).",
+        json_schema_extra={"env": contract.ENV_API_KEY_FILE, "metavar": "FILE"},
+    )
     # --- admission: wait queue and scale from zero (serving.admission, models.registry) ------
     max_queued_requests: int = Field(
         256,
@@ -264,6 +278,31 @@ class FrontendSettings(Settings):
     image_generation_timeout_s: float = Field(
         600.0, gt=0, le=3600, description="Bound on a diffusion worker's answer to /v1/images/generations."
     )
+
+    _api_keys: tuple[bytes, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _read_api_keys(self) -> FrontendSettings:
+        """The accepted keys, from --api-key and --api-key-file; no message quotes a key."""
+        keys = [self.api_key.get_secret_value()] if self.api_key is not None else []
+        if keys and not keys[0].strip():
+            raise ValueError("--api-key / DYN_API_KEY is blank: give a key, or unset it to serve without one")
+        if self.api_key_file is not None:
+            try:
+                lines = self.api_key_file.read_text().splitlines()
+            except (OSError, UnicodeDecodeError) as e:
+                reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+                raise ValueError(f"--api-key-file {self.api_key_file}: cannot read it ({reason})") from None
+            found = [k.strip() for k in lines if k.strip() and not k.lstrip().startswith("#")]
+            if not found:
+                raise ValueError(f"--api-key-file {self.api_key_file} holds no key (one key a line)")
+            keys += found
+        self._api_keys = tuple(k.strip().encode() for k in keys)
+        return self
+
+    def api_keys(self) -> tuple[bytes, ...]:
+        """Every accepted API key (empty: the API is open)."""
+        return self._api_keys
 
     @classmethod
     def parser(cls) -> argparse.ArgumentParser:

@@ -484,7 +484,9 @@ def _process(
     pod = replace(r.pod, spec={**r.pod.spec, "containers": [r.container]})
     local = localize(pod, ports, peers)
     notes = [
-        f"{pod.name}: env {n} comes from valueFrom, which is not read locally; skipped" for n in local.unread
+        f"{pod.name}: env {n} comes from valueFrom, which is not read locally; skipped (export {n} in this "
+        "shell to give it to every process)"
+        for n in local.unread
     ]
     if r.container.get("envFrom"):
         notes.append(

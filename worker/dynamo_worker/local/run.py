@@ -16,7 +16,8 @@
    that dies is reported the same way; the graph serves on at the manifest's replicas. By default
    dynamo-run restarts neither, so a failure stays visible; restart dynamo-run to get it back. With
    ``--restart always`` a dead worker is started again as Kubernetes would (``restarts``), with every
-   pod of its multinode group. The frontend or NATS dying stops everything (exit 1).
+   pod of its multinode group, and so is the frontend (nats-server at once, on its port with its
+   store); otherwise the frontend or NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
    temporary state (NATS store; the children's TMPDIR; the log folder unless a process failed or
    --log-dir was given).
@@ -94,7 +95,7 @@ def _tiny_model(settings: RunSettings) -> Path:
     return ensure_tiny_model(settings.cache_dir / "tiny-model")
 
 
-def _banner(plan: Plan, engine: str, log_dir: Path, adapters: Sequence[str] = ()) -> list[str]:
+def _banner(plan: Plan, engine: str, log_dir: Path, api_key: bool, adapters: Sequence[str] = ()) -> list[str]:
     model = plan.served_models[0] if plan.served_models else "MODEL"
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     planners = [
@@ -106,9 +107,13 @@ def _banner(plan: Plan, engine: str, log_dir: Path, adapters: Sequence[str] = ()
         f"Serving namespace={plan.namespace} engine={engine}",
         f"  models:  {', '.join(plan.served_models) or '(none found in the manifest)'}",
         *adapters,
-        f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; api_key is not checked)",
+        f"  OpenAI:  {plan.url}/v1   (base_url for the openai client; "
+        + (
+            "api_key: the key in $DYN_API_KEY or $DYN_API_KEY_FILE)" if api_key else "api_key is not checked)"
+        ),
         f"  try:     curl -sN {plan.url}/v1/chat/completions -H 'Content-Type: application/json' "
-        f"-d {shlex.quote(body)}",
+        + ('-H "Authorization: Bearer $DYN_API_KEY" ' if api_key else "")
+        + f"-d {shlex.quote(body)}",
         *planners,
         f"  logs:    {log_dir}",
         "Ctrl-C stops every process.",
@@ -229,7 +234,7 @@ class _Run:
             self.supervisor.start([p for p in processes if p.kind == "planner"])
             assert self.dgd is not None  # set by prepare()
             loaded = load_adapters(plan, self.dgd, self.adapters)
-            for line in _banner(plan, engine, log_dir, ready_lines(loaded)):
+            for line in _banner(plan, engine, log_dir, self.settings.frontend_api_key, ready_lines(loaded)):
                 log.info("%s", line)
             status = self.watch(nats)
             return status
@@ -251,14 +256,24 @@ class _Run:
         assert self.supervisor is not None
         while not self.stopping.wait(WATCH_INTERVAL_S):
             if nats.proc is None or nats.proc.poll() is not None:
-                log.error("nats-server exited; stopping everything. Its last lines:\n%s", nats.log_tail())
-                return EXIT_FAILED
+                if self.settings.restart != "always":
+                    log.error("nats-server exited; stopping everything. Its last lines:\n%s", nats.log_tail())
+                    return EXIT_FAILED
+                log.error(
+                    "nats-server EXITED; starting it again on its port. Its last lines:\n%s", nats.log_tail()
+                )
+                self.process_died = True
+                try:
+                    nats.start()
+                except NatsServerError as e:
+                    log.error("nats-server could not start again, stopping everything: %s", e)
+                    return EXIT_FAILED
             for child in self.supervisor.dead():
                 if child.reported_exit:
                     continue
                 child.reported_exit = True
                 self.process_died = True
-                if child.spec.kind == "frontend":
+                if child.spec.kind == "frontend" and self.settings.restart != "always":
                     log.error(
                         "%s (the frontend) exited with %s; nothing can serve requests, stopping everything. "
                         "Its last log lines (%s):\n%s",
@@ -297,13 +312,17 @@ class _Run:
             then = f"Starting {what} again in {delay:.0f}s (restart {backoff.restarts}, --restart always)"
         else:
             then = "dynamo-run does not restart it (--restart never): stop (Ctrl-C) and run again"
+        impact = (
+            "Nothing serves requests until it is back (clients' connections are refused)"
+            if child.spec.kind == "frontend"
+            else f"Requests that need a {child.spec.service} worker now fail with an error (503 once none is "
+            f"left); still serving: {', '.join(alive) or 'no worker'}"
+        )
         log.error(
-            "%s EXITED with %s. Requests that need a %s worker now fail with an error (503 once "
-            "none is left); still serving: %s. %s. Its last log lines (%s):\n%s",
+            "%s EXITED with %s. %s. %s. Its last log lines (%s):\n%s",
             child.spec.name,
             child.describe_exit(),
-            child.spec.service,
-            ", ".join(alive) or "no worker",
+            impact,
             then,
             child.log_path,
             child.tail_text(),

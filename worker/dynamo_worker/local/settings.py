@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from dynamo_api import contract
-from dynamo_api.settings_sources import Settings
+from dynamo_api.settings_sources import Settings, env_value
 from pydantic import Field
 from pydantic_settings import CliSuppress
 
@@ -41,7 +41,10 @@ examples:
 Ctrl-C (or SIGTERM) stops every process: SIGTERM, --grace-period seconds, then SIGKILL.
 When a worker dies after startup dynamo-run reports it with its last log lines and keeps the rest
 serving (requests that need it fail with a clear error); with --restart always it also starts it again
-(a multinode worker's whole group), as Kubernetes would; when the frontend or NATS dies it stops all.
+(a multinode worker's whole group), as Kubernetes would; when the frontend or NATS dies it stops all,
+unless --restart always, which starts them again too (nats-server on its port, with its store).
+API key: DYN_API_KEY (or DYN_API_KEY_FILE, one key a line) in this shell reaches the frontend, which
+then requires 'Authorization: Bearer <key>' (the openai client's api_key).
 Exit status: 0 after Ctrl-C/SIGTERM, 1 when a process failed, 2 when the manifest cannot run here.
 """
 
@@ -112,8 +115,14 @@ class RunSettings(Settings):
         "visible; restart dynamo-run), or always started again as Kubernetes restarts the container of a "
         "pod whose restartPolicy is Always (at once, then after 10 s, 20 s, ... up to 300 s while it keeps "
         "exiting within 10 minutes of starting), with every pod of its multinode group, as the operator "
-        "restarts a group.",
+        "restarts a group. The frontend is started again the same way, and nats-server at once on its "
+        "port (never: either exiting stops everything).",
         json_schema_extra={"env": "DYN_RUN_RESTART", "metavar": "{never,always}"},
+    )
+    frontend_api_key: CliSuppress[bool] = Field(  # no flag: parse_args sets it
+        False,
+        description=f"Whether the frontend requires an API key: {contract.ENV_API_KEY} or "
+        f"{contract.ENV_API_KEY_FILE} is set in dynamo-run's environment, which every process inherits.",
     )
     cuda_visible_devices: CliSuppress[str | None] = Field(  # no flag: parse_args passes it
         None, description="GPUs workers may use; read from CUDA_VISIBLE_DEVICES ('' hides every GPU)."
@@ -143,6 +152,10 @@ def parse_args(
     ns = parser.parse_args(argv)
     manifest = ns.manifest
     settings = settings_from_args(
-        RunSettings, ns, env=env, cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES")
+        RunSettings,
+        ns,
+        env=env,
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        frontend_api_key=env_value(env, [contract.ENV_API_KEY, contract.ENV_API_KEY_FILE]) is not None,
     )
     return manifest, settings

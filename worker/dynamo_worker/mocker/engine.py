@@ -242,6 +242,16 @@ class _Seq:
         return self.request.lora_name
 
 
+def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
+    """What is left of a scripted ``reply`` after its longest prefix that ends ``prompt``: a migrated
+    request (whose prompt carries the tokens already streamed) goes on with the reply where it broke off,
+    as a greedy model would, instead of starting it again."""
+    for k in range(min(len(reply), len(prompt)), 0, -1):
+        if reply[:k] == list(prompt[-k:]):
+            return reply[k:]
+    return reply
+
+
 def _error(error_type: ErrorType, message: str) -> GenerateChunk:
     return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
 
@@ -766,7 +776,7 @@ class MockerEngine(Engine):
         prompt = self._tokenizer.decode(list(request.token_ids), skip_special_tokens=False)
         for rule in self.rules:
             if rule.match in prompt:
-                return self._encode(rule.reply)
+                return script_continuation(self._encode(rule.reply), request.token_ids)
         return None
 
     def _encode(self, text: str) -> list[int]:

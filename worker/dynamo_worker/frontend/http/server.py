@@ -12,6 +12,7 @@ work.
   across clients).
 - ``POST /v1/images/generations``: ``serving.images`` (diffusion workers).
 - ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
+- With API keys, every route but ``/health``, ``/live`` and ``/metrics`` needs one (``auth``).
 
 Bodies are ``output.responses`` models shaped by ``output.shaping``; errors are OpenAI's (``errors``,
 ``httpio``).
@@ -30,6 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable
+from dynamo_worker.frontend.http.auth import api_key_middleware
 from dynamo_worker.frontend.http.info_endpoints import InfoEndpoints
 from dynamo_worker.frontend.httpio import (
     MAX_BODY_BYTES,
@@ -80,6 +82,7 @@ class OpenAIServer:
         images: ImagesApi | None = None,
         admission: Admission | None = None,
         starting: Callable[[], list[str]] | None = None,
+        api_keys: tuple[bytes, ...] = (),
     ) -> None:
         self.starting = starting  # models whose first prefill/decode pairs warm up (/health waits)
         self.admission = admission or Admission(
@@ -96,9 +99,11 @@ class OpenAIServer:
         self.idle = asyncio.Event()  # set while no request is in flight
         self.idle.set()
         self.embedder = EmbeddingBatcher(dispatcher, window_s=embedding_batch_window_s)
+        self.api_keys = api_keys  # none: every route is open (http.auth)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
+        auth = [api_key_middleware(self.api_keys, self.metrics)] if self.api_keys else []
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors, *auth])
         app.router.add_post("/v1/chat/completions", self._endpoint("chat", ChatCompletionRequest, self._chat))
         app.router.add_post(
             "/v1/completions", self._endpoint("completion", CompletionRequest, self._completion)
