@@ -90,6 +90,7 @@ from dynamo_worker.protocol import (
     image_pad_id,
     lora_seed,
 )
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.runtime.lora_checks import (
     LoraError,
@@ -452,9 +453,7 @@ class MockerEngine(Engine):
     async def stop(self) -> None:
         self.stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         for seq in [*self._waiting, *self._running]:
             self._fail(seq, "shutting_down", "worker shut down before the request finished")

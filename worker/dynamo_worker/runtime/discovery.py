@@ -26,6 +26,7 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from dynamo_worker.protocol import InstanceRecord
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = [
     "DISCOVERY_BUCKET",
@@ -146,9 +147,7 @@ class Registration:
     async def deregister(self) -> None:
         """Stop heartbeating and delete the record. Errors are logged: the TTL removes it anyway."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         try:
             async with asyncio.timeout(NATS_OP_TIMEOUT_S):
@@ -267,9 +266,7 @@ class InstanceWatcher:
         old, old_task = self._watch, self._task
         self._watch = watch
         if old_task is not None:
-            old_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await old_task
+            await cancel_and_wait(old_task)
         if old is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(NATS_OP_TIMEOUT_S):
@@ -347,9 +344,7 @@ class InstanceWatcher:
                     await self._watch.stop()
             self._watch = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         for q in list(self._queues):
             self._offer(q, None)

@@ -42,6 +42,7 @@ from dynamo_worker.protocol import (
     kv_snapshot_subject,
     load_subject,
 )
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import LoadSnapshot
 from dynamo_worker.runtime.kv_mirror import KvMirror
 
@@ -149,9 +150,7 @@ class KvEventPublisher:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(flush_timeout):
                 await self._idle.wait()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
 
@@ -279,9 +278,7 @@ class LoadPublisher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
 

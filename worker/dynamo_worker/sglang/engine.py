@@ -60,6 +60,7 @@ from dynamo_worker.protocol import (
     StopConditions,
     WorkerError,
 )
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import Engine, EngineEventSink, EngineInfo, LoadSnapshot, NullEventSink
 from dynamo_worker.runtime.lora_checks import (
     LoraError,
@@ -347,11 +348,7 @@ class SglangEngine(Engine):
         return {"max_total_num_tokens": sum(int(i["max_total_num_tokens"]) for i in infos)}
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self._relay is not None:
             await self._relay.stop()

@@ -27,7 +27,6 @@ come with SGLang; they are imported only when a relay starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = ["DecodedBatch", "KvEventDecodeError", "KvEventRelay", "decode_batch"]
 
@@ -240,9 +240,7 @@ class KvEventRelay:
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():  # a task that ended has said why
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._socket is not None:
             self._socket.close(linger=0)

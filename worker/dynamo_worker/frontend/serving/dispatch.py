@@ -62,6 +62,7 @@ from dynamo_worker.protocol import (
     WorkerError,
 )
 from dynamo_worker.router import Choice, Router
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.request_plane import (
     RequestClient,
     RequestPlaneError,
@@ -362,9 +363,8 @@ class Dispatcher:
             if finished and not prefill_task.done():
                 _let_end(prefill_task)
             else:
-                prefill_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
-                    await prefill_task
+                with contextlib.suppress(ApiError, _Retryable):
+                    await cancel_and_wait(prefill_task)
 
     def _handoff_timeout(
         self, prefill: InstanceRecord, decode: InstanceRecord, info: BootstrapInfo, prefill_done: bool
@@ -443,9 +443,8 @@ async def _next_or_leg_failure(
         return await next_chunk
     finally:
         if not next_chunk.done():
-            next_chunk.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await next_chunk
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(next_chunk)
 
 
 def _retryable_or_error(

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dynamo_worker.runtime.aio import cancel_and_wait
+
 __all__ = ["PROBE_INTERVAL_S", "Quarantine"]
 
 log = logging.getLogger(__name__)
@@ -116,8 +118,4 @@ class Quarantine:
         tasks = [e.task for e in self._entries.values() if e.task is not None]
         self._entries.clear()
         self.ids = frozenset()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
