@@ -2,7 +2,7 @@
 
 Every child runs in its own process group (its own session), so stopping it reaches whatever it
 started too: SIGTERM to the group, a grace period, then SIGKILL to the group. On Linux each child also
-gets SIGTERM when dynamo-run itself dies (``PR_SET_PDEATHSIG`` through util-linux ``setpriv``), so a
+gets SIGTERM when dynamo-run itself dies (``runtime.children.die_with_parent``), so a
 killed dynamo-run leaves no orphaned workers (the signal follows the thread that spawned the child:
 call ``start`` from the main thread). Each child's stdout and stderr go to ``<log-dir>/<name>.log``
 and, prefixed with its name, to the terminal. A child's environment is dynamo-run's own (as a pod's
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from dynamo_worker.local.plan import ProcessSpec
+from dynamo_worker.runtime.children import die_with_parent
 
 __all__ = [
     "Child",
@@ -40,7 +40,6 @@ __all__ = [
     "StartupTimeout",
     "Supervisor",
     "SupervisorError",
-    "die_with_parent_prefix",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,13 +108,6 @@ class ConsoleLogHandler(logging.Handler):
             self.console.write("dynamo-run", (level if i == 0 else "") + line)
 
 
-def die_with_parent_prefix() -> tuple[str, ...]:
-    """``setpriv --pdeathsig TERM --`` (util-linux) when available: the child gets SIGTERM when
-    dynamo-run dies, set before exec with no Python code running between fork and exec."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return (setpriv, "--pdeathsig", "TERM", "--") if setpriv else ()
-
-
 @dataclass
 class Child:
     spec: ProcessSpec
@@ -164,7 +156,7 @@ class Supervisor:
         """Spawn each process in its own session, with a thread copying its output."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.console.width = max([self.console.width, *(len(s.name) for s in specs)])
-        prefix = die_with_parent_prefix()
+        prefix = die_with_parent()
         for spec in specs:
             proc = subprocess.Popen(
                 [*prefix, *spec.argv],

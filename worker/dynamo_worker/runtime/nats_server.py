@@ -130,7 +130,7 @@ class NatsServer:
     port: int = 0
     startup_timeout: float = 20.0
     store_dir: Path | None = None
-    # Prepended to the command, e.g. ("setpriv", "--pdeathsig", "TERM", "--") so it dies with its parent.
+    # Prepended to the command: runtime.children.die_with_parent(), so that it dies with its parent.
     command_prefix: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()  # more nats-server flags, e.g. ("--user", "u", "--pass", "p")
     proc: subprocess.Popen | None = field(default=None, init=False)

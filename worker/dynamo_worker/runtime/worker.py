@@ -16,7 +16,9 @@ Start (``Worker.start``), in this order, every step bounded:
 Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
 "draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
 requests are refused with ``shutting_down``, in-flight ones get ``graceful_shutdown_s`` to finish and
-are then aborted, the engine stops, NATS is flushed and closed. Exit code 0.
+are then aborted, the engine stops, NATS is flushed and closed. Exit code 0. Each step of ``start``
+pushes its undoing on an ``AsyncExitStack`` as it succeeds, so shutdown undoes them last first, and
+only those that happened.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamo_worker.protocol import InstanceRecord, KvEvent, LoraState
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
@@ -216,7 +219,7 @@ class Worker:
         self.info: EngineInfo | None = None
         self.record: InstanceRecord | None = None
         self.registration: Registration | None = None
-        self._engine_started = False
+        self._stack = contextlib.AsyncExitStack()
         self._renewal: asyncio.Task[None] | None = None
         self._snapshots: Subscription | None = None
 
@@ -225,23 +228,30 @@ class Worker:
         return f"{self.settings.advertise_host}:{self.request_server.port}"
 
     async def start(self) -> InstanceRecord:
-        s = self.settings
+        s, stack = self.settings, self._stack
         self.nc = await connect_nats(
             s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}", on_reconnect=self._renew_soon
         )
+        stack.push_async_callback(self._close_nats)
         if s.system_enabled:
             await self.system.start()
+            stack.push_async_callback(self.system.stop)
         self._relay.kv = KvEventPublisher(self.nc, s.namespace, s.instance_id)
         self._relay.load_pub = LoadPublisher(self.nc, s.namespace, s.instance_id)
         self._relay.kv.start()
+        stack.push_async_callback(self._relay.kv.stop)
         self._relay.load_pub.start()
+        stack.push_async_callback(self._relay.load_pub.stop)
         self._snapshots = await serve_kv_snapshots(self.nc, self._relay.kv)
+        stack.push_async_callback(self._stop_snapshots)
         self.engine.attach_events(self._relay)
-        self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
+        stack.push_async_callback(self.request_server.stop)  # after the engine: refusals meanwhile
+        stack.push_async_callback(self._stop_engine)  # even if its start fails or is cancelled
         self.info = info = await self.engine.start()
         log.info("Started engine role=%s model=%s", self.engine.role, info.model_name)
         lora = await self._start_loras()
         await self.request_server.start()
+        stack.push_async_callback(self._drain)
         checksum = None
         if info.model_dir is not None:
             card = await publish_model_card(
@@ -275,8 +285,10 @@ class Worker:
             lora=lora,
         )
         await self._register()
+        stack.push_async_callback(self._withdraw)
         self.system.state = "ready"
         self.health.start()
+        stack.push_async_callback(self.health.stop)
         log.info(
             "Worker ready instance_id=%s address=%s system_port=%s revision=%s",
             s.instance_id,
@@ -329,38 +341,39 @@ class Worker:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
         self.system.loras.draining = True
-        await self.health.stop()
+        await self._stack.aclose()
+        log.info("Worker stopped instance_id=%s", self.settings.instance_id)
+
+    async def _withdraw(self) -> None:
+        """Out of discovery first, so no new traffic is routed here: no renewal, no record."""
+        registration, self.registration = self.registration, None
         if self._renewal is not None and not self._renewal.done():
-            self._renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewal
-        if self.registration is not None:
-            await self.registration.deregister()
-            self.registration = None
+            await cancel_and_wait(self._renewal)
+        if registration is not None:
+            await registration.deregister()
+
+    async def _drain(self) -> None:
         aborted = await self.request_server.drain(self.settings.graceful_shutdown_s)
         log.info("Drained requests aborted=%s", aborted)
-        if self._engine_started:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
-                    await self.engine.stop()
-            self._engine_started = False
-        await self.request_server.stop()
+
+    async def _stop_engine(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
+                await self.engine.stop()
+
+    async def _stop_snapshots(self) -> None:
         if self._snapshots is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._snapshots.unsubscribe()
             self._snapshots = None
-        if self._relay.kv is not None:
-            await self._relay.kv.stop()
-        if self._relay.load_pub is not None:
-            await self._relay.load_pub.stop()
-        await self.system.stop()
+
+    async def _close_nats(self) -> None:
         if self.nc is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(5.0):
                     await self.nc.drain()
             await close_nats(self.nc)
             self.nc = None
-        log.info("Worker stopped instance_id=%s", self.settings.instance_id)
 
 
 async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio.Event | None = None) -> int:
@@ -377,9 +390,8 @@ async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():  # stopped while starting (e.g. SIGTERM during a long model load)
             log.info("Stopped while starting instance_id=%s", settings.instance_id)
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await starting
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(starting)
             await worker.shutdown()
             return 0
         try:
