@@ -341,4 +341,3 @@ async def _stop_helpers(helpers: list[asyncio.subprocess.Process]) -> None:
         except TimeoutError:
             h.kill()
             await h.wait()
-

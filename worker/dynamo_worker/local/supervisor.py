@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.local.plan import ProcessSpec
 from dynamo_worker.runtime.children import die_with_parent
 
@@ -49,7 +51,7 @@ PROGRESS_EVERY_S = 5.0
 KILL_WAIT_S = 5.0
 
 
-class SupervisorError(RuntimeError):
+class SupervisorError(DynamoError, RuntimeError):
     pass
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import nats
 from aiohttp import web
+from dynamo_api.errors import DynamoError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ValidationError
 
@@ -38,7 +39,7 @@ __all__ = ["Service", "ServiceError", "ServiceInfo", "ServiceWorker", "run_servi
 MAX_BODY_BYTES = 512 * 1024 * 1024  # 64 images of 8 MiB, as base64
 
 
-class ServiceError(Exception):
+class ServiceError(DynamoError):
     """A request the service refuses; mapped to an error body with its HTTP status."""
 
     def __init__(self, error_type: ErrorType, message: str, status: int = 400) -> None:

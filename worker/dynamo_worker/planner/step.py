@@ -11,6 +11,7 @@ from typing import Any
 
 from dynamo_api import contract
 from dynamo_api.components import components
+from dynamo_api.errors import DynamoError
 from dynamo_api.models import DynamoGraphDeployment
 from pydantic import ValidationError
 
@@ -29,7 +30,7 @@ from dynamo_worker.profile.model import Profile
 __all__ = ["Decision", "GraphError", "RoleDecision", "ScaledService", "decide", "scaled_services"]
 
 
-class GraphError(ValueError):
+class GraphError(DynamoError, ValueError):
     """The graph has no service the planner can scale for a role, or one it cannot read."""
 
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import nats.js.errors
+from dynamo_api.errors import DynamoError
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
@@ -48,7 +49,7 @@ MARKER_TTL_S = 60.0  # how long the server keeps the delete marker of an expired
 NATS_OP_TIMEOUT_S = 5.0
 
 
-class DiscoveryError(RuntimeError):
+class DiscoveryError(DynamoError, RuntimeError):
     """Discovery cannot work with this NATS server; the message says why and what to do."""
 
 

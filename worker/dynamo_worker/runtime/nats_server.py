@@ -20,12 +20,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynamo_api.errors import DynamoError
+
 log = logging.getLogger(__name__)
 
 _CLIENT_PORT = re.compile(r"Listening for client connections on \S+:(\d+)")
 
 
-class NatsServerError(RuntimeError):
+class NatsServerError(DynamoError, RuntimeError):
     pass
 
 

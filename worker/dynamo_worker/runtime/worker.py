@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 import nats
 import nats.errors
+from dynamo_api.errors import DynamoError
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -94,7 +95,7 @@ def worker_revision(given: str | None, info: EngineInfo, card_checksum: str | No
     return "w" + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(DynamoError, RuntimeError):
     """The worker could not start; the message names the step and the fix."""
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from dynamo_api import contract, modules
+from dynamo_api.errors import DynamoError
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
@@ -67,7 +68,7 @@ INSTALL_HINT = (
 )
 
 
-class WorkerArgsError(ValueError):
+class WorkerArgsError(DynamoError, ValueError):
     """The command line cannot start a worker; the message names the flag and the fix."""
 
 

@@ -48,6 +48,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_api.errors import DynamoError
 from prometheus_client import CollectorRegistry, Gauge
 
 from dynamo_worker.protocol import (
@@ -84,7 +85,7 @@ BOOTSTRAP_PORT_ATTEMPTS = 3
 MODEL_CARD_PATTERNS = ["*.json", "*.jinja", "tokenizer.model"]
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(DynamoError, RuntimeError):
     """SGLang did not come up; the message says what to change."""
 
 

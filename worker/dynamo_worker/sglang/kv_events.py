@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dynamo_api.errors import DynamoError
 from pydantic import ValidationError
 
 from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
@@ -60,7 +61,7 @@ _REQUIRED = {"BlockStored": ("block_hashes", "token_ids"), "BlockRemoved": ("blo
 _RANK_KEYS = ("attn_dp_rank", "data_parallel_rank")  # SGLang's name, vLLM's name
 
 
-class KvEventDecodeError(ValueError):
+class KvEventDecodeError(DynamoError, ValueError):
     """A KV event batch that is neither of the encodings SGLang uses; the message says what is wrong."""
 
 

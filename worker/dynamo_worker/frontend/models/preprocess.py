@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from dynamo_api.errors import DynamoError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -46,7 +47,7 @@ async def encode_off_loop(chars: int, encode: Callable[..., list[int]], *args: A
     return await asyncio.to_thread(encode, *args)
 
 
-class TemplateError(Exception):
+class TemplateError(DynamoError):
     """The chat template refused the messages (``raise_exception``) or failed to render."""
 
 

@@ -36,6 +36,7 @@ import aiohttp
 import orjson
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+from dynamo_api.errors import DynamoError
 from pydantic import ValidationError
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
@@ -64,7 +65,7 @@ def _public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-class _PrivateAddress(OSError):
+class _PrivateAddress(DynamoError, OSError):
     pass
 
 
@@ -383,7 +384,7 @@ async def post_to_worker(
         ) from None
 
 
-class Unreachable(Exception):
+class Unreachable(DynamoError):
     def __init__(self, error: ApiError) -> None:
         super().__init__(error.message)
         self.error = error

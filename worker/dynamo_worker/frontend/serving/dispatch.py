@@ -40,6 +40,8 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.frontend.errors import (
     ApiError,
     InvalidRequest,
@@ -461,7 +463,7 @@ def _retryable_or_error(
     return error
 
 
-class _Retryable(Exception):
+class _Retryable(DynamoError):
     """Workers failed this request before any of its tokens went out: others may take it."""
 
     def __init__(self, instance_ids: tuple[str, ...], error: ApiError) -> None:
