@@ -5,6 +5,11 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
 
     DynamoError
     ├── ConversionError (ValueError)     dynamo_api.conversion
+    ├── KubeError                        dynamo_api.kube_errors
+    │   ├── NotFound
+    │   ├── Conflict
+    │   ├── Invalid
+    │   └── GraphFileError               dynamo_worker.planner.localgraph
     ├── SettingsError (ValueError)       dynamo_api.settings_sources
     ├── CertError (ValueError)           dynamo_operator.certs
     ├── AliasError (ValueError)          dynamo_worker.aliases
@@ -12,6 +17,7 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     │   ├── InvalidRequest
     │   │   └── RequestTimeout
     │   ├── ModelNotFound
+    │   ├── AdapterNotFound
     │   ├── TooManyRequests
     │   ├── ServiceUnavailable
     │   └── UpstreamError
@@ -38,6 +44,7 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     ├── SweepError (RuntimeError)        dynamo_worker.profile.sweep
     ├── DiscoveryError (RuntimeError)    dynamo_worker.runtime.discovery
     ├── PortUnavailable (OSError)        dynamo_worker.runtime.listening
+    ├── LoraError                        dynamo_worker.runtime.lora_checks
     ├── ModelCardError (RuntimeError)    dynamo_worker.runtime.modelcard
     ├── NatsServerError (RuntimeError)   dynamo_worker.runtime.nats_server
     ├── RequestPlaneError                dynamo_worker.runtime.request_plane
@@ -52,8 +59,6 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     ├── KvEventDecodeError (ValueError)  dynamo_worker.sglang.kv_events
     └── LayoutError (ValueError)         dynamo_worker.sglang.source
 
-The Kubernetes API errors (``KubeError`` with ``NotFound``, ``Conflict``, ``Invalid``, and the planner's
-``GraphFileError``) join this tree under ``DynamoError`` when their two definitions become one.
 A test (tests/unit/api/test_errors.py) fails when a class is defined outside this tree or missing here.
 """
 

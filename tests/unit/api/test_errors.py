@@ -15,9 +15,6 @@ import pytest
 from dynamo_api.errors import DynamoError
 
 PACKAGES = ("dynamo_api", "dynamo_operator", "dynamo_worker")
-# The two KubeError trees are being made one (api/dynamo_api/kube_errors.py): it then derives from
-# DynamoError and these entries go. A stale entry fails the test.
-PENDING = {"dynamo_operator.reconcile.kube.KubeError", "dynamo_worker.planner.kube.KubeError"}
 
 
 def _name(cls: type) -> str:
@@ -40,21 +37,10 @@ def _exceptions() -> list[type[BaseException]]:
 EXCEPTIONS = _exceptions()
 
 
-def _pending(cls: type) -> bool:
-    return any(_name(base) in PENDING for base in cls.__mro__)
-
-
 def test_every_exception_of_ours_derives_from_dynamo_error():
     assert len(EXCEPTIONS) > 40, "the walk found the modules"
-    outside = [_name(c) for c in EXCEPTIONS if not issubclass(c, DynamoError) and not _pending(c)]
+    outside = [_name(c) for c in EXCEPTIONS if not issubclass(c, DynamoError)]
     assert outside == [], f"derive these from dynamo_api.errors.DynamoError: {outside}"
-
-
-def test_no_pending_entry_is_stale():
-    defined = {_name(c): c for c in EXCEPTIONS}
-    for name in PENDING:
-        assert name in defined, f"{name} is gone: remove it from PENDING"
-        assert not issubclass(defined[name], DynamoError), f"{name} derives from DynamoError: remove it"
 
 
 def test_the_standard_library_bases_callers_catch_are_kept():
