@@ -316,6 +316,6 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
     """True when GET ``url`` answers 200 within ``timeout`` seconds."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

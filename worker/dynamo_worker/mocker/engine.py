@@ -115,7 +115,7 @@ DEFAULT_KV_BYTES_PER_TOKEN = 131_072
 TINY_MODEL_DIR = "dynamo-tiny-model"
 
 
-def _read_config(model_dir: Path) -> dict:
+def _read_config(model_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
@@ -123,7 +123,7 @@ def _read_config(model_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _kv_bytes_from_config(config: dict) -> int | None:
+def _kv_bytes_from_config(config: dict[str, Any]) -> int | None:
     """2 (K and V) x layers x kv heads x head dim x 2 bytes (bf16), when config.json tells."""
     try:
         layers = int(config["num_hidden_layers"])
@@ -418,7 +418,7 @@ class MockerEngine(Engine):
         self.loras.use(name)
         return None
 
-    def _features(self, config: dict) -> ServingFeatures:
+    def _features(self, config: dict[str, Any]) -> ServingFeatures:
         s = self.settings
         matryoshka = config.get("matryoshka_dimensions")
         return ServingFeatures(

@@ -22,6 +22,7 @@ from typing import Any
 import nats
 from aiohttp import web
 from dynamo_api.errors import DynamoError
+from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ValidationError
 
@@ -97,7 +98,7 @@ class ServiceWorker:
             registry=self.registry,
             health_check=self._health_check,
         )
-        self.nc: nats.NATS | None = None
+        self.nc: NATS | None = None
         self.registration: Registration | None = None
         self.info: ServiceInfo | None = None
         self.port: int | None = None

@@ -12,7 +12,7 @@ from typing import Any
 from dynamo_api import contract
 from dynamo_api.components import components
 from dynamo_api.errors import DynamoError
-from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.models import DynamoGraphDeployment, ServiceSpec
 from pydantic import ValidationError
 
 from dynamo_worker.planner.decide import (
@@ -42,7 +42,7 @@ class ScaledService:
     gpus: int  # per replica
 
 
-def _gpus(spec: Any) -> int:
+def _gpus(spec: ServiceSpec) -> int:
     limit = spec.resources.limits.gpu if spec.resources and spec.resources.limits else None
     try:
         per_pod = math.ceil(float(str(limit))) if limit is not None else 0

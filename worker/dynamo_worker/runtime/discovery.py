@@ -271,7 +271,7 @@ class InstanceWatcher:
         if old is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(NATS_OP_TIMEOUT_S):
-                    await old.stop()
+                    await old.stop()  # type: ignore[no-untyped-call]  # nats-py: KeyWatcher.stop is unannotated
         live = {k for k, e in current.items() if e.operation not in ("DEL", "PURGE") and e.value}
         for key in [k for k in self._by_key if k not in live]:
             instance_id = self._by_key.pop(key)
@@ -342,7 +342,7 @@ class InstanceWatcher:
         if self._watch is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(NATS_OP_TIMEOUT_S):
-                    await self._watch.stop()
+                    await self._watch.stop()  # type: ignore[no-untyped-call]  # nats-py: KeyWatcher.stop is unannotated
             self._watch = None
         if self._task is not None:
             await cancel_and_wait(self._task)

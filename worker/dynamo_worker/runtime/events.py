@@ -26,9 +26,11 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
@@ -158,7 +160,7 @@ async def serve_kv_snapshots(nc: NATS, publisher: KvEventPublisher) -> Subscript
     """Answer ``KvSnapshotRequest`` for ``publisher``'s worker; unsubscribe the result to stop."""
     subject = kv_snapshot_subject(publisher.namespace, publisher.instance_id)
 
-    async def on_request(msg) -> None:
+    async def on_request(msg: Msg) -> None:
         if not msg.reply:
             return
         try:
@@ -193,7 +195,7 @@ async def request_kv_snapshot(
     parts: list[KvSnapshotPart] = []
     complete = asyncio.Event()
 
-    async def on_part(msg) -> None:
+    async def on_part(msg: Msg) -> None:
         try:
             part = KvSnapshotPart.model_validate_json(msg.data)
         except ValidationError as e:
@@ -302,12 +304,15 @@ class SeqTracker:
         self.last.pop(instance_id, None)
 
 
+M = TypeVar("M", bound=BaseModel)
 Callback = Callable[[KvEventBatch], Awaitable[None] | None]
 LoadCallback = Callable[[LoadMetrics], Awaitable[None] | None]
 
 
-async def _subscribe(nc: NATS, subject: str, model: type[BaseModel], callback: Callable) -> Subscription:
-    async def on_msg(msg) -> None:
+async def _subscribe(
+    nc: NATS, subject: str, model: type[M], callback: Callable[[M], Awaitable[None] | None]
+) -> Subscription:
+    async def on_msg(msg: Msg) -> None:
         try:
             item = model.model_validate_json(msg.data)
         except ValidationError as e:

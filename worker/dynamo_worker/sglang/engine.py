@@ -128,7 +128,7 @@ class SglangEngine(Engine):
         self._kill_children = kill_children or kill_sglang_children
         self._engine: Any = None
         self._sink: EngineEventSink = NullEventSink()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._relay: KvEventRelay | None = None
         self._gauges: dict[str, Gauge] = {}
         self._page_size = 1

@@ -159,7 +159,7 @@ class KvEventRelay:
     def __init__(self, endpoints: Sequence[str], sink: Callable[[Sequence[KvEvent], int], None]) -> None:
         self.endpoints = list(endpoints)
         self._sink = sink
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._socket: Any = None
         self.relayed = 0
         self.undecodable = 0  # batches dropped because they decode neither way
@@ -248,7 +248,7 @@ class KvEventRelay:
             self._socket = None
 
 
-def _report_end(task: asyncio.Task) -> None:
+def _report_end(task: asyncio.Task[None]) -> None:
     """A relay that stops for any reason other than ``stop()`` says so: KV routing to this worker is
     then load-only."""
     if task.cancelled():

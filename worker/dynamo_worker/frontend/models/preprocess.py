@@ -81,9 +81,8 @@ def _strftime_now(fmt: str) -> str:
 def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
