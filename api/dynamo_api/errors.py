@@ -10,6 +10,9 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     │   ├── Conflict
     │   ├── Invalid
     │   └── GraphFileError               dynamo_worker.planner.localgraph
+    ├── LoraClientError                  dynamo_api.lora_client
+    │   ├── WorkerUnreachable
+    │   └── LoraRefused
     ├── SettingsError (ValueError)       dynamo_api.settings_sources
     ├── CertError (ValueError)           dynamo_operator.certs
     ├── AliasError (ValueError)          dynamo_worker.aliases
