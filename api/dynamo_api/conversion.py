@@ -65,6 +65,7 @@ from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dynamo_api import models, v1beta1
+from dynamo_api.errors import DynamoError
 
 __all__ = [
     "ALPHA_FIELDS_ANNOTATION",
@@ -113,7 +114,7 @@ _BETA_TYPES = ("frontend", "worker", "prefill", "decode", "planner", "epp")
 _SPLIT_TYPES = ("prefill", "decode")
 
 
-class ConversionError(ValueError):
+class ConversionError(DynamoError, ValueError):
     """The object cannot be converted; the message names the field and the fix."""
 
 

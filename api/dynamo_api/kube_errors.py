@@ -12,10 +12,12 @@ The operator's client raises ``aiohttp.ClientError`` or ``TimeoutError`` for a c
 
 from __future__ import annotations
 
+from dynamo_api.errors import DynamoError
+
 __all__ = ["Conflict", "Invalid", "KubeError", "NotFound", "kube_error"]
 
 
-class KubeError(Exception):
+class KubeError(DynamoError):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}" if status else message)
         self.status = status

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from dynamo_api.errors import DynamoError
 from dynamo_api.loras import (
     LORAS_PATH,
     HeldAdapter,
@@ -48,7 +49,7 @@ DEFAULT_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 120.0
 
 
-class LoraClientError(Exception):
+class LoraClientError(DynamoError):
     pass
 
 

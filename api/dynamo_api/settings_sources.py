@@ -39,6 +39,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from dynamo_api.errors import DynamoError
+
 __all__ = [
     "FieldEnvSource",
     "Settings",
@@ -53,7 +55,7 @@ S = TypeVar("S", bound="Settings")
 HelpText = Callable[[str, FieldInfo, list[str]], str]
 
 
-class SettingsError(ValueError):
+class SettingsError(DynamoError, ValueError):
     """A flag or environment variable has a value the process cannot run with."""
 
 

@@ -8,12 +8,13 @@ graph with the same ``Problem``s before starting anything.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynamo_api.annotations import BOOL_ANNOTATIONS, MODULE_ANNOTATION, parse_bool
 from dynamo_api.components import Component, components
 from dynamo_api.models import DynamoGraphDeployment
-from dynamo_api.sglang_args import SWAPPABLE_MODULES, argv, flag_value, parse_args
+from dynamo_api.sglang_args import SWAPPABLE_MODULES, SglangArgs, argv, flag_value, parse_args
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -497,7 +498,7 @@ def _check_disaggregation(comps: list[Component]) -> list[Problem]:
             )
         )
     pairs = [(p, d) for p in prefill for d in decode]
-    for label, reason, default, get in (
+    checks: tuple[tuple[str, str, str | None, Callable[[SglangArgs], str | None]], ...] = (
         ("--served-model-name", "ModelMismatch", None, lambda a: a.model),
         ("--page-size", "PageSizeMismatch", DEFAULT_PAGE_SIZE, lambda a: a.page_size),
         (
@@ -506,7 +507,8 @@ def _check_disaggregation(comps: list[Component]) -> list[Problem]:
             DEFAULT_TRANSFER_BACKEND,
             lambda a: a.transfer_backend,
         ),
-    ):
+    )
+    for label, reason, default, get in checks:
         for p, d in pairs:
             pv, dv = get(p.args) or default, get(d.args) or default
             if pv != dv and pv is not None and dv is not None:

@@ -36,7 +36,7 @@ from dynamo_api.conversion import load_graph
 from pydantic import ValidationError
 
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.reconcile.controller import problems_from_validation
+from dynamo_operator.reconcile.conditions import problems_from_validation
 from dynamo_operator.reconcile.kube import VALIDATING_WEBHOOK, Kube, KubeError
 from dynamo_operator.reconcile.model_endpoints import cluster_problems
 from dynamo_operator.render import labels, render

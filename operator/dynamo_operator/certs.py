@@ -22,13 +22,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from dynamo_api.errors import DynamoError
 
 __all__ = ["CertError", "ServingCert", "generate", "load", "load_or_generate"]
 
 VALIDITY = datetime.timedelta(days=3650)
 
 
-class CertError(ValueError):
+class CertError(DynamoError, ValueError):
     """The certificate folder is incomplete or unreadable; the message names the file and the fix."""
 
 

@@ -106,7 +106,7 @@ def differs(current: Any, wanted: Any) -> bool:
     if isinstance(wanted, list):
         current = current if isinstance(current, list) else []
         return len(current) != len(wanted) or any(differs(c, w) for c, w in zip(current, wanted, strict=True))
-    return current != wanted
+    return bool(current != wanted)
 
 
 async def ensure_crd_conversion(kube: Kube, patch: dict[str, Any]) -> bool:

@@ -41,6 +41,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dynamo_worker.runtime.children import die_with_parent
+
 HERE = Path(__file__).resolve().parent
 OUT = Path(os.environ.get("OUT") or "/tmp/dynamo-gpu-out")
 STATE = Path(os.environ.get("GPU_STATE") or "/tmp/dynamo-gpu-state")
@@ -63,8 +65,7 @@ MODEL = "llama8b-dummy"
 MODEL_DIR = Path(os.environ.get("MODEL_DIR") or "/tmp/dynamo-gpu-model")
 NAMESPACE = "gpu-proof"
 TOKEN = re.compile(r"w(\d+)")
-_SETPRIV = shutil.which("setpriv")
-DIE_WITH_PARENT = (_SETPRIV, "--pdeathsig", "KILL", "--") if _SETPRIV else ()
+DIE_WITH_PARENT = die_with_parent(signal.SIGKILL)
 
 SGLANG_FLAGS = [
     "--load-format", "dummy", "--random-seed", "1", "--page-size", "16",

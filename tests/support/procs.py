@@ -18,12 +18,12 @@ logs once bound (``dynamo_worker.runtime.listening``): tests pick no port for ou
 from __future__ import annotations
 
 import os
-import shutil
+import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from dynamo_worker.runtime import children
 from dynamo_worker.runtime.listening import bound_ports
 
 from tests.support.wait import wait_until
@@ -32,9 +32,8 @@ __all__ = ["die_with_parent", "group_members", "listening_port", "listening_port
 
 
 def die_with_parent() -> tuple[str, ...]:
-    """``("setpriv", "--pdeathsig", "KILL", "--")`` on Linux with util-linux, else ``()``."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return (setpriv, "--pdeathsig", "KILL", "--") if setpriv else ()
+    """dynamo-run's prefix (``runtime.children``) with SIGKILL: a test's process need not drain."""
+    return children.die_with_parent(signal.SIGKILL)
 
 
 def popen(cmd: list[str], **kwargs: Any) -> subprocess.Popen:

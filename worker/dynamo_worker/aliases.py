@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamo_api import contract, modules
+from dynamo_api.errors import DynamoError
 
 from dynamo_worker.runtime.settings import configure_logging
 
@@ -40,7 +41,7 @@ ENGINES: tuple[str, ...] = tuple(modules.ENGINES)
 ALIASES = modules.DYNAMO_ALIASES
 
 
-class AliasError(ValueError):
+class AliasError(DynamoError, ValueError):
     """A Dynamo module name or ``DYN_SGLANG_ENGINE`` value this image cannot run; says what can."""
 
 

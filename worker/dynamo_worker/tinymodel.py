@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -74,7 +75,7 @@ def _train_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 

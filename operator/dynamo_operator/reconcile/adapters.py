@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from dynamo_operator.reconcile import plan, scaling, status
 from dynamo_operator.reconcile.kube import (
@@ -40,7 +41,7 @@ CRD_MISSING = "ScalingAdapterCRDMissing"
 NAME_TAKEN = "ScalingAdapterNameTaken"
 
 
-async def list_adapters(kube: Kube, raw: dict) -> list[dict]:
+async def list_adapters(kube: Kube, raw: dict[str, Any]) -> list[dict[str, Any]]:
     """The adapters labelled as this graph's (none when their CRD is not installed)."""
     meta = raw["metadata"]
     return await kube.list(
@@ -49,8 +50,8 @@ async def list_adapters(kube: Kube, raw: dict) -> list[dict]:
 
 
 async def copy_replicas(
-    kube: Kube, raw: dict, changes: Mapping[str, int], rendered: Rendered
-) -> tuple[dict, tuple[Change, ...], dict[str, str]]:
+    kube: Kube, raw: dict[str, Any], changes: Mapping[str, int], rendered: Rendered
+) -> tuple[dict[str, Any], tuple[Change, ...], dict[str, str]]:
     """Write ``changes`` (service -> the replicas its adapter asks for) into the graph ``raw``. Returns
     the patched graph, a ``Scaled`` change per service, and service -> when it was scaled."""
     meta = raw["metadata"]
@@ -74,9 +75,9 @@ async def copy_replicas(
 
 async def sync(
     kube: Kube,
-    raw: dict,
+    raw: dict[str, Any],
     rendered: Rendered,
-    observed: list[dict],
+    observed: list[dict[str, Any]],
     counts: Mapping[str, status.ServiceCounts],
     scaled: Mapping[str, str],
 ) -> tuple[tuple[Notice, ...], tuple[Change, ...]]:

@@ -26,7 +26,7 @@ class Cond:
     reason: str
     message: str
 
-    def as_dict(self, now: str, generation: int | None) -> dict:
+    def as_dict(self, now: str, generation: int | None) -> dict[str, Any]:
         cond: dict[str, Any] = {
             "type": self.type,
             "status": self.status,
@@ -39,11 +39,13 @@ class Cond:
         return cond
 
 
-def find(conditions: list[dict], type_: str) -> dict | None:
+def find(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == type_), None)
 
 
-def merge(current: list[dict], wanted: list[Cond], *, now: str, generation: int | None) -> list[dict]:
+def merge(
+    current: list[dict[str, Any]], wanted: list[Cond], *, now: str, generation: int | None
+) -> list[dict[str, Any]]:
     """The conditions list after setting ``wanted`` (in that order); types not wanted are dropped.
 
     A condition whose status did not change keeps its lastTransitionTime."""
@@ -57,7 +59,7 @@ def merge(current: list[dict], wanted: list[Cond], *, now: str, generation: int 
     return result
 
 
-def changed(current: list[dict], cond: Cond) -> bool:
+def changed(current: list[dict[str, Any]], cond: Cond) -> bool:
     """Whether setting ``cond`` changes what a person reads (status, reason or message)."""
     old = find(current, cond.type)
     if old is None:

@@ -81,10 +81,10 @@ class Observed:
     """What a visit reads: the graph as stored, its model (None when the spec is invalid: ``problems``)
     and its scaling adapters."""
 
-    raw: dict
+    raw: dict[str, Any]
     graph: DynamoGraphDeployment | None
     problems: tuple[Problem, ...]
-    adapters: list[dict]
+    adapters: list[dict[str, Any]]
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Controller:
     _by_label: dict[Key, str] = field(default_factory=dict, init=False)
     _own_writes: dict[Key, str] = field(default_factory=dict, init=False)
     restarter: GroupRestarter = field(init=False)
-    _resync_task: asyncio.Task | None = field(default=None, init=False)
+    _resync_task: asyncio.Task[None] | None = field(default=None, init=False)
     # uid -> fingerprint of our last apply to that object: unchanged objects are not applied again.
     _applied: dict[str, plan.Fingerprint] = field(default_factory=dict, init=False)
 
@@ -254,7 +254,7 @@ class Controller:
     # --- apply -----------------------------------------------------------------------------------
     async def _apply(
         self, observed: Observed, rendered: Rendered, copies: Mapping[str, int], done: list[Change]
-    ) -> tuple[dict, Outcome]:
+    ) -> tuple[dict[str, Any], Outcome]:
         """Make the world as ``rendered`` says; what it changed is appended to ``done``. Returns the graph
         (with the copied replicas) and the outcome for status."""
         raw, scaled_changes, scaled = await adapters.copy_replicas(self.kube, observed.raw, copies, rendered)
@@ -296,7 +296,9 @@ class Controller:
         )
         return raw, outcome
 
-    async def _open_gates(self, raw: dict, rendered: Rendered, pods: list[dict]) -> list[Change]:
+    async def _open_gates(
+        self, raw: dict[str, Any], rendered: Rendered, pods: list[dict[str, Any]]
+    ) -> list[Change]:
         """Set the readiness gate of the prefill and decode pods whose revision has both roles serving
         (``reconcile.pairing``)."""
         roles = {service: p.role for service, p in rendered.services.items()}
@@ -326,8 +328,8 @@ class Controller:
         return [Change("RevisionPaired", message)]
 
     async def _apply_all(
-        self, raw: dict, rendered: Rendered, done: list[Change]
-    ) -> tuple[list[dict], list[str]]:
+        self, raw: dict[str, Any], rendered: Rendered, done: list[Change]
+    ) -> tuple[list[dict[str, Any]], list[str]]:
         """Apply every desired child and, when the API server took them all, prune those no longer
         desired. Returns the children as applied (or left unchanged) and what the API server rejected
         (``"<Kind> <name>: why"``); what was created, updated or deleted is appended to ``done``."""
@@ -342,7 +344,7 @@ class Controller:
         observed = [o for items in listed for o in items]
         before = {plan.key(o): o for o in observed}
 
-        async def apply_one(obj: dict) -> dict | str:
+        async def apply_one(obj: dict[str, Any]) -> dict[str, Any] | str:
             current = before.get(plan.key(obj))
             last = self._applied.get(current["metadata"]["uid"]) if current else None
             if current is not None and not plan.needs_apply(obj, current, last, FIELD_MANAGER):
@@ -384,13 +386,13 @@ class Controller:
 
     # --- status ----------------------------------------------------------------------------------
     @staticmethod
-    def _invalid(raw: dict, rendered: Rendered) -> Outcome:
+    def _invalid(raw: dict[str, Any], rendered: Rendered) -> Outcome:
         """The outcome of a visit that found the spec invalid: nothing was changed."""
         ready = invalid_condition(rendered.problems)
         generation = raw["metadata"].get("generation")
         return Outcome(generation, ready, status.STATE_FAILED, problems=rendered.problems)
 
-    async def _write_status(self, raw: dict, outcome: Outcome) -> None:
+    async def _write_status(self, raw: dict[str, Any], outcome: Outcome) -> None:
         """Post the Events of the transition, then patch status when it changed."""
         meta = raw["metadata"]
         namespace, name = meta["namespace"], meta["name"]
@@ -412,7 +414,7 @@ class Controller:
             outcome.ready.reason,
         )
 
-    async def _post(self, raw: dict, events: list[Event]) -> None:
+    async def _post(self, raw: dict[str, Any], events: list[Event]) -> None:
         meta = raw["metadata"]
         for event in events:
             if event.type == "Warning":

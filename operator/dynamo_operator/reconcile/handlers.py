@@ -28,6 +28,7 @@ import kopf
 from dynamo_api import dynamo_model, scaling
 from dynamo_api.models import GROUP, PLURAL, STORAGE_VERSION
 
+from dynamo_operator.reconcile.controller import Controller
 from dynamo_operator.reconcile.kube import LWS
 from dynamo_operator.render import labels
 
@@ -82,7 +83,8 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.probe(id="reconcile_queue")
 def reconcile_queue(memo: kopf.Memo, **_: Any) -> int:
     """Reported by GET /healthz: graphs waiting for or in a visit."""
-    return memo.controller.queue.pending()
+    controller: Controller = memo.controller
+    return controller.queue.pending()
 
 
 @kopf.on.event(GROUP, STORAGE_VERSION, PLURAL)  # v1beta1: the operator never depends on its own webhook

@@ -25,10 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from dynamo_api.kube_errors import Conflict, Invalid, KubeError, NotFound, kube_error  # noqa: F401 (the client's errors)
+from dynamo_api.kube_errors import Conflict as Conflict  # the client's errors, for its callers
+from dynamo_api.kube_errors import Invalid as Invalid
+from dynamo_api.kube_errors import KubeError as KubeError
+from dynamo_api.kube_errors import NotFound as NotFound
+from dynamo_api.kube_errors import kube_error
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
 
 logger = logging.getLogger(__name__)
 
@@ -198,9 +203,10 @@ async def load_credentials(kubeconfig: Path | None, in_cluster: bool) -> Credent
     ``ConfigException`` (or ``OSError``) when there are none."""
     cfg = k8s.Configuration()
     if in_cluster:
-        k8s_config.load_incluster_config(client_configuration=cfg)
+        # kubernetes_asyncio leaves load_incluster_config unannotated
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
-        path = str(kubeconfig) if kubeconfig else k8s_config.KUBE_CONFIG_DEFAULT_LOCATION
+        path = str(kubeconfig) if kubeconfig else KUBE_CONFIG_DEFAULT_LOCATION
         await k8s_config.load_kube_config(config_file=path, client_configuration=cfg, persist_config=False)
     return Credentials(cfg)
 
@@ -240,11 +246,12 @@ class Kube:
         params: dict[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-    ) -> Any:
+    ) -> dict[str, Any]:
+        """The answer's JSON object: the object, a list of them, or a Status."""
         if self._api is None:
             raise RuntimeError("Kube is not open: use `async with Kube(creds) as kube`")
         try:
-            return await self._api.call_api(
+            answer: dict[str, Any] = await self._api.call_api(
                 path,
                 method,
                 query_params=list((params or {}).items()),
@@ -257,9 +264,10 @@ class Kube:
             )
         except ApiException as exc:
             raise _error(exc) from None
+        return answer
 
     # --- reads ---------------------------------------------------------------------------------
-    async def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict | None:
+    async def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
             return await self._request("GET", rt.path(namespace, name))
         except NotFound:
@@ -267,13 +275,13 @@ class Kube:
 
     async def list(
         self, rt: ResourceType, namespace: str | None, label_selector: str | None = None
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         params = {"labelSelector": label_selector} if label_selector else None
         try:
             result = await self._request("GET", rt.path(namespace), params=params)
         except NotFound:  # the type is not installed (e.g. no LeaderWorkerSet CRD)
             return []
-        items = result.get("items", [])
+        items: list[dict[str, Any]] = result.get("items", [])
         for item in items:  # lists drop apiVersion/kind from items; put them back
             item.setdefault("apiVersion", rt.api_version)
             item.setdefault("kind", rt.kind)
@@ -287,7 +295,7 @@ class Kube:
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
     # --- writes --------------------------------------------------------------------------------
-    async def apply(self, obj: dict) -> dict:
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply of a full manifest, taking ownership of conflicting fields (force)."""
         rt = resource_type(obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
@@ -299,7 +307,7 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    async def create(self, obj: dict) -> dict:
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create ``obj`` (POST); raises :class:`Conflict` when it already exists."""
         rt = resource_type(obj["apiVersion"], obj["kind"])
         return await self._request(
@@ -311,7 +319,7 @@ class Kube:
 
     async def patch_json(
         self, rt: ResourceType, namespace: str | None, name: str, ops: JsonPatch, *, field_manager: str
-    ) -> dict:
+    ) -> dict[str, Any]:
         """A JSON patch (RFC 6902); a failed ``test`` operation answers 422 (:class:`Invalid`)."""
         return await self._request(
             "PATCH",
@@ -326,11 +334,11 @@ class Kube:
         rt: ResourceType,
         namespace: str | None,
         name: str,
-        patch: dict,
+        patch: dict[str, Any],
         *,
         subresource: str | None = None,
         field_manager: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         return await self._request(
             "PATCH",
             rt.path(namespace, name, subresource),
@@ -344,10 +352,10 @@ class Kube:
         rt: ResourceType,
         namespace: str | None,
         name: str,
-        patch: dict,
+        patch: dict[str, Any],
         *,
         subresource: str | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """A strategic merge patch (built-in kinds): lists with a merge key, such as a pod's
         ``status.conditions`` (by ``type``), are merged item by item instead of replaced."""
         return await self._request(
@@ -378,7 +386,13 @@ class Kube:
         return True
 
     async def post_event(
-        self, involved: dict, *, type_: str, reason: str, message: str, component: str = FIELD_MANAGER
+        self,
+        involved: dict[str, Any],
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        component: str = FIELD_MANAGER,
     ) -> None:
         """Post a core/v1 Event about ``involved`` (shown by ``kubectl describe`` and ``get events``).
 

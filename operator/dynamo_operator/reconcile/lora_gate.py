@@ -74,7 +74,7 @@ async def _settled(
     return True
 
 
-async def open_lora_gates(kube: Kube, raw: dict, pods: Sequence[Mapping[str, Any]]) -> list[Change]:
+async def open_lora_gates(kube: Kube, raw: dict[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Change]:
     """Open the gate of ``pods`` (the graph's) that hold their adapters; the change, for the graph's
     Event (``LorasLoaded``)."""
     waiting = [p for p in pods if waits_for_lora_gate(p)]

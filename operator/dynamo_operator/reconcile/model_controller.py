@@ -71,7 +71,7 @@ async def list_graphs(kube: Kube, namespace: str) -> list[DynamoGraphDeployment]
     return graphs
 
 
-async def list_worker_pods(kube: Kube, namespace: str) -> list[dict]:
+async def list_worker_pods(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     return await kube.list(POD, namespace, label_selector({labels.MANAGED_BY: labels.MANAGED_BY_VALUE}))
 
 
@@ -224,13 +224,15 @@ class ModelController:
         await self._write(raw, conds, observed)
         return conds[0].status == "True"
 
-    async def _targets(self, dm: DynamoModel) -> tuple[dict[str, tuple[str, ...]], list[dict]]:
+    async def _targets(self, dm: DynamoModel) -> tuple[dict[str, tuple[str, ...]], list[dict[str, Any]]]:
         graphs, pods = await asyncio.gather(
             list_graphs(self.kube, dm.namespace), list_worker_pods(self.kube, dm.namespace)
         )
         return me.targets(graphs, dm.spec.base_model_name), pods
 
-    async def _observe(self, raw: dict, dm: DynamoModel, found: Sequence[me.Endpoint]) -> list[me.Observed]:
+    async def _observe(
+        self, raw: dict[str, Any], dm: DynamoModel, found: Sequence[me.Endpoint]
+    ) -> list[me.Observed]:
         assert self._session is not None, "start() the controller first"
         session = self._session
         gate = asyncio.Semaphore(CONCURRENCY)
@@ -252,7 +254,9 @@ class ModelController:
                 await self.kube.post_event(raw, type_="Normal", reason="LoRALoaded", message=message)
         return [o for o, _ in results]
 
-    async def _write(self, raw: dict, wanted: list[Cond], observed: Sequence[me.Observed] | None) -> None:
+    async def _write(
+        self, raw: dict[str, Any], wanted: list[Cond], observed: Sequence[me.Observed] | None
+    ) -> None:
         """Post the Events of changed conditions and write status (nothing when it is unchanged)."""
         meta = raw["metadata"]
         current = raw.get("status") or {}
@@ -284,7 +288,7 @@ class ModelController:
         self._own_writes[_key(raw)] = answer["metadata"]["resourceVersion"]
 
     # --- the finalizer --------------------------------------------------------------------------
-    async def _add_finalizer(self, raw: dict) -> None:
+    async def _add_finalizer(self, raw: dict[str, Any]) -> None:
         current = raw["metadata"].get("finalizers")
         if current and FINALIZER in current:
             return
@@ -302,7 +306,7 @@ class ModelController:
         )
         raw["metadata"] = answer["metadata"]
 
-    async def _finalize(self, raw: dict, dm: DynamoModel | None) -> None:
+    async def _finalize(self, raw: dict[str, Any], dm: DynamoModel | None) -> None:
         """Unload the adapter from every endpoint that answers, then let the deletion finish."""
         finalizers = raw["metadata"].get("finalizers") or []
         if FINALIZER not in finalizers:
@@ -323,7 +327,7 @@ class ModelController:
         )
         logger.info("Finalized model=%s/%s", meta["namespace"], meta["name"])
 
-    async def _unload_everywhere(self, raw: dict, dm: DynamoModel) -> None:
+    async def _unload_everywhere(self, raw: dict[str, Any], dm: DynamoModel) -> None:
         assert self._session is not None, "start() the controller first"
         session = self._session
         wanted, pods = await self._targets(dm)

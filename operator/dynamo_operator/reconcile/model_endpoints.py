@@ -92,7 +92,8 @@ def targets(graphs: Iterable[DynamoGraphDeployment], base_model: str) -> dict[st
 def _condition(pod: Mapping[str, Any], type_: str) -> str | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
-            return cond.get("status")
+            status = cond.get("status")
+            return status if isinstance(status, str) else None
     return None
 
 

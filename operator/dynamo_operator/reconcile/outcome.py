@@ -90,7 +90,7 @@ class Outcome:
         return [self.ready, *self.stated(), *scaling]
 
 
-def lost_readiness(current: list[dict], ready: Cond) -> bool:
+def lost_readiness(current: list[dict[str, Any]], ready: Cond) -> bool:
     """Whether a Ready graph is no longer ready (e.g. a pod crashed): worth an Event."""
     old = find(current, READY)
     return ready.status != "True" and old is not None and old.get("status") == "True"
@@ -98,7 +98,7 @@ def lost_readiness(current: list[dict], ready: Cond) -> bool:
 
 def events_for(old: Mapping[str, Any], new: Outcome) -> list[Event]:
     """The Events of the transition from status ``old`` (as read with the graph) to ``new``."""
-    current: list[dict] = old.get("conditions") or []
+    current: list[dict[str, Any]] = old.get("conditions") or []
     new_generation = old.get("observedGeneration") != new.generation
     events = [Event("Normal", c.reason, c.message) for c in new.changes]
     if new.problems:
@@ -115,7 +115,7 @@ def events_for(old: Mapping[str, Any], new: Outcome) -> list[Event]:
     return events
 
 
-def _not_ready(current: list[dict], new: Outcome, new_generation: bool) -> list[Event]:
+def _not_ready(current: list[dict[str, Any]], new: Outcome, new_generation: bool) -> list[Event]:
     """A rejected object (a new message), or a Ready graph that is no longer ready."""
     if new.ready.reason == APPLY_FAILED:
         return [Event("Warning", new.ready.reason, new.ready.message)] if changed(current, new.ready) else []

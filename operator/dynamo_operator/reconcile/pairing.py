@@ -30,7 +30,8 @@ __all__ = ["gates_to_open", "paired_condition", "waits_for_gate"]
 def _condition(pod: Mapping[str, Any], type_: str) -> str | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
-            return cond.get("status")
+            status = cond.get("status")
+            return status if isinstance(status, str) else None
     return None
 
 

@@ -5,20 +5,24 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from typing import Any
 
 ObjKey = tuple[str, str, str]  # (apiVersion, kind, name)
+AppliedFields = tuple[tuple[Any, Any], ...]  # (fieldsV1, time) of each of a manager's Apply entries
 
 
-def key(obj: dict) -> ObjKey:
+def key(obj: dict[str, Any]) -> ObjKey:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def controlled_by(obj: dict, owner_uid: str) -> bool:
+def controlled_by(obj: dict[str, Any], owner_uid: str) -> bool:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("uid") == owner_uid and r.get("controller") for r in refs)
 
 
-def to_prune(observed: Iterable[dict], desired: Iterable[dict], owner_uid: str) -> list[dict]:
+def to_prune(
+    observed: Iterable[dict[str, Any]], desired: Iterable[dict[str, Any]], owner_uid: str
+) -> list[dict[str, Any]]:
     """Observed children of this owner that the desired state no longer contains (e.g. a removed
     service, or the groups beyond the new replica count). Objects of other owners are never pruned."""
     wanted = {key(o) for o in desired}
@@ -28,7 +32,7 @@ def to_prune(observed: Iterable[dict], desired: Iterable[dict], owner_uid: str) 
     )
 
 
-def applied_fields(obj: dict, manager: str) -> tuple:
+def applied_fields(obj: dict[str, Any], manager: str) -> AppliedFields:
     """The fields ``manager`` owns through server-side apply (and when it last changed them)."""
     entries = obj["metadata"].get("managedFields") or []
     return tuple(
@@ -38,7 +42,7 @@ def applied_fields(obj: dict, manager: str) -> tuple:
     )
 
 
-def apply_outcome(before: dict | None, after: dict, manager: str) -> str | None:
+def apply_outcome(before: dict[str, Any] | None, after: dict[str, Any], manager: str) -> str | None:
     """``Created`` / ``Updated`` / None (unchanged) for a server-side apply by ``manager``, from the
     object before and the answer of the apply. Status-only changes by controllers do not count: only
     a new generation or a change of the fields this manager applies."""
@@ -51,18 +55,21 @@ def apply_outcome(before: dict | None, after: dict, manager: str) -> str | None:
     return None
 
 
-def manifest_hash(obj: dict) -> str:
+def manifest_hash(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-Fingerprint = tuple[str, tuple]  # (hash of the applied manifest, the manager's fields after applying it)
+# (hash of the applied manifest, the manager's fields after applying it)
+Fingerprint = tuple[str, AppliedFields]
 
 
-def fingerprint(desired: dict, applied: dict, manager: str) -> Fingerprint:
+def fingerprint(desired: dict[str, Any], applied: dict[str, Any], manager: str) -> Fingerprint:
     return (manifest_hash(desired), applied_fields(applied, manager))
 
 
-def needs_apply(desired: dict, observed: dict | None, last: Fingerprint | None, manager: str) -> bool:
+def needs_apply(
+    desired: dict[str, Any], observed: dict[str, Any] | None, last: Fingerprint | None, manager: str
+) -> bool:
     """Whether ``desired`` must be applied again. It need not when this incarnation of the object
     (same uid) was last applied from the same manifest and still holds exactly the fields that apply
     gave the manager: any edit of those fields by someone else moves their ownership away (server-side

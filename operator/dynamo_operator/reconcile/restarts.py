@@ -39,12 +39,12 @@ class GroupRestarter:
         # (more MODIFIED, then DELETED) must not restart the group again. Bounded, oldest dropped.
         self._restart_seen: dict[str, None] = {}
 
-    async def pod_event(self, event_type: str | None, pod: dict) -> None:
+    async def pod_event(self, event_type: str | None, pod: dict[str, Any]) -> None:
         reason = restart_trigger(pod, event_type, group_label=labels.GROUP)
         if reason is not None and pod["metadata"].get("uid") not in self._restart_seen:
             await self._restart_group(pod, reason, event_type)
 
-    async def _restart_group(self, pod: dict, reason: str, event_type: str | None) -> None:
+    async def _restart_group(self, pod: dict[str, Any], reason: str, event_type: str | None) -> None:
         meta = pod["metadata"]
         namespace, trigger_uid = meta["namespace"], meta["uid"]
         group = meta["labels"][labels.GROUP]

@@ -43,7 +43,10 @@ SCALING_CONFLICT = "ScalingConflict"
 
 
 def replicas_to_copy(
-    observed: Sequence[dict], desired: Sequence[dict], replicas: Mapping[str, int], owner_uid: str
+    observed: Sequence[dict[str, Any]],
+    desired: Sequence[dict[str, Any]],
+    replicas: Mapping[str, int],
+    owner_uid: str,
 ) -> dict[str, int]:
     """Service -> replicas, for each desired adapter of this graph whose ``spec.replicas`` differs from
     the service's ``replicas``."""
@@ -62,7 +65,7 @@ def replicas_to_copy(
     return out
 
 
-def replicas_asked(dgd: DynamoGraphDeployment, observed: Sequence[dict]) -> dict[str, int]:
+def replicas_asked(dgd: DynamoGraphDeployment, observed: Sequence[dict[str, Any]]) -> dict[str, int]:
     """Service -> replicas, for each service of ``dgd`` whose adapter (among ``observed``) asks for other
     replicas than the graph's."""
     desired, _ = scaling_adapters(dgd, components(dgd))
@@ -81,7 +84,7 @@ def with_replicas(dgd: DynamoGraphDeployment, changes: Mapping[str, int]) -> Dyn
     return dgd.model_copy(update={"spec": dgd.spec.model_copy(update={"services": services})})
 
 
-def replicas_patch(graph: dict, changes: Mapping[str, int]) -> list[dict[str, Any]]:
+def replicas_patch(graph: dict[str, Any], changes: Mapping[str, int]) -> list[dict[str, Any]]:
     """RFC 6902 operations setting ``spec.components[name].replicas`` of the stored (v1beta1) ``graph``."""
     ops: list[dict[str, Any]] = []
     for i, comp in enumerate((graph.get("spec") or {}).get("components") or []):
@@ -92,7 +95,7 @@ def replicas_patch(graph: dict, changes: Mapping[str, int]) -> list[dict[str, An
     return ops
 
 
-def adapter_drift(desired: dict, observed: dict) -> dict | None:
+def adapter_drift(desired: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any] | None:
     """The merge patch that restores ``desired``'s labels and ``dgdRef`` on ``observed`` (None: none)."""
     patch: dict[str, Any] = {}
     want_labels = desired["metadata"].get("labels") or {}
@@ -104,7 +107,9 @@ def adapter_drift(desired: dict, observed: dict) -> dict | None:
     return patch or None
 
 
-def adapter_status(observed: dict, replicas: int, selector: str, scaled_at: str | None) -> dict | None:
+def adapter_status(
+    observed: dict[str, Any], replicas: int, selector: str, scaled_at: str | None
+) -> dict[str, Any] | None:
     """The status merge patch of an adapter (None when its status already says this)."""
     new: dict[str, Any] = {"replicas": replicas, "selector": selector}
     if scaled_at is not None:
@@ -115,7 +120,9 @@ def adapter_status(observed: dict, replicas: int, selector: str, scaled_at: str 
     return {"status": new}
 
 
-def conflict_condition(conflicts: Sequence[ScalingConflict], adapters: Sequence[dict]) -> Cond | None:
+def conflict_condition(
+    conflicts: Sequence[ScalingConflict], adapters: Sequence[dict[str, Any]]
+) -> Cond | None:
     """``ScalingConflict``: True naming each refused service and the fix; False when every opted-in
     service has its adapter; None when no service opts in."""
     if conflicts:

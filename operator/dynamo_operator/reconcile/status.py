@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from dynamo_operator.reconcile.conditions import READY, Cond
 
@@ -72,7 +72,7 @@ class ServiceCounts:
     def is_ready(self) -> bool:
         return self.replicas == self.desired and self.ready == self.desired and self.updated == self.desired
 
-    def as_status(self) -> dict:
+    def as_status(self) -> dict[str, Any]:
         status = {
             "componentKind": self.kind,
             "replicas": self.replicas,
@@ -90,14 +90,14 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _current(obj: dict) -> bool:
+def _current(obj: dict[str, Any]) -> bool:
     """The child's controller has seen its latest spec (observedGeneration caught up)."""
     observed = obj.get("status", {}).get("observedGeneration")
     generation = obj.get("metadata", {}).get("generation")
     return observed is None if generation is None else _int(observed) >= generation
 
 
-def workload_counts(obj: dict) -> tuple[int, int, int, int]:
+def workload_counts(obj: dict[str, Any]) -> tuple[int, int, int, int]:
     """(desired, existing, ready, updated) pods (or LWS groups) of one workload object, as observed.
 
     ``existing`` counts every pod the controller reports, old template included: during a rolling
@@ -115,7 +115,7 @@ def workload_counts(obj: dict) -> tuple[int, int, int, int]:
     )
 
 
-def _workload_state(obj: dict | None) -> tuple[bool, bool]:
+def _workload_state(obj: dict[str, Any] | None) -> tuple[bool, bool]:
     """(all pods ready, all pods updated) of one observed workload; a missing one is neither, and
     neither is one that still has pods beyond those it wants (a rollout or scale-down in progress)."""
     if obj is None:
@@ -128,7 +128,7 @@ def _workload_state(obj: dict | None) -> tuple[bool, bool]:
 def service_counts(
     name: str,
     plan: PlanLike,
-    children: Iterable[dict],
+    children: Iterable[dict[str, Any]],
     *,
     component_label: str,
     group_label: str,
@@ -160,7 +160,11 @@ def service_counts(
 
 
 def all_counts(
-    plans: Mapping[str, PlanLike], children: Iterable[dict], *, component_label: str, group_label: str
+    plans: Mapping[str, PlanLike],
+    children: Iterable[dict[str, Any]],
+    *,
+    component_label: str,
+    group_label: str,
 ) -> dict[str, ServiceCounts]:
     children = list(children)
     return {
@@ -193,7 +197,7 @@ def _bounded(reason: str, message: str | None) -> str:
     return f"{reason}: {text}" if text else reason
 
 
-def pod_problem(pod: dict) -> str | None:
+def pod_problem(pod: dict[str, Any]) -> str | None:
     """Why this pod is stuck, as its status states it (bounded, with the fix), or None when it is
     not stuck (starting, running, or being deleted)."""
     meta = pod.get("metadata") or {}
@@ -217,7 +221,7 @@ def pod_problem(pod: dict) -> str | None:
     return None
 
 
-def pod_problems(pods: Iterable[dict], *, component_label: str) -> dict[str, str]:
+def pod_problems(pods: Iterable[dict[str, Any]], *, component_label: str) -> dict[str, str]:
     """Per service, the problem of its first stuck pod (by name, so the message is stable)."""
     result: dict[str, str] = {}
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
@@ -255,11 +259,11 @@ def ready_condition(
     )
 
 
-def services_status(counts: Mapping[str, ServiceCounts]) -> dict[str, dict]:
+def services_status(counts: Mapping[str, ServiceCounts]) -> dict[str, dict[str, Any]]:
     return {name: c.as_status() for name, c in counts.items()}
 
 
-def status_patch(current: dict, new: dict) -> dict | None:
+def status_patch(current: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
     """The merge patch that turns ``current`` status into ``new`` (None when equal); services that
     disappeared are removed explicitly (merge patch keeps absent map keys)."""
     if all(current.get(k) == v for k, v in new.items()):

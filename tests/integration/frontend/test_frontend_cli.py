@@ -1,7 +1,7 @@
 """``python -m dynamo_worker.frontend`` as a process: it finds a mocker through discovery, /health
 turns 200 once the model is served, it answers the official ``openai`` client, and SIGTERM ends it
 with exit code 0; with ``--http-workers`` its serving processes share the port and live and die
-with it."""
+with it, even when it is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -152,6 +152,42 @@ def test_http_workers_serve_one_port_and_stop_together(mockers, nats_url, namesp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serving_processes_die_with_a_killed_frontend(mockers, nats_url, namespace, tmp_path):
+    """A SIGKILLed frontend (no shutdown of its own runs) leaves no serving process behind: each gets
+    SIGTERM from the kernel (``runtime.children.die_with_parent``) and ends."""
+    log = tmp_path / "frontend.log"
+    mockers("null")
+    with open(log, "wb") as out:
+        proc = _start(nats_url, namespace, out, "--http-workers", "2")
+    helper = 0
+    try:
+        port = listening_port(proc, log, "frontend")
+        _serving(proc, port, log)
+        (helper,) = _children(proc.pid)
+        proc.kill()
+        proc.wait(10)
+        wait_until(
+            lambda: _state(helper) in ("gone", "Z"),
+            "the serving process to end with the killed frontend",
+            timeout_s=30,
+            interval_s=0.1,
+            explain=log.read_text,
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if helper and _state(helper) not in ("gone", "Z"):  # the mechanism failed: leave no orphan
+            os.kill(helper, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 def test_frontend_exits_when_a_serving_process_dies(mockers, nats_url, namespace, tmp_path):

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import orjson
@@ -91,8 +91,8 @@ class OpenAITarget:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.ignore_eos, self.timeout_s, self.stream = ignore_eos, timeout_s, stream
 
-    def body(self, spec: RequestSpec) -> dict:
-        body: dict = {
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {
             "model": self.model,
             "stream": self.stream,
             "max_tokens": spec.max_tokens,
@@ -131,7 +131,7 @@ class OpenAITarget:
 
     async def _read_sse(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
         chunks_with_output = 0
-        usage: dict | None = None
+        usage: dict[str, Any] | None = None
         parts: list[str] = []
         done = False
         async for raw in response.content:

@@ -16,6 +16,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 __all__ = [
     "Distribution",
@@ -100,7 +101,7 @@ class Report:
     e2e_ms: Distribution | None
     error_examples: dict[str, str] = field(default_factory=dict)  # the first message of each type
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -4,14 +4,14 @@
 to KV events and load metrics (asking each worker for a snapshot of the KV blocks it already holds),
 and listens for HTTP; ``/health`` turns 200 once a model is served.
 ``Frontend.stop`` stops taking requests, gives in-flight ones ``drain_s`` to finish, and closes
-everything. ``run_frontend`` does both around SIGTERM/SIGINT.
+everything else in the reverse order of its start (an ``AsyncExitStack``: each part is pushed as it is
+started, so a partial start closes what it started). ``run_frontend`` does both around SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import signal
 import sys
@@ -39,6 +39,8 @@ from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router
 from dynamo_worker.router.feed import KvFeed, feed_router
 from dynamo_worker.router.policy import KvWeights
+from dynamo_worker.runtime.aio import cancel_and_wait
+from dynamo_worker.runtime.children import die_with_parent
 from dynamo_worker.runtime.discovery import InstanceWatcher
 from dynamo_worker.runtime.listening import serve
 from dynamo_worker.runtime.modelcard import ModelCardError, fetch_model_card
@@ -81,7 +83,8 @@ class Frontend:
         self._watcher: InstanceWatcher | None = None
         self._rewatch: asyncio.Task[None] | None = None
         self.kv_feed: KvFeed | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._stack = contextlib.AsyncExitStack()
+        self._drain_s = DRAIN_S
         self._runner: web.AppRunner | None = None
         self.registry: ModelRegistry | None = None
         self.quarantine: Quarantine | None = None
@@ -128,8 +131,11 @@ class Frontend:
         self._unpaired = unpaired
 
     async def start(self) -> Frontend:
-        s = self.settings
+        s, stack = self.settings, self._stack
+        stack.callback(self._remove_card_cache)
         self.nc = await connect_nats(s.nats_server, name="dynamo-frontend", on_reconnect=self._rewatch_soon)
+        stack.push_async_callback(self._close_nats)
+        stack.push_async_callback(self.client.close)  # worker connections: after HTTP has stopped
         self.registry = ModelRegistry(
             self.router,
             self._load_card,
@@ -139,15 +145,19 @@ class Frontend:
             retention_s=s.model_retention_s,
             graph_models=[m.strip() for m in s.graph_models.split(",") if m.strip()],
         )
+        stack.push_async_callback(self.registry.close)
         if s.router_mode == "kv":
             self.kv_feed = await feed_router(
                 self.nc, s.namespace, self.router, snapshot_timeout_s=s.kv_snapshot_timeout_s
             )
+            stack.push_async_callback(self.kv_feed.close)
         self._watcher = await InstanceWatcher(self.nc, s.namespace).start()
+        stack.push_async_callback(self._stop_watching)
         self.quarantine = Quarantine(self.registry.has_worker)
+        stack.push_async_callback(self.quarantine.close)
         events = self.quarantine.releasing(self._watcher.events())
         self.discovery = asyncio.create_task(self.registry.run(events), name="discovery")
-        self._tasks.append(self.discovery)
+        stack.push_async_callback(cancel_and_wait, self.discovery)
         warm = WarmPairs() if s.pair_warmup_timeout_s > 0 else None
         dispatcher = Dispatcher(
             self.router,
@@ -167,6 +177,7 @@ class Frontend:
                 timeout_s=s.pair_warmup_timeout_s,
                 metrics=self.metrics,
             )
+            stack.push_async_callback(self.warmer.close)
             self.registry.add_listener(self.warmer.changed)
             self.warmer.changed()  # the workers discovery listed before this listener was added
         migrating = MigratingDispatcher(
@@ -186,9 +197,11 @@ class Frontend:
             connect_timeout_s=s.connect_timeout_s,
             encode_timeout_s=s.encode_timeout_s,
         )
+        stack.push_async_callback(self.multimodal.close)
         self.images = ImagesApi(
             self.registry, connect_timeout_s=s.connect_timeout_s, timeout_s=s.image_generation_timeout_s
         )
+        stack.push_async_callback(self.images.close)
         self.server = OpenAIServer(
             self.registry,
             migrating,
@@ -207,6 +220,7 @@ class Frontend:
             starting=self.warmer.starting if self.warmer is not None else None,
             api_keys=s.api_keys(),
         )
+        stack.push_async_callback(self.server.embedder.close)
         reuse_port = s.http_reuse_port or s.http_workers > 1
         self._runner, self.port = await serve(
             self.server.app(),
@@ -219,6 +233,7 @@ class Frontend:
             backlog=2048,
             reuse_port=reuse_port or None,
         )
+        stack.push_async_callback(self._stop_http, self._runner, self.server)
         log.info(
             "Started frontend namespace=%s router_mode=%s migration_limit=%d nats=%s api_keys=%d",
             s.namespace,
@@ -230,47 +245,42 @@ class Frontend:
         return self
 
     async def stop(self, drain_s: float = DRAIN_S) -> None:
-        if self._runner is not None:
-            await self._runner.shutdown()  # stop accepting; in-flight handlers continue
-            if self.server is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(drain_s):
-                        await self.server.idle.wait()
-            await self._runner.cleanup()
-            self._runner = None
+        """Stop taking requests, give in-flight ones ``drain_s``, then close the rest, last started first.
+        Safe after a partial start, and a second time."""
+        self._drain_s = drain_s
+        await self._stack.aclose()
+        log.info("Frontend stopped")
+
+    async def _stop_http(self, runner: web.AppRunner, server: OpenAIServer) -> None:
+        """Stop accepting first (``runner.shutdown`` alone does not: aiohttp closes its listeners in
+        ``cleanup``), let in-flight requests finish within the drain, then close every connection."""
+        for site in runner.sites:
+            await site.stop()  # no new connection
+        if runner.server is not None:
+            runner.server.pre_shutdown()  # an open connection takes no new request after its current one
+        await runner.shutdown()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._drain_s):
+                await server.idle.wait()
+        await runner.cleanup()
+        self._runner = None
+
+    async def _stop_watching(self) -> None:
+        watcher, self._watcher = self._watcher, None  # a reconnect from now on starts no re-watch
         if self._rewatch is not None:
-            self._tasks.append(self._rewatch)
-        if self.server is not None:
-            await self.server.embedder.close()
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-        if self.registry is not None:
-            await self.registry.close()
-        if self.quarantine is not None:
-            await self.quarantine.close()
-        if self.warmer is not None:
-            await self.warmer.close()
-        if self._watcher is not None:
-            await self._watcher.stop()
-            self._watcher = None
-        if self.kv_feed is not None:
-            await self.kv_feed.close()
-            self.kv_feed = None
-        await self.client.close()
-        if self.multimodal is not None:
-            await self.multimodal.close()
-        if self.images is not None:
-            await self.images.close()
+            await cancel_and_wait(self._rewatch)
+        if watcher is not None:
+            await watcher.stop()
+
+    async def _close_nats(self) -> None:
         if self.nc is not None:
             await close_nats(self.nc)
             self.nc = None
+
+    def _remove_card_cache(self) -> None:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
-        log.info("Frontend stopped")
 
 
 async def run_frontend(
@@ -333,7 +343,7 @@ async def _start_helpers(
     for _ in range(settings.http_workers - 1):
         helpers.append(
             await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "dynamo_worker.frontend", *extra, preexec_fn=_die_with_parent
+                *die_with_parent(), sys.executable, "-m", "dynamo_worker.frontend", *extra
             )
         )
     if helpers:
@@ -353,9 +363,3 @@ async def _stop_helpers(helpers: list[asyncio.subprocess.Process]) -> None:
         except TimeoutError:
             h.kill()
             await h.wait()
-
-
-def _die_with_parent() -> None:
-    """In a serving process, before exec: get SIGTERM when the process that started it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynamo_api.errors import DynamoError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
@@ -62,7 +63,7 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class ApiError(Exception):
+class ApiError(DynamoError):
     status = 500
     type = "internal_error"
 

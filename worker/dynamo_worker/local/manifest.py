@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from dynamo_api import dynamo_model
 from dynamo_api.conversion import load_graph
+from dynamo_api.errors import DynamoError
 from dynamo_api.models import KIND, DynamoGraphDeployment
 from dynamo_api.validation import Problem, validate
 from pydantic import ValidationError
@@ -27,7 +28,7 @@ from dynamo_worker.local.plan import format_problems
 __all__ = ["ManifestError", "load_manifest", "load_models", "parse_manifest", "parse_models"]
 
 
-class ManifestError(ValueError):
+class ManifestError(DynamoError, ValueError):
     """The manifest cannot be read or is not a valid DynamoGraphDeployment.
 
     ``problems`` holds the operator's ``Problem``s when the graph parsed but fails its semantic

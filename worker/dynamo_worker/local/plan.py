@@ -40,6 +40,7 @@ from typing import Any, Literal
 from dynamo_api import contract as c
 from dynamo_api import modules
 from dynamo_api.components import WORKER_TYPES
+from dynamo_api.errors import DynamoError
 from dynamo_api.models import DynamoGraphDeployment
 from dynamo_api.sglang_args import argv as container_argv
 from dynamo_api.sglang_args import flag_value, served_model_name
@@ -76,7 +77,7 @@ def format_problems(problems: Sequence[Problem]) -> str:
     return "\n".join(f"{p.field}: {p.message}" for p in problems)
 
 
-class PlanError(Exception):
+class PlanError(DynamoError):
     """The graph cannot run on this machine as asked; ``problems`` say why and how to fix it."""
 
     def __init__(self, problems: Sequence[Problem]) -> None:

@@ -29,4 +29,4 @@ class RestartBackoff:
         self.restarts += 1
         if self.restarts == 1:
             return 0.0
-        return min(BACKOFF_START_S * 2 ** (self.restarts - 2), BACKOFF_MAX_S)
+        return min(BACKOFF_START_S * 2.0 ** (self.restarts - 2), BACKOFF_MAX_S)

@@ -50,7 +50,8 @@ from dynamo_worker.local.manifest import ManifestError, load_manifest, load_mode
 from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
 from dynamo_worker.local.restarts import RestartBackoff
 from dynamo_worker.local.settings import RunSettings
-from dynamo_worker.local.supervisor import Child, Console, Supervisor, SupervisorError, die_with_parent_prefix
+from dynamo_worker.local.supervisor import Child, Console, Supervisor, SupervisorError
+from dynamo_worker.runtime.children import die_with_parent
 from dynamo_worker.runtime.nats_server import NatsServer, NatsServerError, free_port
 
 __all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "run"]
@@ -222,7 +223,7 @@ class _Run:
         # folder of this run, removed at the end even when a child was killed before cleaning up.
         run_tmp = Path(tempfile.mkdtemp(prefix="dynamo-run-tmp-"))
         processes = [replace(p, env={"TMPDIR": str(run_tmp), **p.env}) for p in plan.processes]
-        nats = NatsServer(port=self.nats_port, command_prefix=die_with_parent_prefix())
+        nats = NatsServer(port=self.nats_port, command_prefix=die_with_parent())
         status = EXIT_FAILED
         try:
             nats.start()

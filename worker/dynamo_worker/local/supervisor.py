@@ -2,7 +2,7 @@
 
 Every child runs in its own process group (its own session), so stopping it reaches whatever it
 started too: SIGTERM to the group, a grace period, then SIGKILL to the group. On Linux each child also
-gets SIGTERM when dynamo-run itself dies (``PR_SET_PDEATHSIG`` through util-linux ``setpriv``), so a
+gets SIGTERM when dynamo-run itself dies (``runtime.children.die_with_parent``), so a
 killed dynamo-run leaves no orphaned workers (the signal follows the thread that spawned the child:
 call ``start`` from the main thread). Each child's stdout and stderr go to ``<log-dir>/<name>.log``
 and, prefixed with its name, to the terminal. A child's environment is dynamo-run's own (as a pod's
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.local.plan import ProcessSpec
+from dynamo_worker.runtime.children import die_with_parent
 
 __all__ = [
     "Child",
@@ -40,7 +42,6 @@ __all__ = [
     "StartupTimeout",
     "Supervisor",
     "SupervisorError",
-    "die_with_parent_prefix",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ PROGRESS_EVERY_S = 5.0
 KILL_WAIT_S = 5.0
 
 
-class SupervisorError(RuntimeError):
+class SupervisorError(DynamoError, RuntimeError):
     pass
 
 
@@ -109,13 +110,6 @@ class ConsoleLogHandler(logging.Handler):
             self.console.write("dynamo-run", (level if i == 0 else "") + line)
 
 
-def die_with_parent_prefix() -> tuple[str, ...]:
-    """``setpriv --pdeathsig TERM --`` (util-linux) when available: the child gets SIGTERM when
-    dynamo-run dies, set before exec with no Python code running between fork and exec."""
-    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-    return (setpriv, "--pdeathsig", "TERM", "--") if setpriv else ()
-
-
 @dataclass
 class Child:
     spec: ProcessSpec
@@ -170,7 +164,7 @@ class Supervisor:
 
     def _spawn(self, spec: ProcessSpec) -> Child:
         proc = subprocess.Popen(
-            [*die_with_parent_prefix(), *spec.argv],
+            [*die_with_parent(), *spec.argv],
             env={**os.environ, **spec.env},  # this shell's (PATH, HOME, HF_TOKEN, ...), then the pod's
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -343,6 +337,6 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
     """True when GET ``url`` answers 200 within ``timeout`` seconds."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False

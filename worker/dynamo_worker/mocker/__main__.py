@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -19,6 +18,7 @@ from dynamo_worker.multimodal.service import run_service
 from dynamo_worker.multimodal.settings import MultimodalSettings
 from dynamo_worker.profile.model import ProfileError
 from dynamo_worker.runtime import aio
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import EngineProcess
 from dynamo_worker.runtime.group import run_lifeline
 from dynamo_worker.runtime.process_watch import ProcessWatch
@@ -61,9 +61,7 @@ async def _follow(node_rank: int, leader_system_addr: str | None) -> int:
         await stop.wait()
     finally:
         watch.close()
-        lifeline.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lifeline
+        await cancel_and_wait(lifeline)
         await scheduler.stop()
     if ended:
         log.error("Non-leader rank node_rank=%s exits: %s; the group restarts together", node_rank, ended[0])

@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from dynamo_api import contract
+from dynamo_api.errors import DynamoError
 
 from dynamo_worker.protocol import BootstrapInfo
 from dynamo_worker.runtime.listening import serve
@@ -51,11 +52,11 @@ ROOMS_PATH = "/v1/bootstrap/rooms/{room}"
 MAX_ROOMS = 100_000
 
 
-class BootstrapTimeout(Exception):
+class BootstrapTimeout(DynamoError):
     """The peer leg of a disaggregated request did not show up within the bound."""
 
 
-class BootstrapRefused(Exception):
+class BootstrapRefused(DynamoError):
     """The peer leg's KV layout differs from this worker's: no KV cache can pass between them."""
 
 

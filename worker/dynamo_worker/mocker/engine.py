@@ -105,6 +105,7 @@ from dynamo_worker.protocol import (
     image_pad_id,
     lora_seed,
 )
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import (
     Engine,
     EngineEventSink,
@@ -136,7 +137,7 @@ DEFAULT_KV_BYTES_PER_TOKEN = 131_072
 TINY_MODEL_DIR = "dynamo-tiny-model"
 
 
-def _read_config(model_dir: Path) -> dict:
+def _read_config(model_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
@@ -144,7 +145,7 @@ def _read_config(model_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _kv_bytes_from_config(config: dict) -> int | None:
+def _kv_bytes_from_config(config: dict[str, Any]) -> int | None:
     """2 (K and V) x layers x kv heads x head dim x 2 bytes (bf16), when config.json tells."""
     try:
         layers = int(config["num_hidden_layers"])
@@ -487,7 +488,7 @@ class MockerEngine(Engine):
         self.loras.use(name)
         return None
 
-    def _features(self, config: dict) -> ServingFeatures:
+    def _features(self, config: dict[str, Any]) -> ServingFeatures:
         s = self.settings
         matryoshka = config.get("matryoshka_dimensions")
         return ServingFeatures(
@@ -522,9 +523,7 @@ class MockerEngine(Engine):
     async def stop(self) -> None:
         self.stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         for seq in [*self._waiting, *self._running]:
             self._fail(seq, "shutting_down", "worker shut down before the request finished")

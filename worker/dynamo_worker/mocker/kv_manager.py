@@ -35,6 +35,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.protocol import (
     AllBlocksCleared,
     BlockRemoved,
@@ -47,7 +49,7 @@ from dynamo_worker.protocol import (
 __all__ = ["Allocation", "BlockManager", "CacheFullError"]
 
 
-class CacheFullError(RuntimeError):
+class CacheFullError(DynamoError, RuntimeError):
     pass
 
 

@@ -13,13 +13,15 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from dynamo_api.errors import DynamoError
+
 __all__ = ["MAX_PIXELS", "BadImage", "ImageInfo", "content_hash", "sniff", "write_png"]
 
 MAX_PIXELS = 64 * 1024 * 1024  # 8192 x 8192: larger images are refused, not decoded
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 
 
-class BadImage(ValueError):
+class BadImage(DynamoError, ValueError):
     """The bytes are not an image this server can use; the message says why."""
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import nats
 from aiohttp import web
+from dynamo_api.errors import DynamoError
+from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ValidationError
 
@@ -38,7 +40,7 @@ __all__ = ["Service", "ServiceError", "ServiceInfo", "ServiceWorker", "run_servi
 MAX_BODY_BYTES = 512 * 1024 * 1024  # 64 images of 8 MiB, as base64
 
 
-class ServiceError(Exception):
+class ServiceError(DynamoError):
     """A request the service refuses; mapped to an error body with its HTTP status."""
 
     def __init__(self, error_type: ErrorType, message: str, status: int = 400) -> None:
@@ -96,7 +98,7 @@ class ServiceWorker:
             registry=self.registry,
             health_check=self._health_check,
         )
-        self.nc: nats.NATS | None = None
+        self.nc: NATS | None = None
         self.registration: Registration | None = None
         self.info: ServiceInfo | None = None
         self.port: int | None = None

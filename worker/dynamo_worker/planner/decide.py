@@ -30,6 +30,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.profile.model import Profile
 
 __all__ = [
@@ -48,7 +50,7 @@ __all__ = [
 MAX_UTILISATION = 0.95  # never plan a prefill replica busier than this, however loose the TTFT target
 
 
-class BudgetError(ValueError):
+class BudgetError(DynamoError, ValueError):
     """A GPU budget that cannot hold the minimum replicas."""
 
 

@@ -42,8 +42,8 @@ async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
         except (ConfigException, OSError, KeyError, TypeError) as e:
             raise KubeError(0, "", f"Could not load the kubeconfig {kubeconfig}: {e}") from e
         return cfg
-    try:
-        k8s_config.load_incluster_config(client_configuration=cfg)
+    try:  # kubernetes_asyncio leaves load_incluster_config unannotated
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     except ConfigException as e:
         raise KubeError(
             0,

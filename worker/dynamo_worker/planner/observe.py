@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from dynamo_api.errors import DynamoError
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_worker.planner.decide import Load
@@ -38,7 +39,7 @@ __all__ = ["Observation", "ScrapeError", "Totals", "interval", "parse_frontend_m
 P = "dynamo_frontend_"
 
 
-class ScrapeError(RuntimeError):
+class ScrapeError(DynamoError, RuntimeError):
     """No source could be read; the message names each source and why."""
 
 

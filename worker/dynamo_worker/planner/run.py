@@ -229,7 +229,7 @@ class Planner:
             await self._event(kube, graph, "PlannerDecision", f"{message}; {observed}")
 
     async def _event(
-        self, kube: GraphSource, graph: dict, reason: str, message: str, type_: str = "Normal"
+        self, kube: GraphSource, graph: dict[str, Any], reason: str, message: str, type_: str = "Normal"
     ) -> None:
         """Post an Event; a failure is logged and counted (planner_errors_total{kind="event"}), never
         fatal: the decision it explains has been made (and logged) already."""

@@ -11,7 +11,8 @@ from typing import Any
 
 from dynamo_api import contract
 from dynamo_api.components import components
-from dynamo_api.models import DynamoGraphDeployment
+from dynamo_api.errors import DynamoError
+from dynamo_api.models import DynamoGraphDeployment, ServiceSpec
 from pydantic import ValidationError
 
 from dynamo_worker.planner.decide import (
@@ -29,7 +30,7 @@ from dynamo_worker.profile.model import Profile
 __all__ = ["Decision", "GraphError", "RoleDecision", "ScaledService", "decide", "scaled_services"]
 
 
-class GraphError(ValueError):
+class GraphError(DynamoError, ValueError):
     """The graph has no service the planner can scale for a role, or one it cannot read."""
 
 
@@ -41,7 +42,7 @@ class ScaledService:
     gpus: int  # per replica
 
 
-def _gpus(spec: Any) -> int:
+def _gpus(spec: ServiceSpec) -> int:
     limit = spec.resources.limits.gpu if spec.resources and spec.resources.limits else None
     try:
         per_pod = math.ceil(float(str(limit))) if limit is not None else 0

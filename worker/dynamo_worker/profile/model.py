@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from dynamo_api.errors import DynamoError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["DecodeTable", "PrefillTable", "Profile", "ProfileError", "builtin_profile", "load_profile"]
@@ -31,7 +32,7 @@ __all__ = ["DecodeTable", "PrefillTable", "Profile", "ProfileError", "builtin_pr
 BUILTIN_DIR = Path(__file__).with_name("data")
 
 
-class ProfileError(ValueError):
+class ProfileError(DynamoError, ValueError):
     """A profile file that cannot be used; the message names the file, the problem and the fix."""
 
 

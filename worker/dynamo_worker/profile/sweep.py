@@ -29,6 +29,7 @@ from typing import Literal
 
 import aiohttp
 import orjson
+from dynamo_api.errors import DynamoError
 
 from dynamo_worker.profile.model import DecodeTable, PrefillTable
 from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions
@@ -37,7 +38,7 @@ from dynamo_worker.runtime.request_plane import RequestClient, RequestPlaneError
 __all__ = ["SweepError", "Sweeper"]
 
 
-class SweepError(RuntimeError):
+class SweepError(DynamoError, RuntimeError):
     """A request of the sweep failed; the message says which and why."""
 
 

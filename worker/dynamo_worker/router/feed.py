@@ -18,6 +18,7 @@ from nats.aio.subscription import Subscription
 
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router.router import Router
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.events import request_kv_snapshot, subscribe_kv_events, subscribe_load
 
 __all__ = ["DEFAULT_SNAPSHOT_TIMEOUT_S", "KvFeed", "feed_router"]
@@ -79,9 +80,7 @@ class KvFeed:
     async def close(self) -> None:
         self._router.on_worker_added = None
         for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         for sub in self.subscriptions:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

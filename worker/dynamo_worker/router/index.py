@@ -204,8 +204,8 @@ class KvIndex:
         ranks = w.ranks.values() if dp_rank is None else [w.ranks.get(dp_rank, _Cache())]
         tier = MEDIA.index(medium)
         # a prediction ends when a GPU store confirms it: predicted and GPU-held blocks are disjoint
-        extra = (lambda c: len(c.predicted)) if predicted and medium == "gpu" else (lambda c: 0)
-        return sum(c.held[tier] + extra(c) for c in ranks)
+        with_predicted = predicted and medium == "gpu"
+        return sum(c.held[tier] + (len(c.predicted) if with_predicted else 0) for c in ranks)
 
     # --- events -----------------------------------------------------------------------------
 

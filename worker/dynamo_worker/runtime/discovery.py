@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import nats.js.errors
+from dynamo_api.errors import DynamoError
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
@@ -26,6 +27,7 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from dynamo_worker.protocol import InstanceRecord
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = [
     "DISCOVERY_BUCKET",
@@ -47,7 +49,7 @@ MARKER_TTL_S = 60.0  # how long the server keeps the delete marker of an expired
 NATS_OP_TIMEOUT_S = 5.0
 
 
-class DiscoveryError(RuntimeError):
+class DiscoveryError(DynamoError, RuntimeError):
     """Discovery cannot work with this NATS server; the message says why and what to do."""
 
 
@@ -146,9 +148,7 @@ class Registration:
     async def deregister(self) -> None:
         """Stop heartbeating and delete the record. Errors are logged: the TTL removes it anyway."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         try:
             async with asyncio.timeout(NATS_OP_TIMEOUT_S):
@@ -267,13 +267,11 @@ class InstanceWatcher:
         old, old_task = self._watch, self._task
         self._watch = watch
         if old_task is not None:
-            old_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await old_task
+            await cancel_and_wait(old_task)
         if old is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(NATS_OP_TIMEOUT_S):
-                    await old.stop()
+                    await old.stop()  # type: ignore[no-untyped-call]  # nats-py: KeyWatcher.stop is unannotated
         live = {k for k, e in current.items() if e.operation not in ("DEL", "PURGE") and e.value}
         for key in [k for k in self._by_key if k not in live]:
             instance_id = self._by_key.pop(key)
@@ -344,12 +342,10 @@ class InstanceWatcher:
         if self._watch is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(NATS_OP_TIMEOUT_S):
-                    await self._watch.stop()
+                    await self._watch.stop()  # type: ignore[no-untyped-call]  # nats-py: KeyWatcher.stop is unannotated
             self._watch = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         for q in list(self._queues):
             self._offer(q, None)

@@ -31,9 +31,11 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
@@ -47,6 +49,7 @@ from dynamo_worker.protocol import (
     kv_snapshot_subject,
     load_subject,
 )
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import LoadSnapshot
 from dynamo_worker.runtime.kv_mirror import KvMirror
 
@@ -154,9 +157,7 @@ class KvEventPublisher:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(flush_timeout):
                 await self._idle.wait()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
 
@@ -164,7 +165,7 @@ async def serve_kv_snapshots(nc: NATS, publisher: KvEventPublisher) -> Subscript
     """Answer ``KvSnapshotRequest`` for ``publisher``'s worker; unsubscribe the result to stop."""
     subject = kv_snapshot_subject(publisher.namespace, publisher.instance_id)
 
-    async def on_request(msg) -> None:
+    async def on_request(msg: Msg) -> None:
         if not msg.reply:
             return
         try:
@@ -199,7 +200,7 @@ async def request_kv_snapshot(
     parts: list[KvSnapshotPart] = []
     complete = asyncio.Event()
 
-    async def on_part(msg) -> None:
+    async def on_part(msg: Msg) -> None:
         try:
             part = KvSnapshotPart.model_validate_json(msg.data)
         except ValidationError as e:
@@ -278,9 +279,7 @@ class LoadPublisher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
 
@@ -304,12 +303,15 @@ class SeqTracker:
         self.last.pop(instance_id, None)
 
 
+M = TypeVar("M", bound=BaseModel)
 Callback = Callable[[KvEventBatch], Awaitable[None] | None]
 LoadCallback = Callable[[LoadMetrics], Awaitable[None] | None]
 
 
-async def _subscribe(nc: NATS, subject: str, model: type[BaseModel], callback: Callable) -> Subscription:
-    async def on_msg(msg) -> None:
+async def _subscribe(
+    nc: NATS, subject: str, model: type[M], callback: Callable[[M], Awaitable[None] | None]
+) -> Subscription:
+    async def on_msg(msg: Msg) -> None:
         try:
             item = model.model_validate_json(msg.data)
         except ValidationError as e:

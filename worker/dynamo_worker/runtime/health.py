@@ -11,10 +11,11 @@ a check that passes again before that re-registers the worker (``on_healthy``) a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = ["HealthMonitor"]
 
@@ -102,7 +103,5 @@ class HealthMonitor:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None

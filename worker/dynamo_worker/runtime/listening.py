@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
+from dynamo_api.errors import DynamoError
 
 __all__ = ["PortUnavailable", "binding", "bound_ports", "log_listening", "serve"]
 
@@ -44,7 +45,7 @@ def bound_ports(text: str) -> dict[str, int]:
     return found
 
 
-class PortUnavailable(OSError):
+class PortUnavailable(DynamoError, OSError):
     """A listener could not bind; the message names the flag that sets its port and the fix."""
 
 

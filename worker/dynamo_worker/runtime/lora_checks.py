@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 from urllib.parse import unquote, urlsplit
 
+from dynamo_api.errors import DynamoError
+
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
@@ -97,7 +99,7 @@ _NORMALIZED = {
 }
 
 
-class LoraError(Exception):
+class LoraError(DynamoError):
     """A load or unload that cannot be done: ``reason`` (one of ``REASONS``) and the message."""
 
     def __init__(self, reason: str, message: str) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import nats.js.errors
+from dynamo_api.errors import DynamoError
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.object_store import ObjectStore
@@ -59,7 +60,7 @@ CARD_OBJECT = "card.json"
 NATS_OP_TIMEOUT_S = 30.0
 
 
-class ModelCardError(RuntimeError):
+class ModelCardError(DynamoError, RuntimeError):
     """A model card could not be built, published or fetched; the message says which and why."""
 
 

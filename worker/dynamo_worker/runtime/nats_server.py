@@ -19,13 +19,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from dynamo_api.errors import DynamoError
 
 log = logging.getLogger(__name__)
 
 _CLIENT_PORT = re.compile(r"Listening for client connections on \S+:(\d+)")
 
 
-class NatsServerError(RuntimeError):
+class NatsServerError(DynamoError, RuntimeError):
     pass
 
 
@@ -90,7 +93,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
-def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if proc is not None and proc.poll() is not None:
@@ -104,7 +107,7 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
             time.sleep(0.05)
 
 
-def bound_client_port(proc: subprocess.Popen, log_path: Path, timeout: float, logged: int = 0) -> int:
+def bound_client_port(proc: subprocess.Popen[Any], log_path: Path, timeout: float, logged: int = 0) -> int:
     """The port that nats-server ``proc``, started with ``-p -1``, bound: read from the "Listening for
     client connections on HOST:PORT" line of its log ``log_path`` (after byte ``logged``)."""
     deadline = time.monotonic() + timeout
@@ -130,11 +133,11 @@ class NatsServer:
     port: int = 0
     startup_timeout: float = 20.0
     store_dir: Path | None = None
-    # Prepended to the command, e.g. ("setpriv", "--pdeathsig", "TERM", "--") so it dies with its parent.
+    # Prepended to the command: runtime.children.die_with_parent(), so that it dies with its parent.
     command_prefix: tuple[str, ...] = ()
     extra_args: tuple[str, ...] = ()  # more nats-server flags, e.g. ("--user", "u", "--pass", "p")
-    proc: subprocess.Popen | None = field(default=None, init=False)
-    _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:

@@ -46,6 +46,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import cast
 
 import orjson
+from dynamo_api.errors import DynamoError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
@@ -81,7 +82,7 @@ GenerateHandler = Callable[[GenerateRequest], AsyncGenerator[GenerateChunk, None
 # --- errors -------------------------------------------------------------------------------------
 
 
-class RequestPlaneError(Exception):
+class RequestPlaneError(DynamoError):
     """A request to a worker failed; ``address`` names the worker."""
 
     def __init__(self, address: str, message: str) -> None:

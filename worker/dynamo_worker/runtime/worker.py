@@ -26,7 +26,9 @@ bound, multinode). ``/health`` says ``restarting`` meanwhile; ``/live`` stays 20
 Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
 "draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
 requests are refused with ``shutting_down``, in-flight ones get ``graceful_shutdown_s`` to finish and
-are then aborted, the engine stops, NATS is flushed and closed. Exit code 0.
+are then aborted, the engine stops, NATS is flushed and closed. Exit code 0. Each step of ``start``
+pushes its undoing on an ``AsyncExitStack`` as it succeeds, so shutdown undoes them last first, and
+only those that happened.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ from collections.abc import Callable, Sequence
 
 import nats
 import nats.errors
+from dynamo_api.errors import DynamoError
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamo_worker.protocol import AllBlocksCleared, InstanceRecord, KvEvent, LoraState
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.discovery import DiscoveryError, Registration, register
 from dynamo_worker.runtime.engine import Engine, EngineInfo, EngineProcess, LoadSnapshot
 from dynamo_worker.runtime.events import KvEventPublisher, LoadPublisher, serve_kv_snapshots
@@ -105,7 +109,7 @@ def worker_revision(given: str | None, info: EngineInfo, card_checksum: str | No
     return "w" + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(DynamoError, RuntimeError):
     """The worker could not start; the message names the step and the fix."""
 
 
@@ -263,7 +267,7 @@ class Worker:
         self.info: EngineInfo | None = None
         self.record: InstanceRecord | None = None
         self.registration: Registration | None = None
-        self._engine_started = False
+        self._stack = contextlib.AsyncExitStack()
         self._card_checksum: str | None = None
         self._renewal: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
@@ -276,23 +280,30 @@ class Worker:
         return f"{self.settings.advertise_host}:{self.request_server.port}"
 
     async def start(self) -> InstanceRecord:
-        s = self.settings
+        s, stack = self.settings, self._stack
         self.nc = await connect_nats(
             s.nats_server, name=f"{s.namespace}.{s.component}.{s.instance_id}", on_reconnect=self._renew_soon
         )
+        stack.push_async_callback(self._close_nats)
         if s.system_enabled:
             await self.system.start()
+            stack.push_async_callback(self.system.stop)
         self._relay.kv = KvEventPublisher(self.nc, s.namespace, s.instance_id)
         self._relay.load_pub = LoadPublisher(self.nc, s.namespace, s.instance_id)
         self._relay.kv.start()
+        stack.push_async_callback(self._relay.kv.stop)
         self._relay.load_pub.start()
+        stack.push_async_callback(self._relay.load_pub.stop)
         self._snapshots = await serve_kv_snapshots(self.nc, self._relay.kv)
+        stack.push_async_callback(self._stop_snapshots)
         self.engine.attach_events(self._relay)
-        self._engine_started = True  # from here on, shutdown calls engine.stop (even if start fails)
+        stack.push_async_callback(self.request_server.stop)  # after the engine: refusals meanwhile
+        stack.push_async_callback(self._stop_engine)  # even if its start fails or is cancelled
         self.info = info = await self.engine.start()
         log.info("Started engine role=%s model=%s", self.engine.role, info.model_name)
         lora = await self._start_loras()
         await self.request_server.start()
+        stack.push_async_callback(self._drain)
         if info.model_dir is not None:
             card = await publish_model_card(
                 self.nc,
@@ -307,9 +318,12 @@ class Worker:
             log.warning("Published no model card (the engine has no model folder) model=%s", info.model_name)
         self.record = self._record(info, lora)
         await self._register()
+        stack.push_async_callback(self._withdraw)
         self.system.state = "ready"
         self.health.start()
+        stack.push_async_callback(self.health.stop)
         self._watch_engine(info)
+        stack.push_async_callback(self._stop_watching_engine)  # first: no recovery during shutdown
         log.info(
             "Worker ready instance_id=%s address=%s system_port=%s revision=%s",
             s.instance_id,
@@ -470,44 +484,45 @@ class Worker:
         """Deregister, drain within the grace period, stop everything. Safe after a partial start."""
         self.system.state = "draining"
         self.system.loras.draining = True
+        await self._stack.aclose()
+        log.info("Worker stopped instance_id=%s", self.settings.instance_id)
+
+    async def _stop_watching_engine(self) -> None:
         self.watch.close()
         self.lifeline.disarm()
-        if self._recovery is not None and not self._recovery.done():
-            self._recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recovery
-        await self.health.stop()
-        if self._renewal is not None and not self._renewal.done():
-            self._renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewal
-        if self.registration is not None:
-            await self.registration.deregister()
-            self.registration = None
+        if self._recovery is not None:
+            await cancel_and_wait(self._recovery)
+
+    async def _withdraw(self) -> None:
+        """Out of discovery first, so no new traffic is routed here: no renewal, no record."""
+        registration, self.registration = self.registration, None
+        if self._renewal is not None:
+            await cancel_and_wait(self._renewal)
+        if registration is not None:
+            await registration.deregister()
+
+    async def _drain(self) -> None:
         aborted = await self.request_server.drain(self.settings.graceful_shutdown_s)
         log.info("Drained requests aborted=%s", aborted)
-        if self._engine_started:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
-                    await self.engine.stop()
-            self._engine_started = False
-        await self.request_server.stop()
+
+    async def _stop_engine(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(self.settings.graceful_shutdown_s, 10.0)):
+                await self.engine.stop()
+
+    async def _stop_snapshots(self) -> None:
         if self._snapshots is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._snapshots.unsubscribe()
             self._snapshots = None
-        if self._relay.kv is not None:
-            await self._relay.kv.stop()
-        if self._relay.load_pub is not None:
-            await self._relay.load_pub.stop()
-        await self.system.stop()
+
+    async def _close_nats(self) -> None:
         if self.nc is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(5.0):
                     await self.nc.drain()
             await close_nats(self.nc)
             self.nc = None
-        log.info("Worker stopped instance_id=%s", self.settings.instance_id)
 
 
 async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio.Event | None = None) -> int:
@@ -525,9 +540,8 @@ async def run_worker(engine: Engine, settings: RuntimeSettings, *, stop: asyncio
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():  # stopped while starting (e.g. SIGTERM during a long model load)
             log.info("Stopped while starting instance_id=%s", settings.instance_id)
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await starting
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(starting)
             await worker.shutdown()
             return 0
         try:

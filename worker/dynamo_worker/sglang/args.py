@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from dynamo_api import contract, modules
+from dynamo_api.errors import DynamoError
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
@@ -67,7 +68,7 @@ INSTALL_HINT = (
 )
 
 
-class WorkerArgsError(ValueError):
+class WorkerArgsError(DynamoError, ValueError):
     """The command line cannot start a worker; the message names the flag and the fix."""
 
 
@@ -162,7 +163,8 @@ def pick_free_port(host: str = "0.0.0.0") -> int:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _given(argv: Sequence[str], flag: str) -> bool:
@@ -207,7 +209,7 @@ def contract_overrides(
 def bootstrap_host(server_args: Any, runtime: RuntimeSettings) -> str:
     """Where decode workers reach this prefill worker's bootstrap server: the leader's dist-init host
     for a multinode engine, else the advertised host (the pod IP in Kubernetes)."""
-    addr = getattr(server_args, "dist_init_addr", None)
+    addr: str | None = getattr(server_args, "dist_init_addr", None)
     if getattr(server_args, "nnodes", 1) > 1 and addr:
         host = addr.rsplit(":", 1)[0] if ":" in addr else addr
         return host.strip("[]")
@@ -344,7 +346,8 @@ def _merge_config(cli: SglangCli, parser: argparse.ArgumentParser, rest: list[st
             f"{' and '.join(CONFIG_PARSER_MODULES)}); give the flags on the command line, not --config"
         )
     try:
-        return cli.config_merger(parser).merge_config_with_args(rest)
+        merged: list[str] = cli.config_merger(parser).merge_config_with_args(rest)
+        return merged
     except (OSError, ValueError) as e:
         raise WorkerArgsError(f"--config: {e}; pass a readable YAML file of SGLang flags") from None
 

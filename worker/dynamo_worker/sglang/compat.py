@@ -35,6 +35,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.runtime.settings import cache_root
 from dynamo_worker.sglang import uses
 from dynamo_worker.sglang.kv_events import MEDIA, DecodedBatch, KvEventDecodeError, decode_batch
@@ -58,7 +60,7 @@ PIP_TIMEOUT_S = 600
 WHEEL_PLATFORM = ["--platform", "manylinux_2_34_x86_64", "--python-version", "3.11", "--implementation", "cp"]
 
 
-class CompatError(RuntimeError):
+class CompatError(DynamoError, RuntimeError):
     """SGLang's source could not be obtained; the message says how to provide it."""
 
 

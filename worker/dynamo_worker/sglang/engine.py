@@ -61,6 +61,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dynamo_api.errors import DynamoError
 from prometheus_client import CollectorRegistry, Gauge
 
 from dynamo_worker.protocol import (
@@ -73,6 +74,7 @@ from dynamo_worker.protocol import (
     StopConditions,
     WorkerError,
 )
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.engine import (
     Engine,
     EngineEventSink,
@@ -112,7 +114,7 @@ BOOTSTRAP_PORT_ATTEMPTS = 3
 MODEL_CARD_PATTERNS = ["*.json", "*.jinja", "tokenizer.model"]
 
 
-class EngineStartError(RuntimeError):
+class EngineStartError(DynamoError, RuntimeError):
     """SGLang did not come up; the message says what to change."""
 
 
@@ -155,7 +157,7 @@ class SglangEngine(Engine):
         self._kill_children = kill_children or kill_sglang_children
         self._engine: Any = None
         self._sink: EngineEventSink = NullEventSink()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._relay: KvEventRelay | None = None
         self._gauges: dict[str, Gauge] = {}
         self._page_size = 1
@@ -401,11 +403,7 @@ class SglangEngine(Engine):
 
     async def stop(self) -> None:
         self._serving = False
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self._relay is not None:
             await self._relay.stop()

@@ -27,15 +27,16 @@ come with SGLang; they are imported only when a relay starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dynamo_api.errors import DynamoError
 from pydantic import ValidationError
 
 from dynamo_worker.protocol import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, Medium
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = ["DecodedBatch", "KvEventDecodeError", "KvEventRelay", "decode_batch"]
 
@@ -60,7 +61,7 @@ _REQUIRED = {"BlockStored": ("block_hashes", "token_ids"), "BlockRemoved": ("blo
 _RANK_KEYS = ("attn_dp_rank", "data_parallel_rank")  # SGLang's name, vLLM's name
 
 
-class KvEventDecodeError(ValueError):
+class KvEventDecodeError(DynamoError, ValueError):
     """A KV event batch that is neither of the encodings SGLang uses; the message says what is wrong."""
 
 
@@ -158,7 +159,7 @@ class KvEventRelay:
     def __init__(self, endpoints: Sequence[str], sink: Callable[[Sequence[KvEvent], int], None]) -> None:
         self.endpoints = list(endpoints)
         self._sink = sink
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._socket: Any = None
         self.relayed = 0
         self.undecodable = 0  # batches dropped because they decode neither way
@@ -240,16 +241,14 @@ class KvEventRelay:
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():  # a task that ended has said why
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
 
 
-def _report_end(task: asyncio.Task) -> None:
+def _report_end(task: asyncio.Task[None]) -> None:
     """A relay that stops for any reason other than ``stop()`` says so: KV routing to this worker is
     then load-only."""
     if task.cancelled():

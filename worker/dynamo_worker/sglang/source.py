@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynamo_api.errors import DynamoError
+
 __all__ = [
     "FlagInfo",
     "LayoutError",
@@ -284,7 +286,7 @@ def _namespace_classes(index: SourceIndex) -> list[str] | None:
     return [e.id for e in value.elts if isinstance(e, ast.Name)]
 
 
-class LayoutError(ValueError):
+class LayoutError(DynamoError, ValueError):
     """SGLang's ``ServerArgs`` is declared in a way this reader does not know."""
 
 

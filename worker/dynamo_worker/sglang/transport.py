@@ -17,7 +17,6 @@ request, not at startup.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
+
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = ["KvTransport", "TransportWatch", "describe", "kv_transports", "observation_env"]
 
@@ -117,9 +118,7 @@ class TransportWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         self.poll()  # what was written last
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from dynamo_api.errors import DynamoError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -46,7 +47,7 @@ async def encode_off_loop(chars: int, encode: Callable[..., list[int]], *args: A
     return await asyncio.to_thread(encode, *args)
 
 
-class TemplateError(Exception):
+class TemplateError(DynamoError):
     """The chat template refused the messages (``raise_exception``) or failed to render."""
 
 
@@ -80,9 +81,8 @@ def _strftime_now(fmt: str) -> str:
 def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

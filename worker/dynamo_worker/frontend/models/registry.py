@@ -34,7 +34,6 @@ a 503 at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import typing
@@ -53,6 +52,7 @@ from dynamo_worker.frontend.models.pairing import Pair, newest_pair, unpaired
 from dynamo_worker.frontend.models.preprocess import Preprocessor
 from dynamo_worker.protocol import LANGUAGE_ROLES, InstanceRecord, LoraAdapter, Role
 from dynamo_worker.router import Router
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent, InstanceRemoved
 
 log = logging.getLogger(__name__)
@@ -277,11 +277,7 @@ class ModelRegistry:
             self.apply(event)
 
     async def close(self) -> None:
-        for task in list(self._loads.values()):
-            task.cancel()
-        for task in list(self._loads.values()):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._loads.values())
         self._loads.clear()
 
     # --- queries ------------------------------------------------------------------------------

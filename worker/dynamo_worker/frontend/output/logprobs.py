@@ -8,7 +8,6 @@ never separates a token from its logprob for long). Pure.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from dynamo_worker.frontend.output.responses import (
     ChatLogprobs,
@@ -16,6 +15,7 @@ from dynamo_worker.frontend.output.responses import (
     ChatTopLogprob,
     CompletionLogprobs,
 )
+from dynamo_worker.frontend.output.text import Decoder
 from dynamo_worker.protocol import TokenLogprob as WorkerLogprob
 
 __all__ = ["Logprobs"]
@@ -24,7 +24,7 @@ __all__ = ["Logprobs"]
 class Logprobs:
     """Worker logprobs as OpenAI's chat or completions shapes, collected until the next event."""
 
-    def __init__(self, preprocessor: Any, chat: bool) -> None:
+    def __init__(self, preprocessor: Decoder, chat: bool) -> None:
         self._pre = preprocessor
         self.chat = chat
         self.pending: list[tuple[str, WorkerLogprob]] = []

@@ -140,7 +140,7 @@ class KeepSpecialDecoder:
     ``<|python_tag|>``, ...) while still skipping every other special token."""
 
     def __init__(self, preprocessor: Any, keep: frozenset[str]) -> None:
-        self._pre = preprocessor
+        self._pre: Decoder = preprocessor
         added = preprocessor.tokenizer.get_added_tokens_decoder()
         self._drop = frozenset(i for i, t in added.items() if t.special and t.content not in keep)
 

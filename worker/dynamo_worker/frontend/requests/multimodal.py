@@ -36,6 +36,7 @@ import aiohttp
 import orjson
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+from dynamo_api.errors import DynamoError
 from pydantic import ValidationError
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
@@ -43,7 +44,7 @@ from dynamo_worker.frontend.models.preprocess import Preprocessor
 from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.multimodal.images import BadImage, content_hash, sniff
 from dynamo_worker.multimodal.wire import ENCODE_PATH, EncodeRequest, EncodeResponse, ImageInput
-from dynamo_worker.protocol import ImageSpan, InstanceRecord, image_pad_id
+from dynamo_worker.protocol import ImageEmbedding, ImageSpan, InstanceRecord, image_pad_id
 
 __all__ = [
     "PLACEHOLDER",
@@ -64,7 +65,7 @@ def _public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-class _PrivateAddress(OSError):
+class _PrivateAddress(DynamoError, OSError):
     pass
 
 
@@ -300,7 +301,9 @@ class MultimodalProcessor:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         return self._session
 
-    async def _encode(self, encoders: list[InstanceRecord], model: str, images: list[_Image]) -> list:
+    async def _encode(
+        self, encoders: list[InstanceRecord], model: str, images: list[_Image]
+    ) -> list[ImageEmbedding]:
         request = EncodeRequest(
             request_id=uuid.uuid4().hex,
             model=model,
@@ -321,7 +324,7 @@ class MultimodalProcessor:
         assert failure is not None
         raise failure
 
-    async def _post(self, worker: InstanceRecord, body: str, count: int) -> list:
+    async def _post(self, worker: InstanceRecord, body: str, count: int) -> list[ImageEmbedding]:
         payload = await post_to_worker(
             self._get_session(),
             worker,
@@ -383,7 +386,7 @@ async def post_to_worker(
         ) from None
 
 
-class Unreachable(Exception):
+class Unreachable(DynamoError):
     def __init__(self, error: ApiError) -> None:
         super().__init__(error.message)
         self.error = error

@@ -43,6 +43,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.frontend.errors import (
     ApiError,
     InvalidRequest,
@@ -72,6 +74,7 @@ from dynamo_worker.protocol import (
 )
 from dynamo_worker.router import Choice, Router
 from dynamo_worker.router.router import PairFilter
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.request_plane import (
     RequestClient,
     RequestPlaneError,
@@ -403,9 +406,8 @@ class Dispatcher:
             if finished and not prefill_task.done():
                 _let_end(prefill_task)
             else:
-                prefill_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ApiError, _Retryable):
-                    await prefill_task
+                with contextlib.suppress(ApiError, _Retryable):
+                    await cancel_and_wait(prefill_task)
 
     async def warm_up(self, model: str, prefill: InstanceRecord, decode: InstanceRecord) -> None:
         """One tiny disaggregated request through this pair (``serving.warmup``): its first KV transfer
@@ -504,9 +506,8 @@ async def _next_or_leg_failure(
         return await next_chunk
     finally:
         if not next_chunk.done():
-            next_chunk.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await next_chunk
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(next_chunk)
 
 
 def _retryable_or_error(
@@ -523,7 +524,7 @@ def _retryable_or_error(
     return error
 
 
-class _Retryable(Exception):
+class _Retryable(DynamoError):
     """Workers failed this request before any of its tokens went out: others may take it."""
 
     def __init__(self, instance_ids: tuple[str, ...], error: ApiError) -> None:

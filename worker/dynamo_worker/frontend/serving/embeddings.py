@@ -25,6 +25,7 @@ from dynamo_worker.frontend.output.responses import Embedding, EmbeddingList, Em
 from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.serving.dispatch import Dispatch
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, StopConditions, unpack_vector
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,4 @@ class EmbeddingBatcher:
     async def close(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
-        for task in list(self._batches):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._batches)

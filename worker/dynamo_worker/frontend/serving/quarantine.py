@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceEvent
 
 __all__ = ["PROBE_INTERVAL_S", "Quarantine"]
@@ -127,8 +128,4 @@ class Quarantine:
         tasks = [e.task for e in self._entries.values() if e.task is not None]
         self._entries.clear()
         self.ids = frozenset()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)

@@ -27,7 +27,6 @@ pair, or its first round ended, warm-ups (a rollout, a scale-up, a restarted pod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -36,6 +35,7 @@ from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.pairing import PairKey, WarmPairs, revisions_newest_first
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.protocol import InstanceRecord
+from dynamo_worker.runtime.aio import cancel_and_wait
 
 __all__ = ["PairWarmer"]
 
@@ -186,9 +186,5 @@ class PairWarmer:
             self._metrics.pair_warmups.labels(model, outcome).inc()
 
     async def close(self) -> None:
-        for task in list(self._tasks.values()):
-            task.cancel()
-        for task in list(self._tasks.values()):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks.values())
         self._tasks.clear()
