@@ -258,7 +258,12 @@ async def _raw_worker(body: bytes) -> asyncio.Server:
 
 @pytest.mark.parametrize(
     "bad_line",
-    [b'{"token_ids":["x"]}', b'{"token_ids":[1]', b'{"token_ids":[1],"extra":1}', b'{"token_ids":"12"}'],
+    [
+        b'{"token_ids":["x"]}',
+        b'{"token_ids":[1]',
+        b'{"token_ids":[1],"finish_reason":"bogus"}',
+        b'{"token_ids":"12"}',
+    ],
 )
 async def test_an_invalid_line_among_lines_that_arrive_together_breaks_the_stream(bad_line):
     server = await _raw_worker(b'{"token_ids":[5]}\n' + bad_line + b'\n{"token_ids":[6]}\n')
@@ -266,6 +271,19 @@ async def test_an_invalid_line_among_lines_that_arrive_together_breaks_the_strea
     async with RequestClient() as client:
         with pytest.raises(WorkerStreamBroken, match="invalid chunk"):
             [c async for c in client.generate(f"127.0.0.1:{port}", request())]
+    server.close()
+    await server.wait_closed()
+
+
+async def test_a_field_a_newer_worker_adds_is_ignored_not_an_error():
+    """Chunks are upgrade-safe: an older frontend reads a newer worker's stream (a rolling upgrade)."""
+    usage = b'"usage":{"prompt_tokens":2,"completion_tokens":2}'
+    final = b'{"token_ids":[6],"finish_reason":"length",' + usage + b',"new":1}'
+    server = await _raw_worker(b'{"token_ids":[5],"extra":1}\n' + final + b"\n")
+    port = server.sockets[0].getsockname()[1]
+    async with RequestClient() as client:
+        chunks = [c async for c in client.generate(f"127.0.0.1:{port}", request())]
+    assert [(c.token_ids, c.finish_reason) for c in chunks] == [([5, 6], "length")]
     server.close()
     await server.wait_closed()
 
