@@ -38,9 +38,11 @@ server's own usage.
 
 Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical cache
 (``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
-write_through``), and longmultiturn adds its ``--max-total-tokens``. ``HOST_WEIGHT=0`` gives our
-frontend ``--kv-host-hit-weight 0 --kv-disk-hit-weight 0`` (GPU-only routing, the baseline of tier-aware
-routing); its stacks are named ``ours-agg-hw0`` etc. so both kinds of points can share a report.
+write_through``) to the aggregated and prefill engines (a disaggregated decode engine keeps no prefix
+cache, and SGLang refuses HiCache there), and longmultiturn adds its ``--max-total-tokens``.
+``HOST_WEIGHT=0`` gives our frontend ``--kv-host-hit-weight 0 --kv-disk-hit-weight 0`` (GPU-only routing,
+the baseline of tier-aware routing); its stacks are named ``ours-agg-hw0`` etc. so both kinds of points
+can share a report.
 
 A stack pair per device call keeps each call inside its 10 minutes (``ours-disagg smg-pd``, then
 ``ours-agg smg-agg``; ``STACK_BUDGET_S`` stops a stack's sweep before a point that would start too
@@ -368,6 +370,8 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
         role = svc.get("subComponentType")
         if svc.get("componentType") == "worker":
             svc["replicas"] = prefill + decode if kind == "agg" else prefill if role == "prefill" else decode
+            main = svc["extraPodSpec"]["mainContainer"]
+            main["args"] = [*main.get("args", []), *hicache_flags("agg" if kind == "agg" else role)]
     path = folder / f"ours-{kind}.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
@@ -426,7 +430,10 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     servers = []
     for i, gpu in enumerate(gpus):
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
-        port, argv = ex.free_port(), [sys.executable, "-m", "sglang.launch_server", *flags]
+        port, argv = (
+            ex.free_port(),
+            [sys.executable, "-m", "sglang.launch_server", *flags, *hicache_flags(role)],
+        )
         argv += ["--port", str(port)]
         boot = None
         if pd:
@@ -593,14 +600,23 @@ def write_report(folder: Path) -> None:
 
 
 def engine_flags() -> list[str]:
-    """SGLang flags this run adds to every engine of both stacks: HiCache, longmultiturn's KV cache."""
-    flags = []
-    if HICACHE:
-        flags += ["--enable-hierarchical-cache", "--hicache-ratio", HICACHE_RATIO,
-                  "--hicache-write-policy", "write_through"]  # fmt: skip
-    if "longmultiturn" in WORKLOADS:
-        flags += ["--max-total-tokens", str(LONG_POOL_TOKENS)]
-    return flags
+    """SGLang flags this run adds to every engine of both stacks: longmultiturn's KV cache."""
+    return ["--max-total-tokens", str(LONG_POOL_TOKENS)] if "longmultiturn" in WORKLOADS else []
+
+
+def hicache_flags(role: str) -> list[str]:
+    """HiCache's flags for an engine of ``role`` (both stacks alike): aggregated and prefill engines only.
+    A decode engine keeps no prefix cache in disaggregated serving (SGLang's default), and SGLang refuses
+    HiCache there without ``--disaggregation-decode-enable-radix-cache``."""
+    if not HICACHE or role == "decode":
+        return []
+    return [
+        "--enable-hierarchical-cache",
+        "--hicache-ratio",
+        HICACHE_RATIO,
+        "--hicache-write-policy",
+        "write_through",
+    ]
 
 
 def main(argv: list[str]) -> int:

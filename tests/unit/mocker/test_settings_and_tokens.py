@@ -109,3 +109,15 @@ def test_hicache_flags_size_the_host_tier_and_the_rest_are_named_as_ignored():
     assert sized.host_blocks(131072) == int(2e9 // (131072 * 16))
     _, off, _ = parse_args(["--num-kv-blocks", "100"], env={})
     assert off.gpu_blocks == 100 and off.host_blocks(131072) == 0
+
+
+def test_hicache_on_a_decode_worker_is_refused_as_sglang_refuses_it():
+    """SGLang refuses --enable-hierarchical-cache on a decode worker unless it keeps a prefix cache there
+    (--disaggregation-decode-enable-radix-cache); the mocker refuses the same, naming the fix."""
+    decode = ["--disaggregation-mode", "decode", "--enable-hierarchical-cache"]
+    with pytest.raises(SettingsError, match="--disaggregation-decode-enable-radix-cache"):
+        parse_args(decode, env={})
+    _, mocker, _ = parse_args([*decode, "--disaggregation-decode-enable-radix-cache"], env={})
+    assert mocker.enable_hierarchical_cache and mocker.role == "decode"
+    _, prefill, _ = parse_args(["--disaggregation-mode", "prefill", "--enable-hierarchical-cache"], env={})
+    assert prefill.enable_hierarchical_cache

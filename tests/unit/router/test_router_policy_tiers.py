@@ -16,14 +16,14 @@ W = KvWeights()
 GPU_ONLY = KvWeights(host_hit_weight=0.0, disk_hit_weight=0.0)
 
 
-def test_defaults_are_nvidia_dynamo_s_until_measured():
-    assert (W.host_hit_weight, W.disk_hit_weight) == (0.75, 0.25)
+def test_defaults_are_the_measured_host_weight_and_nvidia_dynamo_s_disk_weight():
+    assert (W.host_hit_weight, W.disk_hit_weight) == (0.9, 0.25)
 
 
 def test_each_leading_block_saves_by_its_tier():
     c = KvCandidate("a", overlap_blocks=2, host_blocks=4, disk_blocks=2)
-    assert saved_blocks(c, W) == 2 + 0.75 * 4 + 0.25 * 2
-    assert kv_cost(c, prompt_blocks=10, weights=W) == pytest.approx(W.overlap_weight * (10 - 5.5 + 1))
+    assert saved_blocks(c, W) == pytest.approx(2 + 0.9 * 4 + 0.25 * 2)
+    assert kv_cost(c, prompt_blocks=10, weights=W) == pytest.approx(W.overlap_weight * (10 - 6.1 + 1))
     assert saved_blocks(c, GPU_ONLY) == 2
 
 

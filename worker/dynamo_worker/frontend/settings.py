@@ -108,8 +108,8 @@ class FrontendSettings(Settings):
         le=1.0,
         description="kv router: share of a block's prefill saved when a worker holds it in host memory "
         "(SGLang's HiCache, --enable-hierarchical-cache) rather than on its GPU, where a GPU block saves 1; "
-        "0 routes on GPU-held blocks alone. Default: NVIDIA Dynamo's 0.75 (llm-d: 0.8) until "
-        "tests/gpu/run_hicache.py measures ours; see docs/kv-tiers.md.",
+        "0 routes on GPU-held blocks alone. Default: what tests/gpu/run_hicache.py measured on an H200 "
+        "(NVIDIA Dynamo uses 0.75, llm-d 0.8); see docs/kv-tiers.md.",
     )
     kv_disk_hit_weight: float = Field(
         _KV.disk_hit_weight,

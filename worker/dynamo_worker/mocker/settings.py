@@ -101,6 +101,12 @@ class MockerSettings(Settings):
         "--hicache-io-backend, --hicache-mem-layout and --hicache-storage-backend are accepted and not "
         "simulated (named at startup with the other ignored flags).",
     )
+    disaggregation_decode_enable_radix_cache: bool = Field(
+        False,
+        description="SGLang's flag for a prefix cache on a decode worker (which HiCache there needs); "
+        "accepted, and allows --enable-hierarchical-cache on a decode worker as in SGLang (the mocker's "
+        "decode worker keeps no prefix cache either way).",
+    )
     hicache_ratio: float = Field(
         2.0, gt=0, description="Host KV cache size as a multiple of the GPU's (SGLang --hicache-ratio)."
     )
@@ -246,6 +252,21 @@ class MockerSettings(Settings):
     @property
     def role(self) -> Literal["agg", "prefill", "decode"]:
         return "agg" if self.disaggregation_mode == "null" else self.disaggregation_mode
+
+    @model_validator(mode="after")
+    def _hicache_on_decode(self) -> MockerSettings:
+        """SGLang refuses HiCache on a decode worker without a prefix cache there; so does the mocker."""
+        if (
+            self.enable_hierarchical_cache
+            and self.disaggregation_mode == "decode"
+            and not self.disaggregation_decode_enable_radix_cache
+        ):
+            raise ValueError(
+                "--enable-hierarchical-cache on a decode worker needs "
+                "--disaggregation-decode-enable-radix-cache (SGLang refuses it too: a decode worker keeps no "
+                "prefix cache by default); give HiCache to the prefill workers only, or add that flag"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lora_flags(self) -> MockerSettings:

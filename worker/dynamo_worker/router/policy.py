@@ -85,11 +85,11 @@ Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the route
   1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
   idle worker, and prefixes get copied around under load.
 - ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
-- ``--kv-host-hit-weight`` (default 0.75) and ``--kv-disk-hit-weight`` (default 0.25): the share of a
+- ``--kv-host-hit-weight`` (default 0.9) and ``--kv-disk-hit-weight`` (default 0.25): the share of a
   block's prefill that a hit in host memory (resp. HiCache's storage tier) saves; 0 routes on the GPU
-  tier alone. The defaults are NVIDIA Dynamo's (llm-d uses 0.8 for host memory) until
-  ``tests/gpu/run_hicache.py`` measures ``(TTFT miss - TTFT host hit) / (TTFT miss - TTFT GPU hit)``
-  on our GPUs (``docs/kv-tiers.md``).
+  tier alone. 0.9 is ``(TTFT miss - TTFT host hit) / (TTFT miss - TTFT GPU hit)`` as
+  ``tests/gpu/run_hicache.py`` measured it on an H200 (``docs/kv-tiers.md``); the storage tier's is
+  NVIDIA Dynamo's, unmeasured here.
 - ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5).
 - ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
   held before KV events confirm them.
@@ -154,7 +154,7 @@ class KvWeights:
     decode_weight: float = 0.1
     balance_abs_threshold: int = 2
     balance_rel_threshold: float = 1.5
-    host_hit_weight: float = 0.75
+    host_hit_weight: float = 0.9
     disk_hit_weight: float = 0.25
     lora_swap_blocks: float = 4.0
     lora_wait_blocks: float = 16.0
