@@ -35,6 +35,7 @@ __all__ = [
     "LOAD_FAILED",
     "LORAS_PATH",
     "LORA_NOT_ENABLED",
+    "LORA_NOT_SUPPORTED",
     "NAME_CONFLICT",
     "NOT_FOUND",
     "NOT_READY",
@@ -57,6 +58,7 @@ __all__ = [
 LORAS_PATH: Final = "/v1/loras"
 
 LORA_NOT_ENABLED: Final = "LoraNotEnabled"
+LORA_NOT_SUPPORTED: Final = "LoraNotSupported"  # LoRA is on, but the engine can load none (dummy weights)
 INVALID_SOURCE: Final = "InvalidSource"
 SOURCE_UNREACHABLE: Final = "SourceUnreachable"
 RANK_TOO_LARGE: Final = "RankTooLarge"
@@ -69,6 +71,7 @@ NOT_READY: Final = "NotReady"  # the engine is starting, or the worker draining
 LOAD_FAILED: Final = "LoadFailed"  # the engine refused, or did not finish in its bound
 REASONS: Final = (
     LORA_NOT_ENABLED,
+    LORA_NOT_SUPPORTED,
     INVALID_SOURCE,
     SOURCE_UNREACHABLE,
     RANK_TOO_LARGE,
@@ -84,7 +87,14 @@ REASONS: Final = (
 # files or the worker's flags must change first. (SourceUnreachable, NoFreeSlot, NotReady and
 # LoadFailed may pass later.)
 PERMANENT_REASONS: Final = frozenset(
-    {LORA_NOT_ENABLED, INVALID_SOURCE, RANK_TOO_LARGE, INCOMPATIBLE_ADAPTER, INVALID_REQUEST}
+    {
+        LORA_NOT_ENABLED,
+        LORA_NOT_SUPPORTED,
+        INVALID_SOURCE,
+        RANK_TOO_LARGE,
+        INCOMPATIBLE_ADAPTER,
+        INVALID_REQUEST,
+    }
 )
 # The worker roles that serve a model's tokens, and so need its adapters.
 ADAPTER_ROLES: Final = ("agg", "prefill", "decode")

@@ -103,12 +103,13 @@ def free_port() -> int:
 # --- the model folder: the 8B-shaped config plus a tokenizer whose token i is "w<i>" ----------------
 
 
-def make_model(folder: Path) -> Path:
+def make_model(folder: Path, config: dict | None = None) -> Path:
     """SGLang reads only config.json (dummy weights); our frontend needs a tokenizer for the model card.
-    A word-level tokenizer with one token ``w<i>`` per id maps any id to text and back exactly."""
+    A word-level tokenizer with one token ``w<i>`` per id maps any id to text and back exactly.
+    ``config``: another config.json than ``tests/gpu/model``'s (``run_lora``'s model of real weights)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    config = json.loads((HERE / "model" / "config.json").read_text())
+    config = config or json.loads((HERE / "model" / "config.json").read_text())
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     vocab = {f"w{i}": i for i in range(config["vocab_size"])}

@@ -2,13 +2,24 @@
 
 usage: python3 tests/gpu/run_lora.py agg|disagg|all      (see tests/gpu/README.md for the device calls)
 
-Adapters: four PEFT adapters with random weights for the 8B-shaped dummy model of ``tests/gpu/model``
-(``tests/support/peft_adapters.py``; ranks 8 and 16 alternating, every attention and MLP projection), so
-each changes the output, and differently.
+The model: real random weights, not dummy ones. SGLang reads a LoRA adapter's weights with the model's
+``--load-format`` (``LoRAAdapter.initialize_weights``), and ``dummy`` reads no files ("DUMMY load_format
+should use DummyModelLoader", the first run on SGLang 0.5.17), so no adapter loads under dummy weights;
+our worker refuses that with ``LoraNotSupported``. So the script first writes a Llama folder
+(``MODEL_SHAPES``: on GPUs hidden 2048, 8 layers, 16 heads / 8 KV heads, MLP 8192, vocab 32000: 634M
+parameters, 1.3 GB of bfloat16 in ``model.safetensors``, seed 1; ``tests/support/random_llama.py``, the
+standard library only) with the GPU proofs' tokenizer (token *i* is ``w<i>``, ``run_gpu.make_model``) into
+``$GPU_STATE/lora-model`` (reused while its config is the same), and serves it with ``--load-format auto``
+(``real_weights``) on both our stack and SGLang's server. ``ENGINE=mocker`` writes the same files, tiny
+(the mocker reads the config and the tokenizer), and serves them through ``--model-dir``.
+
+Adapters: four PEFT adapters with random weights for that model (``tests/support/peft_adapters.py``;
+ranks 8 and 16 alternating, every attention and MLP projection: within the examples' ``--max-lora-rank
+16`` and ``--lora-target-modules``), so each changes the output, and differently.
 
 Phase ``agg`` (1 GPU): ``dynamo-run`` of ``examples/lora-agg.yaml``, with only what a user of this
-machine changes (``run_examples``:
-the dummy model, ``USER_FLAGS``) and its ``DynamoModel`` documents pointed at the generated adapters.
+machine changes (``run_examples``: the model folder, ``USER_FLAGS`` with ``--load-format auto``) and
+its ``DynamoModel`` documents pointed at the generated adapters.
 The adapters are served as ``dynamo-run`` applies them; those it did not apply within ``APPLY_S`` (a
 ``dynamo-run`` without ``DynamoModel`` support), and the extra ones up to four, are loaded as the
 operator does: ``POST /v1/loras`` on every worker. Then, with the official ``openai`` client:
@@ -29,13 +40,13 @@ Phase ``disagg`` (2 GPUs): ``dynamo-run`` of ``lora-disagg.yaml`` (prefill + dec
 loaded on both, the same greedy probes (equal to SGLang's aggregated server, run afterwards on the
 first GPU) and the mixed load: 0 errors.
 
-``ENGINE=mocker`` runs the same on the simulated engine (SGLang's server is skipped; smaller adapters):
+``ENGINE=mocker`` runs the same on the simulated engine (SGLang's server is skipped; a tiny model):
 the suite does, to keep the script working between runs on the lent machines. Everything printed and
 every log lands in ``$OUT``; the summary is printed last and ``$OUT/lora.json`` holds the figures; the
 exit status is 1 when a check failed.
 
 Env: ENGINE, GRAPH_GPUS, ISL (1024), OSL (128), NREQ (160), CONC (32), PROBES (4), PROBE_OUT (32),
-APPLY_S (60), MIN_RATIO (0.95), STARTUP_S.
+APPLY_S (60), MIN_RATIO (0.95), STARTUP_S, GPU_STATE (the model and the adapters), OUT.
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 import run_examples as ex  # noqa: E402  (the same Graph, flags and model as the user-path proof)
 
 from tests.support.peft_adapters import DEFAULT_TARGETS, write_adapter  # noqa: E402
+from tests.support.random_llama import llama_config, parameter_count, write_random_llama  # noqa: E402
 
 ISL, OSL, NREQ, CONC = (
     int(os.environ.get(k, d)) for k, d in (("ISL", 1024), ("OSL", 128), ("NREQ", 160), ("CONC", 32))
@@ -71,6 +83,14 @@ MIN_RATIO = float(os.environ.get("MIN_RATIO", 0.95))
 ADAPTERS = 4
 LORA_FLAG_PREFIXES = ("--enable-lora", "--max-lora", "--lora-", "--max-loaded-loras", "--max-loras-per-batch")
 STATE = Path(os.environ.get("GPU_STATE") or "/tmp/dynamo-gpu-state")
+# The served model: real random weights (SGLang loads an adapter with the model's --load-format, and
+# dummy reads no files). On GPUs big enough that the GPU, not our stack, sets the pace of the mixed load
+# (634M parameters, 1.3 GB); on the mocker, which reads only config.json and the tokenizer, tiny.
+MODEL_SHAPES = {
+    "sglang": {"hidden": 2048, "layers": 8, "heads": 16, "kv_heads": 8, "intermediate": 8192, "vocab": 32000},
+    "mocker": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 1000},
+}
+LORA_MODEL_DIR = STATE / "lora-model"
 
 
 def log(msg: str) -> None:
@@ -99,15 +119,32 @@ def adapter_names(docs: list[dict]) -> list[str]:
     return names[:ADAPTERS]
 
 
-def make_adapters(names: list[str], folder: Path) -> dict[str, Path]:
-    """A PEFT adapter per name, rank 8 and 16 alternating, for the model's shapes (the tiny model's on
-    the mocker, which reads only the config)."""
-    if ex.ENGINE == "sglang":
-        config = json.loads((HERE / "model" / "config.json").read_text())
-    else:
-        from dynamo_worker.tinymodel import ensure_tiny_model
+def make_model(folder: Path) -> dict:
+    """The served model: ``MODEL_SHAPES[ENGINE]`` with real random weights (``random_llama``, seed 1)
+    and the tokenizer of the GPU proofs (token *i* is ``w<i>``, ``run_gpu.make_model``); its config."""
+    from run_gpu import make_model as with_tokenizer
 
-        config = json.loads((ensure_tiny_model(folder / "tiny") / "config.json").read_text())
+    config = llama_config(**MODEL_SHAPES[ex.ENGINE])
+    started = time.monotonic()
+    write_random_llama(folder, config, seed=1)
+    with_tokenizer(folder, config)
+    log(f"model {folder}: {parameter_count(config) / 1e6:.1f}M parameters, real random weights, "
+        f"{time.monotonic() - started:.1f} s")  # fmt: skip
+    return config
+
+
+def real_weights(flags: list[str]) -> list[str]:
+    """``flags`` with ``--load-format auto`` in place of ``dummy`` (the weights are read from files)."""
+    out = list(flags)
+    for i, flag in enumerate(out[:-1]):
+        if flag == "--load-format":
+            out[i + 1] = "auto"
+    return out if "--load-format" in out else [*out, "--load-format", "auto"]
+
+
+def make_adapters(names: list[str], config: dict, folder: Path) -> dict[str, Path]:
+    """A PEFT adapter per name, rank 8 and 16 alternating, every attention and MLP projection, for the
+    served model's shapes."""
     return {
         name: write_adapter(
             config, folder / name, rank=8 if i % 2 == 0 else 16, seed=i + 1, targets=DEFAULT_TARGETS
@@ -213,14 +250,18 @@ def serve_adapters(graph: ex.Graph, adapters: dict[str, Path], declared: list[st
 
 
 def ids_of(text: str) -> list[int]:
-    """The token ids of a completion's text (the dummy model's token i is ``w<i>``)."""
+    """The token ids of a completion's text (the model's token i is ``w<i>``)."""
     return [int(w[1:]) for w in text.split() if w[:1] == "w" and w[1:].isdigit()]
+
+
+def top_id() -> int:
+    """Prompts are made of token ids from 100 to this (below the vocab; no special token)."""
+    return int(MODEL_SHAPES[ex.ENGINE]["vocab"]) - 100
 
 
 def probe_prompts() -> list[list[int]]:
     rng = random.Random(11)
-    top = 800 if ex.ENGINE != "sglang" else 30000  # the mocker's tiny tokenizer has 825 ids
-    return [[rng.randrange(100, top) for _ in range(300)] for _ in range(PROBES)]
+    return [[rng.randrange(100, top_id()) for _ in range(300)] for _ in range(PROBES)]
 
 
 async def ours_greedy(graph: ex.Graph, adapters: list[str]) -> dict[str, list[str]]:
@@ -247,8 +288,9 @@ async def ours_greedy(graph: ex.Graph, adapters: list[str]) -> dict[str, list[st
 
 def mixed_requests(models: list[str]) -> list[tuple[str, list[int]]]:
     rng = random.Random(5)
-    top = 800 if ex.ENGINE != "sglang" else 30000
-    return [(models[i % len(models)], [rng.randrange(100, top) for _ in range(ISL)]) for i in range(NREQ)]
+    return [
+        (models[i % len(models)], [rng.randrange(100, top_id()) for _ in range(ISL)]) for i in range(NREQ)
+    ]
 
 
 async def ours_load(graph: ex.Graph, models: list[str]) -> dict:
@@ -278,7 +320,9 @@ async def ours_load(graph: ex.Graph, models: list[str]) -> dict:
 
 def run_ours(phase: str, gpus: str, adapters: dict[str, Path], row: dict) -> None:
     manifest, declared = user_manifest(phase, adapters, ex.OUT / "manifests")
-    graph = ex.Graph(f"lora-{phase}", manifest, gpus)
+    # the mocker serves the same model folder's config and tokenizer (on GPUs Graph passes MODEL_DIR)
+    run_args = () if ex.ENGINE == "sglang" else ("--model-dir", str(ex.MODEL_DIR))
+    graph = ex.Graph(f"lora-{phase}", manifest, gpus, run_args=run_args)
     try:
         row["ready_s"] = round(graph.ready_s, 1)
         serve_adapters(graph, adapters, declared, row)
@@ -398,7 +442,7 @@ def run_native(phase: str, gpu: str, adapters: dict[str, Path], row: dict, with_
             row["native_load"] = asyncio.run(native_load(native, [model, *names], model))
     finally:
         native.stop()
-    ours = row["ours_greedy"]  # text of the dummy model's tokens: token i is "w<i>"
+    ours = row["ours_greedy"]  # text of the model's tokens: token i is "w<i>"
     equal = sum(ids_of(ours[m][i]) == greedy[m][i] for m in greedy for i in range(PROBES))
     row["greedy_equal"] = f"{equal}/{len(greedy) * PROBES}"
     row["checks"]["greedy_equals_sglang"] = equal == len(greedy) * PROBES
@@ -419,14 +463,14 @@ class Row:
     notes: list[str] = field(default_factory=list)
 
 
-def phase(name: str, gpus: list[str]) -> dict:
+def phase(name: str, gpus: list[str], config: dict) -> dict:
     need = 1 if name == "agg" else 2
     row: dict = asdict(Row(name, ",".join(gpus[:need])))
     if len(gpus) < need:
         row["notes"].append(f"needs {need} GPUs, {len(gpus)} given; skipped")
         return row
     adapters = make_adapters(
-        adapter_names(list(yaml.safe_load_all(example(name).read_text()))), STATE / "adapters"
+        adapter_names(list(yaml.safe_load_all(example(name).read_text()))), config, STATE / "adapters"
     )
     row["adapters"] = {n: str(p) for n, p in adapters.items()}
     try:
@@ -471,12 +515,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ex.OUT.mkdir(parents=True, exist_ok=True)
     STATE.mkdir(parents=True, exist_ok=True)
-    if ex.ENGINE == "sglang":
-        from run_gpu import make_model
-
-        make_model(ex.MODEL_DIR)
+    # what a user of this machine changes in the examples: the model folder, and its weights read
+    ex.MODEL_DIR = LORA_MODEL_DIR
+    ex.USER_FLAGS = real_weights(ex.USER_FLAGS)
+    config = make_model(LORA_MODEL_DIR)
     gpus = ex.gpu_list()
-    rows = [phase(name, gpus) for name in (["agg", "disagg"] if which == "all" else [which])]
+    rows = [phase(name, gpus, config) for name in (["agg", "disagg"] if which == "all" else [which])]
     (ex.OUT / "lora.json").write_text(json.dumps(rows, indent=1))
     text, ok = summary(rows)
     (ex.OUT / "lora.txt").write_text(text + "\n")

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_TARGETS", "module_shapes", "write_adapter"]
+__all__ = ["DEFAULT_TARGETS", "module_shapes", "random_bf16", "write_adapter", "write_bf16_safetensors"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -62,11 +63,32 @@ def _tensors(
             yield f"{prefix}.lora_B.weight", (n_out, rank)
 
 
-def _bf16(count: int, rng: random.Random) -> bytes:
+def random_bf16(count: int, rng: random.Random) -> bytes:
+    """``count`` bfloat16 values of magnitude 2**-7 to 2**-5 with random signs and mantissas."""
     out = bytearray(2 * count)
     out[0::2] = rng.randbytes(count)  # mantissa and the exponent's lowest bit
     out[1::2] = rng.randbytes(count).translate(_HIGH)  # sign and the exponent's other bits
     return bytes(out)
+
+
+def write_bf16_safetensors(
+    path: Path, tensors: Sequence[tuple[str, Sequence[int], Callable[[int], bytes]]]
+) -> Path:
+    """A safetensors file of bfloat16 tensors ``(name, shape, data)``: ``data(count)`` gives a tensor's
+    ``2 * count`` bytes, called in order, one tensor in memory at a time."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, _ in tensors:
+        size = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for _, shape, data in tensors:
+            f.write(data(math.prod(shape)))
+    return path
 
 
 def write_adapter(
@@ -87,20 +109,12 @@ def write_adapter(
     if unknown:
         raise ValueError(f"unknown target modules {unknown}; use some of {DEFAULT_TARGETS}")
     out.mkdir(parents=True, exist_ok=True)
-    tensors = sorted(_tensors(config, rank, targets))
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, (rows, cols) in tensors:
-        size = 2 * rows * cols
-        header[name] = {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [offset, offset + size]}
-        offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
     rng = random.Random(seed)
-    with open(out / "adapter_model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for _, (rows, cols) in tensors:
-            f.write(_bf16(rows * cols, rng))
+    tensors = [
+        (name, shape, lambda count: random_bf16(count, rng))
+        for name, shape in sorted(_tensors(config, rank, targets))
+    ]
+    write_bf16_safetensors(out / "adapter_model.safetensors", tensors)
     adapter_config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

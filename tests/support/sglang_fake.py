@@ -174,6 +174,7 @@ class FakeServerArgs:
     lora_target_modules: list[str] | None = None
     max_loras_per_batch: int = 8
     max_loaded_loras: int | None = None
+    load_format: str = "auto"
 
 
 @dataclass

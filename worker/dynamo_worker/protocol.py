@@ -259,12 +259,14 @@ class LoraState(_Told):
 
     ``max_loras_per_batch``: distinct adapters one batch runs (the base model counts as one, as in
     SGLang); ``max_loaded_loras``: adapters it may hold at once (None: no limit); ``free_slots``: how
-    many more it can load before it must evict one (None: no limit)."""
+    many more it can load before it must evict one (None: no limit); ``cannot_load``: why it can load
+    no adapter at all, and the fix (None: it can; SGLang under ``--load-format dummy`` cannot)."""
 
     adapters: list[LoraAdapter] = Field(default_factory=list)
     max_loras_per_batch: Annotated[int, Field(ge=1)] = 8
     max_loaded_loras: Annotated[int, Field(ge=1)] | None = None
     max_lora_rank: Annotated[int, Field(ge=1)] | None = None
+    cannot_load: str | None = None
 
     @property
     def free_slots(self) -> int | None:

@@ -164,3 +164,34 @@ async def test_every_refusal_names_its_reason_and_the_fix(
     status, body = await call(plain.system_port, "GET", "/v1/loras")
     assert (status, body["reason"]) == (400, "LoraNotEnabled")
     assert json.loads(json.dumps(body))  # JSON all the way
+
+
+async def test_dummy_weights_refuse_every_adapter_with_the_flag_and_the_fix(mockers, adapters):
+    """As SGLang under ``--load-format dummy`` (it reads an adapter with the model's load format, which
+    reads no files): ``--lora-paths`` with it exits 2 before serving, naming the flag and the fix; with
+    ``--enable-lora`` the worker serves the base model, logs the error once, publishes why in discovery
+    (``cannot_load``), lists it on ``GET /v1/loras`` and answers every load ``LoraNotSupported``, which
+    the operator takes as permanent."""
+    refused = mockers.spawn(
+        "refused", "--speedup", "100", "--load-format", "dummy", "--lora-paths", f"a={adapters['r8']}"
+    )
+    await wait_until_async(
+        lambda: refused.proc.poll() is not None, "the refused mocker to exit", timeout_s=30
+    )
+    assert refused.proc.returncode == 2, refused.log()[-2000:]
+    assert "--lora-paths cannot be loaded with --load-format dummy" in refused.log()
+    assert "--load-format auto" in refused.log()
+    mp = mockers.spawn(
+        "dummy", "--speedup", "100", "--load-format", "dummy", "--enable-lora",
+        "--max-lora-rank", "16", "--lora-target-modules", "all",
+    )  # fmt: skip
+    rec = await mockers.registered(mp)
+    assert rec.lora is not None and rec.lora.cannot_load is not None
+    assert "--load-format dummy" in rec.lora.cannot_load
+    status, body = await call(mp.system_port, "POST", "/v1/loras", load_body("a", f"file://{adapters['r8']}"))
+    assert (status, body["status"], body["reason"]) == (400, "error", "LoraNotSupported"), body
+    assert "--load-format dummy" in body["message"] and "--load-format auto" in body["message"]
+    status, body = await call(mp.system_port, "GET", "/v1/loras")
+    assert status == 200 and body["loras"] == [] and body["cannot_load"] == rec.lora.cannot_load
+    assert mp.log().count("it can load no LoRA adapter") == 1
+    assert await generate(rec.address, None, "base"), "the base model serves"

@@ -1,5 +1,7 @@
-"""The LoRA GPU proof (tests/gpu/run_lora.py) on the mocker: dynamo-run of the disaggregated LoRA example,
-its adapters generated in PEFT's format and loaded on the prefill and the decode worker, listed with
+"""The LoRA GPU proof (tests/gpu/run_lora.py) on the mocker: the model folder of real random weights
+written (tiny here) and served through ``--model-dir`` with ``--load-format auto`` in place of dummy,
+dynamo-run of the disaggregated LoRA example, its adapters generated in PEFT's format for that model and
+loaded on the prefill and the decode worker, listed with
 their model, served by name and as ``<model>:<adapter>`` with outputs of their own, and a mixed load of
 four adapters and the base model with 0 errors and a clean Ctrl-C. The GPU is replaced by the mocker
 (no GPU here) and SGLang's own server is skipped: this keeps the script working between the runs on
@@ -30,4 +32,8 @@ def test_disaggregated_adapter_requests_are_served_with_no_error(tmp_path):
         "clean_exit": True,
     }
     assert row["ours_load"]["tokens"] == 20 * 8
+    model = tmp_path / "state" / "lora-model"
+    assert (model / "model.safetensors").is_file() and (model / "tokenizer.json").is_file()
+    manifest = (tmp_path / "out" / "manifests" / "lora-disagg.yaml").read_text()
+    assert "- --load-format\n" in manifest and "- dummy\n" not in manifest
     assert proc.stdout.rstrip().endswith("RESULT: PASS")

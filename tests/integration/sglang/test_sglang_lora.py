@@ -80,6 +80,22 @@ def test_the_relay_carries_the_adapter_sglang_names_on_its_blocks():
     ]
 
 
+def plan_for(server_args: FakeServerArgs, nats_url: str) -> WorkerPlan:
+    return WorkerPlan(
+        server_args=server_args,
+        runtime=RuntimeSettings(
+            namespace="sl-" + uuid.uuid4().hex[:8],
+            nats_server=nats_url,
+            system_port=0,
+            request_port=0,
+            listen_host="127.0.0.1",
+        ),
+        settings=SglangSettings(canary_interval_s=0.5, warmup_timeout_s=5),
+        bootstrap_host="127.0.0.1",
+        fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
+    )
+
+
 async def test_the_worker_loads_serves_and_unloads_adapters_on_sglang(nats_url, tmp_path):
     model = ensure_tiny_model(tmp_path / "model")
     a1, a2, a3 = (
@@ -94,19 +110,7 @@ async def test_the_worker_loads_serves_and_unloads_adapters_on_sglang(nats_url, 
         max_loaded_loras=2,
         max_loras_per_batch=2,
     )
-    plan = WorkerPlan(
-        server_args=server_args,
-        runtime=RuntimeSettings(
-            namespace="sl-" + uuid.uuid4().hex[:8],
-            nats_server=nats_url,
-            system_port=0,
-            request_port=0,
-            listen_host="127.0.0.1",
-        ),
-        settings=SglangSettings(canary_interval_s=0.5, warmup_timeout_s=5),
-        bootstrap_host="127.0.0.1",
-        fake_bootstrap_host=FAKE_BOOTSTRAP_HOST,
-    )
+    plan = plan_for(server_args, nats_url)
     engine = SglangEngine(plan, engine_factory=lambda sa: fakes.append(FakeSglangEngine(sa)) or fakes[-1])
     worker = Worker(engine, plan.runtime)
     record = await worker.start()
@@ -138,5 +142,49 @@ async def test_the_worker_loads_serves_and_unloads_adapters_on_sglang(nats_url, 
             async with http.post(url, json={"lora_name": "late", "source": {"uri": str(a1)}}) as r:
                 assert r.status == 200, await r.json()
             assert [a.name for a in worker.record.lora.adapters] == ["a3", "late"]
+    finally:
+        await worker.shutdown()
+
+
+async def test_under_dummy_weights_the_worker_refuses_every_adapter_before_sglang_sees_it(
+    nats_url, tmp_path, caplog
+):
+    """SGLang under ``--load-format dummy`` cannot read an adapter (its loader for the adapter's files is
+    the model's dummy one): the worker logs it once at start, publishes why (``cannot_load``) and answers
+    a load ``LoraNotSupported`` with the flag and the fix, without asking SGLang; the base model serves."""
+    model = ensure_tiny_model(tmp_path / "model")
+    adapter = write_adapter(model, tmp_path / "a1", rank=8, seed=1)
+    fakes: list[FakeSglangEngine] = []
+    server_args = FakeServerArgs(
+        model_path=str(model),
+        served_model_name="m",
+        page_size=4,
+        enable_lora=True,
+        max_lora_rank=16,
+        lora_target_modules=["all"],
+        load_format="dummy",
+    )
+    engine = SglangEngine(
+        plan_for(server_args, nats_url),
+        engine_factory=lambda sa: fakes.append(FakeSglangEngine(sa)) or fakes[-1],
+    )
+    worker = Worker(engine, engine.plan.runtime)
+    with caplog.at_level("ERROR", logger="dynamo_worker"):
+        record = await worker.start()
+    try:
+        assert record.lora is not None and "--load-format dummy" in (record.lora.cannot_load or "")
+        assert sum("it can load no LoRA adapter" in r.getMessage() for r in caplog.records) == 1
+        url = f"http://127.0.0.1:{worker.system.port}/v1/loras"
+        async with aiohttp.ClientSession() as http:
+            body = {"lora_name": "a1", "source": {"uri": f"file://{adapter}"}}
+            async with http.post(url, json=body) as r:
+                got = await r.json()
+                assert (r.status, got["reason"]) == (400, "LoraNotSupported"), got
+                assert "--load-format auto" in got["message"]
+            async with http.get(url) as r:
+                assert (await r.json())["cannot_load"] == record.lora.cannot_load
+        assert fakes[0].loras == {}  # SGLang was never asked
+        base = [c async for c in engine.generate(request(None))]
+        assert [t for c in base for t in c.token_ids] == fakes[0].expected_tokens(PROMPT, 4, None)
     finally:
         await worker.shutdown()

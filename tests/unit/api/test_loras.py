@@ -46,6 +46,8 @@ def test_refusals_keep_the_workers_reason_and_say_when_the_answer_is_outside_the
         True,
     )
     assert not parse_refusal(503, {"reason": "SourceUnreachable", "message": "m"}).permanent
+    # a worker under --load-format dummy can load no adapter until it is restarted with real weights
+    assert parse_refusal(400, {"reason": "LoraNotSupported", "message": "use --load-format auto"}).permanent
     other = parse_refusal(502, "Bad Gateway")
     assert other.reason == "Http502" and "502" in other.message and not other.permanent
 

@@ -244,3 +244,31 @@ def test_hicache_flags_of_the_example_reach_sglang_on_both_ends_of_the_window(re
     sa = plan.server_args
     assert sa.enable_hierarchical_cache and sa.hicache_ratio == 2.0
     assert (sa.hicache_write_policy, sa.hicache_io_backend) == ("write_through", "direct")
+
+
+@pytest.mark.parametrize("release", ["oldest_cli", "newest_cli"])
+def test_lora_with_dummy_weights_is_refused_at_parse_time_or_announced(release, request):
+    """SGLang reads an adapter's weights with the model's --load-format, so under ``dummy`` it can load
+    none: ``--lora-paths`` with it is refused before anything starts, naming the flag and the fix;
+    ``--enable-lora`` with it starts (the base model serves) and ``lora_blocked`` says why, which the
+    worker logs, publishes and answers ``/v1/loras`` with. LoRA off, or real weights: nothing to say."""
+    cli = request.getfixturevalue(release)
+    with pytest.raises(args.WorkerArgsError) as e:
+        args.parse_worker_args(
+            ["--model-path", "m", "--load-format", "dummy", "--lora-paths", "a=/adapters/a"],
+            env={},
+            sglang=cli,
+        )
+    assert str(e.value).startswith("--lora-paths cannot be loaded with --load-format dummy")
+    assert "--load-format auto" in str(e.value)
+    enable = ["--model-path", "m", "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj"]
+    plan = args.parse_worker_args([*enable, "--load-format", "dummy"], env={}, sglang=cli)
+    why = args.lora_blocked(plan.server_args)
+    assert why is not None and "--load-format dummy reads no files" in why and "--load-format auto" in why
+    assert args.lora_blocked(args.parse_worker_args(enable, env={}, sglang=cli).server_args) is None
+    plain = args.parse_worker_args(["--model-path", "m", "--load-format", "dummy"], env={}, sglang=cli)
+    assert args.lora_blocked(plain.server_args) is None
+    real = args.parse_worker_args(
+        ["--model-path", "m", "--load-format", "auto", "--lora-paths", "a=/adapters/a"], env={}, sglang=cli
+    )
+    assert args.lora_blocked(real.server_args) is None

@@ -46,6 +46,8 @@ worker's ``/v1/loras`` (``--lora-load-ms`` each) and serve requests that name th
 a batch of at most ``--max-loras-per-batch`` distinct adapters (the base model counting as one; a request
 whose adapter does not fit waits while later ones go), ``--lora-swap-ms`` per adapter a step copies into
 the GPU slots, and tokens that depend on the adapter too, so an answer tells which adapter served it.
+With ``--load-format dummy`` it can load no adapter, as SGLang cannot (``lora_checks.dummy_weights_block``):
+``--lora-paths`` is refused, and ``--enable-lora`` serves the base model and refuses every load.
 
 Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
 own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
@@ -70,7 +72,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +117,12 @@ from dynamo_worker.runtime.engine import (
     NullEventSink,
 )
 from dynamo_worker.runtime.lora_checks import (
+    DUMMY_WEIGHTS_LOG,
     LoraError,
     LoraLimits,
     StartupAdapter,
     check_fits,
+    dummy_weights_block,
     effective_limits,
     normalize_targets,
     parse_lora_paths,
@@ -443,7 +447,10 @@ class MockerEngine(Engine):
                 raise WorkerStartError(f"--lora-paths {adapter.name}={adapter.path}: {e.message}") from None
             configs.append(config)
             self.loras.load(adapter.name, adapter.pinned)
-        self._lora_limits = effective_limits(flags, configs)
+        blocked = dummy_weights_block(True, s.load_format)
+        if blocked is not None:
+            log.error(DUMMY_WEIGHTS_LOG, blocked)
+        self._lora_limits = replace(effective_limits(flags, configs), cannot_load=blocked)
         self._startup_loras = startup
 
     def lora_limits(self) -> LoraLimits | None:

@@ -21,6 +21,7 @@ from pydantic_settings import SettingsConfigDict
 from dynamo_worker.mocker.timing import TimingModel
 from dynamo_worker.multimodal.settings import MultimodalSettings
 from dynamo_worker.profile.model import load_profile
+from dynamo_worker.runtime.lora_checks import dummy_weights_block
 from dynamo_worker.runtime.model_files import is_embedding_model
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 
@@ -235,6 +236,11 @@ class MockerSettings(Settings):
         "lru", description="Which adapter leaves the GPU slots for a new one (SGLang's flag)."
     )
     lora_backend: str = Field("csgmv", description="Accepted (SGLang's LoRA kernel backend).")
+    load_format: str = Field(
+        "auto",
+        description="SGLang's --load-format: the mocker reads no weights, but with 'dummy' it can load no "
+        "LoRA adapter, as SGLang cannot (--lora-paths is refused, /v1/loras answers LoraNotSupported).",
+    )
     lora_load_ms: float = Field(200.0, ge=0, description="Simulated time to load an adapter (ms).")
     lora_swap_ms: float = Field(
         5.0,
@@ -278,6 +284,8 @@ class MockerSettings(Settings):
                 "--enable-lora without --lora-paths needs --max-lora-rank and --lora-target-modules (as "
                 "SGLang does): they size the adapter slots before any adapter is loaded"
             )
+        if self.lora_paths and (why := dummy_weights_block(True, self.load_format)):
+            raise ValueError(f"--lora-paths cannot be loaded with --load-format dummy: {why}")
         cap = self.max_loaded_loras
         if cap is not None and cap < self.max_loras_per_batch:
             raise ValueError(

@@ -5,10 +5,14 @@
     POST   /v1/loras   {"lora_name": str, "source": {"uri": str}, "pinned": bool = false}
            -> 200 {"status": "success", "message", "lora_name", "evicted": [names]}
     GET    /v1/loras   -> 200 {"status": "success", "loras": [{"lora_name", "uri", "rank", "pinned"}],
-                               "count", "max_loaded_loras", "max_loras_per_batch", "max_lora_rank"}
+                               "count", "max_loaded_loras", "max_loras_per_batch", "max_lora_rank",
+                               "cannot_load"}
     DELETE /v1/loras/{lora_name} -> 200 {"status": "success", "message", "lora_name"}
 
 Errors are ``{"status": "error", "reason", "message"}`` with the reasons of ``runtime.lora_checks``.
+
+An engine that runs with LoRA but can load no adapter (``LoraLimits.cannot_load``: SGLang under
+``--load-format dummy``) refuses every load with ``LoraNotSupported`` and publishes why in discovery.
 
 A load checks everything it can before the engine sees the adapter (``lora_checks``: the source, the
 PEFT folder, rank and target modules against the engine's limits, the slots), so a refusal names the
@@ -173,6 +177,7 @@ class LoraManager:
             max_loras_per_batch=self.limits.max_loras_per_batch,
             max_loaded_loras=self.limits.max_loaded_loras,
             max_lora_rank=self.limits.max_lora_rank,
+            cannot_load=self.limits.cannot_load,
         )
 
     def listing(self) -> dict[str, Any]:
@@ -187,6 +192,7 @@ class LoraManager:
             "max_loaded_loras": self.limits.max_loaded_loras,
             "max_loras_per_batch": self.limits.max_loras_per_batch,
             "max_lora_rank": self.limits.max_lora_rank,
+            "cannot_load": self.limits.cannot_load,
         }
 
     async def adopt(self, startup: Sequence[StartupAdapter]) -> None:
@@ -217,6 +223,10 @@ class LoraManager:
     # --- changes ---------------------------------------------------------------------------------
 
     async def load(self, body: Any) -> dict[str, Any]:
+        if self.limits.cannot_load is not None:
+            raise LoraError(
+                "LoraNotSupported", f"this worker cannot load adapters: {self.limits.cannot_load}"
+            )
         req = _parse_body(body)
         name = req.lora_name
         source = parse_source(req.source.uri)

@@ -9,6 +9,8 @@ reason                 status  when
 =====================  ======  ==============================================================
 InvalidRequest         400     the body is not ``{"lora_name", "source": {"uri"}, "pinned"?}``
 LoraNotEnabled         400     the worker runs without ``--enable-lora``
+LoraNotSupported       400     the engine runs with LoRA but can load no adapter (SGLang under
+                               ``--load-format dummy``): ``LoraLimits.cannot_load`` says why
 InvalidSource          400     a bad uri, a missing folder, not a PEFT LoRA adapter, ``s3://``
 SourceUnreachable      503     ``hf://`` without network, access or a cached copy
 RankTooLarge           400     the adapter's rank is above ``--max-lora-rank``
@@ -47,6 +49,7 @@ from dynamo_api.errors import DynamoError
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
+    "DUMMY_WEIGHTS_LOG",
     "REASONS",
     "AdapterConfig",
     "LoraError",
@@ -54,6 +57,7 @@ __all__ = [
     "Source",
     "StartupAdapter",
     "check_fits",
+    "dummy_weights_block",
     "effective_limits",
     "normalize_targets",
     "parse_adapter_config",
@@ -67,10 +71,24 @@ __all__ = [
 ADAPTER_CONFIG: Final = "adapter_config.json"
 ADAPTER_WEIGHTS: Final = ("adapter_model.safetensors", "adapter_model.bin")
 ALL_TARGETS: Final = frozenset({"all"})
+# SGLang reads an adapter's weights with the engine's own load config (``LoRAAdapter.initialize_weights``
+# builds a ``DefaultModelLoader`` from it, 0.5.17 to 0.5.23); under ``dummy`` that loader reads no file.
+DUMMY_WEIGHTS_LORA: Final = (
+    "SGLang reads a LoRA adapter's weights with the model's --load-format, and --load-format dummy reads "
+    "no files (SGLang's own server fails alike: 'DUMMY load_format should use DummyModelLoader'), so no "
+    "adapter can be loaded; serve real weights with --load-format auto (or another format that reads "
+    "files), or run without --enable-lora and --lora-paths"
+)
+# What a worker logs (an error, once, at start) when it runs so; %s: DUMMY_WEIGHTS_LORA.
+DUMMY_WEIGHTS_LOG: Final = (
+    "This worker runs with LoRA and --load-format dummy: it can load no LoRA adapter (POST /v1/loras "
+    "answers LoraNotSupported; the base model serves). %s"
+)
 
 REASONS: Final = {
     "InvalidRequest": 400,
     "LoraNotEnabled": 400,
+    "LoraNotSupported": 400,
     "InvalidSource": 400,
     "SourceUnreachable": 503,
     "RankTooLarge": 400,
@@ -279,12 +297,20 @@ def read_adapter_config(folder: Path) -> AdapterConfig:
 @dataclass(frozen=True)
 class LoraLimits:
     """What a LoRA-enabled engine accepts (SGLang's flags). ``None``: not given (see
-    ``effective_limits``); ``target_modules`` ``{"all"}``: every module SGLang supports."""
+    ``effective_limits``); ``target_modules`` ``{"all"}``: every module SGLang supports.
+    ``cannot_load``: why the engine can load no adapter at all, with the fix (None: it can)."""
 
     max_loras_per_batch: int = 8
     max_loaded_loras: int | None = None
     max_lora_rank: int | None = None
     target_modules: frozenset[str] | None = None
+    cannot_load: str | None = None
+
+
+def dummy_weights_block(lora_enabled: bool, load_format: str | None) -> str | None:
+    """Why an engine with LoRA on can load no adapter at all, with the fix (``DUMMY_WEIGHTS_LORA``);
+    None when LoRA is off or its weights are read from files."""
+    return DUMMY_WEIGHTS_LORA if lora_enabled and str(load_format) == "dummy" else None
 
 
 def effective_limits(limits: LoraLimits, startup: Sequence[AdapterConfig]) -> LoraLimits:

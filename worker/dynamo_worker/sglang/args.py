@@ -18,6 +18,13 @@ our listen host unless ``--host`` is given, and for a prefill worker without
 on another one if not: ``WorkerPlan.build_server_args`` builds a new ``ServerArgs`` for it, as
 ``ServerArgs`` is read-only once constructed).
 
+LoRA with ``--load-format dummy``: SGLang reads an adapter's weights with the engine's own load
+config (``LoRAAdapter.initialize_weights`` builds a ``DefaultModelLoader`` from it, 0.5.17 to 0.5.23),
+and under ``dummy`` that loader refuses to read any file, so no adapter can ever be loaded
+(``lora_blocked``). ``--lora-paths`` with it is refused before anything starts; ``--enable-lora`` with it
+starts (the base model serves), says so loudly, and ``/v1/loras`` refuses every load
+(``LoraNotSupported``).
+
 ``--help`` works without SGLang installed and says how to install it.
 """
 
@@ -38,6 +45,7 @@ from dynamo_api.errors import DynamoError
 from dynamo_api.settings_sources import Settings
 from pydantic import Field
 
+from dynamo_worker.runtime.lora_checks import dummy_weights_block
 from dynamo_worker.runtime.model_files import is_embedding_model
 from dynamo_worker.runtime.settings import RuntimeSettings, add_model_arguments, settings_from_args
 from dynamo_worker.sglang.uses import CONFIG_PARSER_MODULES, FLAG_REPLACEMENTS, REMOVED_FLAGS, SGLANG_WINDOW
@@ -52,6 +60,7 @@ __all__ = [
     "contract_overrides",
     "kv_event_endpoints",
     "load_sglang_cli",
+    "lora_blocked",
     "parse_sglang_args",
     "parse_worker_args",
     "pick_free_port",
@@ -204,6 +213,14 @@ def contract_overrides(
         values["disaggregation_bootstrap_port"] = 0
         notes.append("Chose a free --disaggregation-bootstrap-port (none given); discovery publishes it")
     return values, notes
+
+
+def lora_blocked(server_args: Any) -> str | None:
+    """Why an engine with these server arguments (``ServerArgs``, or SGLang's parsed namespace) runs
+    with LoRA but can load no adapter, and the fix; None when LoRA is off or adapters can load."""
+    return dummy_weights_block(
+        bool(server_args.enable_lora or server_args.lora_paths), server_args.load_format
+    )
 
 
 def bootstrap_host(server_args: Any, runtime: RuntimeSettings) -> str:
@@ -379,6 +396,8 @@ def parse_worker_args(
     embedding_worker = "--embedding-worker" in rest  # NVIDIA Dynamo's flag, SGLang has none
     rest = [a for a in rest if a != "--embedding-worker"]
     ns = parse_sglang_args(parser, rest)
+    if ns.lora_paths and (why := lora_blocked(ns)):
+        raise WorkerArgsError(f"--lora-paths cannot be loaded with --load-format dummy: {why}")
     values, notes = contract_overrides(ns, rest, runtime, _embedding(embedding_worker, ns.model_path))
     chosen = values.get("disaggregation_bootstrap_port") == 0
     if chosen:

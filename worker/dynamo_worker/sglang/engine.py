@@ -35,6 +35,8 @@ LoRA (SGLang's ``--enable-lora``, ``--lora-paths`` and the rest, passed through)
 adapter is generated with ``lora_path=<name>``. A request for an adapter this worker does not hold is
 refused here: SGLang would otherwise load an adapter it once held again on its own. SGLang's KV events
 name the adapter of a block from 0.5.23 (``lora_name``); 0.5.17's do not, which the worker says once.
+Under ``--load-format dummy`` SGLang can load no adapter (``args.lora_blocked``): ``lora_limits`` says
+so, and ``/v1/loras`` refuses every load before SGLang sees it.
 
 Before the worker registers, one request warms SGLang up (``--warmup-timeout-s``): the first forward
 pass compiles kernels, seconds on a new pod, which the first user request would otherwise pay for. Then a
@@ -84,6 +86,7 @@ from dynamo_worker.runtime.engine import (
     NullEventSink,
 )
 from dynamo_worker.runtime.lora_checks import (
+    DUMMY_WEIGHTS_LOG,
     LoraError,
     LoraLimits,
     StartupAdapter,
@@ -91,7 +94,7 @@ from dynamo_worker.runtime.lora_checks import (
     parse_lora_paths,
 )
 from dynamo_worker.sglang import handler
-from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, pick_free_port
+from dynamo_worker.sglang.args import WorkerPlan, kv_event_endpoints, lora_blocked, pick_free_port
 from dynamo_worker.sglang.images import image_item, image_prompt, image_tokens
 from dynamo_worker.sglang.kv_events import KvEventRelay
 from dynamo_worker.sglang.resolved import resolved_args
@@ -198,6 +201,9 @@ class SglangEngine(Engine):
         self._registry = registry
 
     async def start(self) -> EngineInfo:
+        blocked = lora_blocked(self.plan.server_args)
+        if blocked is not None:
+            log.error(DUMMY_WEIGHTS_LOG, blocked)
         self._observe_transport()
         for attempt in range(1, BOOTSTRAP_PORT_ATTEMPTS + 1):
             await self._start_engine()
@@ -283,6 +289,7 @@ class SglangEngine(Engine):
             target_modules=normalize_targets(targets if isinstance(targets, str) else list(targets))
             if targets
             else None,
+            cannot_load=lora_blocked(server_args),
         )
 
     def startup_loras(self) -> list[StartupAdapter]:

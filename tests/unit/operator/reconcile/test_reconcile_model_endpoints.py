@@ -181,3 +181,23 @@ def test_events_come_on_transitions_only():
     assert (warning.type, warning.reason) == ("Warning", "RankTooLarge") and "raise" in warning.message
     loading = me.model_conditions(model(), TARGETS, [observed("d-1", False)])[0]
     assert me.model_events(current, loading) == []  # loading is no news
+
+
+def test_a_worker_on_dummy_weights_is_a_permanent_refusal_with_its_fix():
+    """A worker under ``--load-format dummy`` answers ``LoraNotSupported``: the condition's reason, the
+    worker's message (the flag and the fix) in it and in the Warning Event, and permanent (the LoRA gate
+    does not hold a rollout up on it)."""
+    why = Refusal(
+        "LoraNotSupported",
+        "this worker cannot load adapters: ... serve real weights with --load-format auto",
+    )
+    assert why.permanent
+    conds = by_type(me.model_conditions(model(), TARGETS, [observed("d-1", False, why)]))
+    status, reason, message = conds["Ready"]
+    assert (status, reason) == ("False", "LoraNotSupported")
+    assert "d-1 refused it" in message and "--load-format auto" in message
+    (warning,) = me.model_events([], me.model_conditions(model(), TARGETS, [observed("d-1", False, why)])[0])
+    assert (warning.type, warning.reason) == (
+        "Warning",
+        "LoraNotSupported",
+    ) and "--load-format" in warning.message
