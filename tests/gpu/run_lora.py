@@ -28,7 +28,9 @@ operator does: ``POST /v1/loras`` on every worker. Then, with the official ``ope
 - greedy completions (``PROBES`` prompts of token ids, ``PROBE_OUT`` tokens, ``ignore_eos``) of the
   base model and of each adapter, by name (and one as ``<model>:<adapter>``);
 - a mixed load: ``NREQ`` completions of ``ISL``/``OSL`` tokens, ``CONC`` at once, cycling over the four
-  adapters and the base model: output tokens/s and errors.
+  adapters and the base model, after an untimed warm-up pass: output tokens/s and errors. It is sent
+  with aiohttp, as SGLang's is below, so both stacks pay the same client (the ``openai`` client's own
+  cost per request halved ours on this fast model).
 
 Then (``ENGINE=sglang``) the same on SGLang's own server on the same GPU: ``sglang.launch_server`` with
 the same flags, ``--lora-paths`` for the four adapters, driven through its ``/generate`` with
@@ -63,8 +65,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -317,31 +321,53 @@ def mixed_requests(models: list[str], n: int = 0) -> list[tuple[str, list[int]]]
     ]
 
 
-async def ours_load(graph: ex.Graph, models: list[str]) -> dict:
-    """The mixed load through our frontend: output tokens/s and errors."""
-    import openai
+async def timed_load(models: list[str], send: Callable[[Any, str, list[int]], Awaitable[int]]) -> dict:
+    """The mixed load: an untimed warm-up pass (``WARMUP_REQ`` requests: whichever stack runs first would
+    otherwise pay for compiling the LoRA kernels), then ``NREQ`` requests, ``CONC`` at once, timed.
+    ``send(session, model, ids)`` sends one and returns its output tokens. Both stacks are driven by the
+    same aiohttp client, so the client's own cost is the same for both."""
+    import aiohttp
 
     sem = asyncio.Semaphore(CONC)
-    tokens, errors = 0, []
 
-    async def one(c, model: str, ids: list[int]) -> None:
-        nonlocal tokens
+    async def one(s: Any, name: str, ids: list[int], counts: dict) -> None:
         async with sem:
             try:
-                r = await c.completions.create(
-                    model=model, prompt=ids, max_tokens=OSL, temperature=0, extra_body={"ignore_eos": True}
-                )
-                tokens += r.usage.completion_tokens
-            except openai.APIError as e:
-                errors.append(f"{model}: {e}"[:200])
+                n = await send(s, name, ids)
+            except (TimeoutError, RuntimeError, aiohttp.ClientError) as e:
+                counts["errors"].append(f"{name}: {e}"[:200])
+                return
+            counts["tokens"] += n
 
-    async with openai.AsyncOpenAI(base_url=graph.base, api_key="none", max_retries=0, timeout=600) as c:
-        await asyncio.gather(*(one(c, m, ids) for m, ids in mixed_requests(models, WARMUP_REQ)))
-        tokens, errors = 0, []  # the warm-up pass compiles the LoRA kernels' shapes: not measured
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=CONC)) as s:
+        warm: dict = {"tokens": 0, "errors": []}
+        await asyncio.gather(*(one(s, m, ids, warm) for m, ids in mixed_requests(models, WARMUP_REQ)))
+        counts: dict = {"tokens": 0, "errors": []}
         start = time.perf_counter()
-        await asyncio.gather(*(one(c, m, ids) for m, ids in mixed_requests(models)))
+        await asyncio.gather(*(one(s, m, ids, counts) for m, ids in mixed_requests(models)))
         seconds = time.perf_counter() - start
-    return {"tok_s": tokens / seconds, "tokens": tokens, "errors": len(errors), "first_errors": errors[:3]}
+    errors = warm["errors"] + counts["errors"]
+    return {
+        "tok_s": counts["tokens"] / seconds,
+        "tokens": counts["tokens"],
+        "errors": len(errors),
+        "first_errors": errors[:3],
+    }
+
+
+async def ours_load(graph: ex.Graph, models: list[str]) -> dict:
+    """The mixed load through our frontend's ``/v1/completions``: output tokens/s and errors."""
+
+    async def send(s: Any, model: str, ids: list[int]) -> int:
+        body = {"model": model, "prompt": ids, "max_tokens": OSL, "temperature": 0, "ignore_eos": True}
+        async with s.post(f"{graph.base}/completions", json=body) as r:
+            text = await r.text()
+            if r.status != 200:
+                raise RuntimeError(f"/v1/completions answered {r.status}: {text[:300]}")
+            return int(json.loads(text)["usage"]["completion_tokens"])
+
+    return await timed_load(models, send)
 
 
 def run_ours(phase: str, gpus: str, adapters: dict[str, Path], row: dict) -> None:
@@ -454,26 +480,12 @@ async def native_greedy(native: Native, model: str, adapters: list[str]) -> dict
 
 
 async def native_load(native: Native, models: list[str], model: str) -> dict:
-    import aiohttp
+    """The same mixed load on SGLang's ``/generate`` (``lora_path`` for an adapter)."""
 
-    sem = asyncio.Semaphore(CONC)
-    tokens, errors = 0, []
+    async def send(s: Any, name: str, ids: list[int]) -> int:
+        return await native.generate_count(s, ids, OSL, None if name == model else name)
 
-    async def one(s, name: str, ids: list[int]) -> None:
-        nonlocal tokens
-        async with sem:
-            try:
-                tokens += await native.generate_count(s, ids, OSL, None if name == model else name)
-            except (RuntimeError, aiohttp.ClientError) as e:
-                errors.append(str(e)[:200])
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
-        await asyncio.gather(*(one(s, m, ids) for m, ids in mixed_requests(models, WARMUP_REQ)))
-        tokens, errors = 0, []  # the warm-up pass, as for ours: not measured
-        start = time.perf_counter()
-        await asyncio.gather(*(one(s, m, ids) for m, ids in mixed_requests(models)))
-        seconds = time.perf_counter() - start
-    return {"tok_s": tokens / seconds, "tokens": tokens, "errors": len(errors), "first_errors": errors[:3]}
+    return await timed_load(models, send)
 
 
 def run_native(phase: str, gpu: str, adapters: dict[str, Path], row: dict, with_load: bool) -> None:
