@@ -55,11 +55,12 @@ faults: venv binaries ## the fault suite: one row per fault (what was done, boun
 
 lint: lint-code lint-chart ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
 
-lint-code: venv ## ruff, formatting, types (mypy), import contracts, CRD drift, complexity, Markdown links
+lint-code: venv ## ruff, formatting, types (mypy), import contracts and cycles, CRD drift, complexity, Markdown links
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python hack/check-import-cycles.py
 	$(BIN)/python -m dynamo_api.crdgen --check
 	$(BIN)/python hack/check-complexity.py
 	$(BIN)/python hack/check-links.py

@@ -11,7 +11,7 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     │   ├── Invalid
     │   └── GraphFileError               dynamo_worker.planner.localgraph
     ├── LoraClientError                  dynamo_api.lora_client
-    │   ├── WorkerUnreachable
+    │   ├── SystemPortUnreachable
     │   └── LoraRefused
     ├── SettingsError (ValueError)       dynamo_api.settings_sources
     ├── CertError (ValueError)           dynamo_operator.certs

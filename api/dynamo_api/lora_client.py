@@ -1,15 +1,16 @@
 """The client of a worker's ``/v1/loras`` (:mod:`dynamo_api.loras`), used by the operator and dynamo-run.
 
 Every call is bounded (``timeout_s``) and answers in one of three ways: done, a ``Refusal`` (the worker
-answered and said why), or ``WorkerUnreachable`` (no answer: a worker that is starting, stopping or gone).
+answered and said why), or ``SystemPortUnreachable`` (no answer from the worker's system port: a worker
+that is starting, stopping or gone).
 :func:`ensure` is the one way an adapter is put on a worker: read what it holds, load what is missing,
 reload what came from another source.
 
 Errors::
 
     LoraClientError
-    ├── WorkerUnreachable   no answer within the bound, or an answer outside the contract
-    └── LoraRefused         the worker answered with an error: .refusal (reason, message)
+    ├── SystemPortUnreachable   no answer within the bound, or an answer outside the contract
+    └── LoraRefused             the worker answered with an error: .refusal (reason, message)
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from dynamo_api.loras import (
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "LOAD_TIMEOUT_S",
+    "EnsureOutcome",
     "LoraClientError",
     "LoraRefused",
-    "Outcome",
-    "WorkerUnreachable",
+    "SystemPortUnreachable",
     "ensure",
     "list_loras",
     "load",
@@ -53,7 +54,7 @@ class LoraClientError(DynamoError):
     pass
 
 
-class WorkerUnreachable(LoraClientError):
+class SystemPortUnreachable(LoraClientError):
     pass
 
 
@@ -64,7 +65,7 @@ class LoraRefused(LoraClientError):
 
 
 @dataclass(frozen=True)
-class Outcome:
+class EnsureOutcome:
     """What :func:`ensure` found and did on one worker: ``held`` after it, or the worker's refusal."""
 
     held: bool
@@ -85,7 +86,7 @@ async def _call(
                 answer = (await response.text())[:300]
             return response.status, answer
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise WorkerUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+        raise SystemPortUnreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from None
 
 
 async def list_loras(
@@ -98,7 +99,7 @@ async def list_loras(
     try:
         return parse_listing(body)
     except ValueError as exc:
-        raise WorkerUnreachable(f"GET {base_url}{LORAS_PATH}: {exc}") from None
+        raise SystemPortUnreachable(f"GET {base_url}{LORAS_PATH}: {exc}") from None
 
 
 async def load(
@@ -128,17 +129,17 @@ async def ensure(
     uri: str,
     *,
     load_timeout_s: float = LOAD_TIMEOUT_S,
-) -> Outcome:
+) -> EnsureOutcome:
     """Make the worker hold ``name`` from ``uri``: nothing when it does, a load when it does not, an
-    unload and a load when it holds it from another source. Raises ``WorkerUnreachable`` (also when
+    unload and a load when it holds it from another source. Raises ``SystemPortUnreachable`` (also when
     the load takes longer than ``load_timeout_s``: the worker goes on loading it)."""
     try:
         held = (await list_loras(session, base_url)).get(name)
         if held is not None and same_source(held.uri, uri):
-            return Outcome(held=True)
+            return EnsureOutcome(held=True)
         if held is not None:
             await unload(session, base_url, name)
         await load(session, base_url, name, uri, timeout_s=load_timeout_s)
     except LoraRefused as exc:
-        return Outcome(held=False, refusal=exc.refusal)
-    return Outcome(held=True, action="reloaded" if held is not None else "loaded")
+        return EnsureOutcome(held=False, refusal=exc.refusal)
+    return EnsureOutcome(held=True, action="reloaded" if held is not None else "loaded")

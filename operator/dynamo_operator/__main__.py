@@ -3,10 +3,10 @@
 Start-up: read settings (flags and ``DYN_OPERATOR_*``), connect to the API server, resolve the
 multinode group backend (``auto``: LeaderWorkerSet when its CRD is installed) and the gang scheduler
 (``auto``: coscheduling when scheduler-plugins' PodGroup CRD is installed), serve the conversion and
-validating webhooks and register both (:mod:`dynamo_operator.webhook`, :mod:`dynamo_operator.admission`),
-then run kopf scoped
-to the given namespaces (or the whole cluster), standalone unless ``--peering`` is given, with the
-liveness endpoint ``GET /healthz``. SIGTERM/SIGINT stop it gracefully.
+validating webhooks and register both (:mod:`dynamo_operator.webhook`,
+:mod:`dynamo_operator.validating_webhook`), then run kopf scoped to the given namespaces (or the whole
+cluster), standalone unless ``--peering`` is given, with the liveness endpoint ``GET /healthz``.
+SIGTERM/SIGINT stop it gracefully.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Literal
 import aiohttp
 import kopf
 
-from dynamo_operator import admission, certs, webhook
+from dynamo_operator import certs, validating_webhook, webhook
 from dynamo_operator.certs import CertError
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile import handlers  # noqa: F401  (importing registers the kopf handlers)
@@ -99,8 +99,10 @@ async def start_webhook(
         cert,
         settings.webhook_host,
         settings.webhook_port,
-        validate=lambda body: admission.admission_review(body, lambda obj: admission.judge(obj, config)),
-        validate_path=admission.PATH,
+        validate=lambda body: validating_webhook.admission_review(
+            body, lambda obj: validating_webhook.judge(obj, config)
+        ),
+        validate_path=validating_webhook.PATH,
     )
     await server.start()
     checks: list[tuple[str, Callable[[], Awaitable[bool]]]] = []
@@ -113,9 +115,9 @@ async def start_webhook(
             )
         )
     if settings.validating_webhook:
-        wanted = admission.validating_webhook_configuration(
+        wanted = validating_webhook.validating_webhook_configuration(
             settings.validating_webhook,
-            settings.webhook_client_config(admission.PATH),
+            settings.webhook_client_config(validating_webhook.PATH),
             cert.ca_pem,
             settings.webhook_failure_policy,
             () if settings.all_namespaces else settings.namespace,
@@ -123,7 +125,7 @@ async def start_webhook(
         checks.append(
             (
                 f"validating webhook {settings.validating_webhook}",
-                partial(admission.ensure_validating_webhook, kube, wanted),
+                partial(validating_webhook.ensure_validating_webhook, kube, wanted),
             )
         )
     for what, check in checks:
@@ -140,7 +142,7 @@ async def start_webhook(
                     "--no-webhook-configure-crd and set spec.conversion yourself",
                 ) from None
             if exc.status == 403:
-                raise admission.forbidden(exc, settings.validating_webhook or "") from None
+                raise validating_webhook.forbidden(exc, settings.validating_webhook or "") from None
             raise
     if not checks:
         return server, None

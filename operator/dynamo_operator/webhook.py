@@ -1,6 +1,6 @@
 """The conversion webhook: HTTPS ``POST /convert`` answering ``apiextensions.k8s.io/v1`` ConversionReviews,
 and the HTTPS server it shares with the validating webhook (``POST /validate``,
-:mod:`dynamo_operator.admission`).
+:mod:`dynamo_operator.validating_webhook`).
 
 The API server calls it whenever a client reads or writes a ``DynamoGraphDeployment`` at a version other
 than the stored one (v1beta1): every v1alpha1 request, in either direction. Conversion itself is

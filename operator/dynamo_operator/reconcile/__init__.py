@@ -1,7 +1,7 @@
 """The I/O half of the operator: kopf handlers, the Kubernetes client, the reconcile loop.
 
-Pure deciding helpers (``plan``, ``status``, ``conditions``, ``outcome``, ``scaling``, ``groups``,
-``pairing``, ``workqueue``) are kept apart from the modules that do I/O (``kube``: the only one that
-talks to the API; ``controller``: the visit; ``adapters``: scaling adapters; ``restarts``: multinode
-group restarts; ``handlers``: every kopf decorator).
+Pure deciding helpers (``apply_rules``, ``status``, ``conditions``, ``outcome``, ``scaling``, ``groups``,
+``pair_gate``, ``workqueue``) are kept apart from the modules that do I/O (``kube``: the only one that
+talks to the API; ``controller``: the visit; ``scaling_adapters``: scaling adapters; ``restarts``:
+multinode group restarts; ``handlers``: every kopf decorator).
 """

@@ -4,7 +4,7 @@ A visit reads, renders, applies and writes status, as controller-runtime's recon
 
 - read: the graph (fresh, at the stored version) and its scaling adapters;
 - render: once, the whole desired state, with the replicas the adapters ask for
-  (:mod:`dynamo_operator.reconcile.adapters`);
+  (:mod:`dynamo_operator.reconcile.scaling_adapters`);
 - apply: those replicas into the graph, every child by server-side apply, the prune of the children no
   longer desired, the adapters, and the readiness gates of paired revisions;
 - status: aggregated from the observed children, written when it changed, with the Events the
@@ -30,7 +30,7 @@ from dynamo_api.models import DynamoGraphDeployment
 from pydantic import ValidationError
 
 from dynamo_operator.config import OperatorConfig
-from dynamo_operator.reconcile import adapters, pairing, plan, scaling, status
+from dynamo_operator.reconcile import apply_rules, pair_gate, scaling, scaling_adapters, status
 from dynamo_operator.reconcile.conditions import (
     APPLY_FAILED,
     apply_failed_condition,
@@ -105,7 +105,7 @@ class Controller:
     restarter: GroupRestarter = field(init=False)
     _resync_task: asyncio.Task[None] | None = field(default=None, init=False)
     # uid -> fingerprint of our last apply to that object: unchanged objects are not applied again.
-    _applied: dict[str, plan.Fingerprint] = field(default_factory=dict, init=False)
+    _applied: dict[str, apply_rules.Fingerprint] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         backoff: ExponentialBackoff[Key] = ExponentialBackoff(self.backoff_base_s, self.backoff_cap_s)
@@ -152,7 +152,7 @@ class Controller:
     async def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A pod of ours changed: restart its multinode group if it failed or was deleted, and visit
         its graph when the pod is stuck (unschedulable, image pull, crash loop), so the Ready message
-        says why promptly, or waits for its readiness gate (``reconcile.pairing``).
+        says why promptly, or waits for its readiness gate (``reconcile.pair_gate``).
 
         Other pod changes need no visit: the pods' workloads (Deployments, StatefulSets, LWS) update
         their own status, and those changes are watched."""
@@ -160,7 +160,7 @@ class Controller:
         await self.restarter.pod_event(event_type, pod)
         if event_type == "DELETED":
             return
-        if status.pod_problem(pod) is not None or pairing.waits_for_gate(pod) or waits_for_lora_gate(pod):
+        if status.pod_problem(pod) is not None or pair_gate.waits_for_gate(pod) or waits_for_lora_gate(pod):
             self.child_event(pod)
 
     def _forget(self, key: Key) -> None:
@@ -231,7 +231,7 @@ class Controller:
             graph = load_graph(raw)  # v1beta1 as stored -> the internal model render works from
         except ValidationError as exc:
             return Observed(raw, None, problems_from_validation(exc), [])
-        return Observed(raw, graph, (), await adapters.list_adapters(self.kube, raw))
+        return Observed(raw, graph, (), await scaling_adapters.list_adapters(self.kube, raw))
 
     # --- render ----------------------------------------------------------------------------------
     def _render(self, observed: Observed) -> tuple[Rendered, dict[str, int]]:
@@ -257,7 +257,9 @@ class Controller:
     ) -> tuple[dict[str, Any], Outcome]:
         """Make the world as ``rendered`` says; what it changed is appended to ``done``. Returns the graph
         (with the copied replicas) and the outcome for status."""
-        raw, scaled_changes, scaled = await adapters.copy_replicas(self.kube, observed.raw, copies, rendered)
+        raw, scaled_changes, scaled = await scaling_adapters.copy_replicas(
+            self.kube, observed.raw, copies, rendered
+        )
         done += scaled_changes
         meta = raw["metadata"]
         namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
@@ -272,7 +274,7 @@ class Controller:
         counts = status.all_counts(
             rendered.services, applied_objects, component_label=labels.COMPONENT, group_label=labels.GROUP
         )
-        warnings, adapter_changes = await adapters.sync(
+        warnings, adapter_changes = await scaling_adapters.sync(
             self.kube, raw, rendered, observed.adapters, counts, scaled
         )
         done += adapter_changes
@@ -300,9 +302,9 @@ class Controller:
         self, raw: dict[str, Any], rendered: Rendered, pods: list[dict[str, Any]]
     ) -> list[Change]:
         """Set the readiness gate of the prefill and decode pods whose revision has both roles serving
-        (``reconcile.pairing``)."""
+        (``reconcile.pair_gate``)."""
         roles = {service: p.role for service, p in rendered.services.items()}
-        names = pairing.gates_to_open(pods, roles)
+        names = pair_gate.gates_to_open(pods, roles)
         if not names:
             return []
         namespace = raw["metadata"]["namespace"]
@@ -316,7 +318,7 @@ class Controller:
         for pod in names:
             try:
                 await self.kube.patch_strategic(
-                    POD, namespace, pod, pairing.paired_condition(timestamp()), subresource="status"
+                    POD, namespace, pod, pair_gate.paired_condition(timestamp()), subresource="status"
                 )
             except NotFound:
                 continue  # deleted meanwhile
@@ -342,12 +344,12 @@ class Controller:
         selector = label_selector(labels.graph_selector(name))
         listed = await asyncio.gather(*(self.kube.list(t, namespace, selector) for t in types.values()))
         observed = [o for items in listed for o in items]
-        before = {plan.key(o): o for o in observed}
+        before = {apply_rules.key(o): o for o in observed}
 
         async def apply_one(obj: dict[str, Any]) -> dict[str, Any] | str:
-            current = before.get(plan.key(obj))
+            current = before.get(apply_rules.key(obj))
             last = self._applied.get(current["metadata"]["uid"]) if current else None
-            if current is not None and not plan.needs_apply(obj, current, last, FIELD_MANAGER):
+            if current is not None and not apply_rules.needs_apply(obj, current, last, FIELD_MANAGER):
                 return current
             try:
                 after = await self.kube.apply(obj)
@@ -358,8 +360,8 @@ class Controller:
                     "Could not apply %s name=%s error=%s", obj["kind"], obj["metadata"]["name"], exc
                 )
                 return f"{obj['kind']} {obj['metadata']['name']}: {exc.message}"
-            self._applied[after["metadata"]["uid"]] = plan.fingerprint(obj, after, FIELD_MANAGER)
-            action = plan.apply_outcome(current, after, FIELD_MANAGER)
+            self._applied[after["metadata"]["uid"]] = apply_rules.fingerprint(obj, after, FIELD_MANAGER)
+            action = apply_rules.apply_outcome(current, after, FIELD_MANAGER)
             if action is not None:
                 kind, child = obj["kind"], obj["metadata"]["name"]
                 logger.info("%s %s name=%s graph=%s/%s", action, kind, child, namespace, name)
@@ -372,7 +374,7 @@ class Controller:
         if rejections:
             return applied_objects, rejections
         prune_types = {t.kind for t in PRUNE_TYPES}
-        for obj in plan.to_prune(observed, rendered.objects, uid):
+        for obj in apply_rules.to_prune(observed, rendered.objects, uid):
             if obj["kind"] not in prune_types:
                 continue
             kind, child = obj["kind"], obj["metadata"]["name"]

@@ -67,7 +67,7 @@ async def _settled(
             outcome = await lora_client.ensure(
                 session, address, dm.spec.model_name, dm.spec.source.uri, load_timeout_s=GATE_LOAD_TIMEOUT_S
             )
-        except lora_client.WorkerUnreachable:
+        except lora_client.SystemPortUnreachable:
             return False
         if not outcome.held and (outcome.refusal is None or not outcome.refusal.permanent):
             return False

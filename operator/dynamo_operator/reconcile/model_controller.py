@@ -77,15 +77,15 @@ async def list_worker_pods(kube: Kube, namespace: str) -> list[dict[str, Any]]:
 
 async def observe(
     session: aiohttp.ClientSession, dm: DynamoModel, endpoint: me.Endpoint
-) -> tuple[me.Observed, str]:
+) -> tuple[me.ObservedEndpoint, str]:
     """Ask one endpoint, loading the adapter when it lacks it: what was found, and what was done."""
     if not dm.spec.loads_adapter or dm.spec.source is None:
-        return me.Observed(endpoint, ready=True), "none"
+        return me.ObservedEndpoint(endpoint, ready=True), "none"
     try:
         outcome = await lora_client.ensure(session, endpoint.address, dm.spec.model_name, dm.spec.source.uri)
-    except lora_client.WorkerUnreachable as exc:
-        return me.Observed(endpoint, ready=False, unreachable=str(exc)), "none"
-    return me.Observed(endpoint, ready=outcome.held, refusal=outcome.refusal), outcome.action
+    except lora_client.SystemPortUnreachable as exc:
+        return me.ObservedEndpoint(endpoint, ready=False, unreachable=str(exc)), "none"
+    return me.ObservedEndpoint(endpoint, ready=outcome.held, refusal=outcome.refusal), outcome.action
 
 
 @dataclass
@@ -232,12 +232,12 @@ class ModelController:
 
     async def _observe(
         self, raw: dict[str, Any], dm: DynamoModel, found: Sequence[me.Endpoint]
-    ) -> list[me.Observed]:
+    ) -> list[me.ObservedEndpoint]:
         assert self._session is not None, "start() the controller first"
         session = self._session
         gate = asyncio.Semaphore(CONCURRENCY)
 
-        async def one(endpoint: me.Endpoint) -> tuple[me.Observed, str]:
+        async def one(endpoint: me.Endpoint) -> tuple[me.ObservedEndpoint, str]:
             async with gate:
                 return await observe(session, dm, endpoint)
 
@@ -255,7 +255,7 @@ class ModelController:
         return [o for o, _ in results]
 
     async def _write(
-        self, raw: dict[str, Any], wanted: list[Cond], observed: Sequence[me.Observed] | None
+        self, raw: dict[str, Any], wanted: list[Cond], observed: Sequence[me.ObservedEndpoint] | None
     ) -> None:
         """Post the Events of changed conditions and write status (nothing when it is unchanged)."""
         meta = raw["metadata"]

@@ -38,7 +38,7 @@ __all__ = [
     "NO_ENDPOINTS",
     "NO_SERVICES",
     "Endpoint",
-    "Observed",
+    "ObservedEndpoint",
     "cluster_problems",
     "endpoint_of",
     "endpoints",
@@ -70,7 +70,7 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
-class Observed:
+class ObservedEndpoint:
     """One endpoint as a visit found it: whether it is ready (holds the adapter), and if not, why."""
 
     endpoint: Endpoint
@@ -196,7 +196,7 @@ def _pods(items: Sequence[str]) -> str:
     return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
-def _not_ready(dm: DynamoModel, observed: Sequence[Observed]) -> Cond:
+def _not_ready(dm: DynamoModel, observed: Sequence[ObservedEndpoint]) -> Cond:
     """EndpointsReady False for a model some endpoints do not hold: the first refusal's reason (by pod
     name) and message, else NotReady naming the pods still loading or unreachable."""
     ready = sum(o.ready for o in observed)
@@ -228,7 +228,7 @@ def _not_ready(dm: DynamoModel, observed: Sequence[Observed]) -> Cond:
 
 
 def model_conditions(
-    dm: DynamoModel, wanted: Mapping[str, Sequence[str]], observed: Sequence[Observed]
+    dm: DynamoModel, wanted: Mapping[str, Sequence[str]], observed: Sequence[ObservedEndpoint]
 ) -> list[Cond]:
     """Ready, EndpointsReady and ServicesFound of ``dm``, from its targets and its observed endpoints."""
     base = dm.spec.base_model_name
@@ -271,7 +271,7 @@ def model_conditions(
     return [ready, endpoints_cond, services]
 
 
-def status_body(observed: Sequence[Observed]) -> dict[str, Any]:
+def status_body(observed: Sequence[ObservedEndpoint]) -> dict[str, Any]:
     """``endpoints``, ``readyEndpoints`` and ``totalEndpoints`` of the status (Kubernetes spelling)."""
     return {
         "endpoints": [

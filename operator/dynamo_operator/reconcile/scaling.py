@@ -21,8 +21,8 @@ from typing import Any
 from dynamo_api.components import components
 from dynamo_api.models import DynamoGraphDeployment
 
+from dynamo_operator.reconcile.apply_rules import controlled_by
 from dynamo_operator.reconcile.conditions import Cond
-from dynamo_operator.reconcile.plan import controlled_by
 from dynamo_operator.render.scaling import scaling_adapters
 from dynamo_operator.render.types import ScalingConflict
 

@@ -12,7 +12,7 @@ those pods three ways:
 - the label ``REVISION_LABEL``, by which the operator groups pods;
 - the readiness gate ``PAIRED_CONDITION``: a pod is Ready only once its revision has a prefill and a
   decode pod whose containers are ready, which the operator states on the pods
-  (``dynamo_operator.reconcile.pairing``). A rolling update removes old pods only as new ones become
+  (``dynamo_operator.reconcile.pair_gate``). A rolling update removes old pods only as new ones become
   Ready, so the old revision keeps both roles serving until the new one has both.
 
 Other changes to a pod template (an env var, resources, probes) keep the revision: the old and new pods

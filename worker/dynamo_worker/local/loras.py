@@ -107,9 +107,9 @@ async def _load_one(
         ),
         strict=True,
     ):
-        if isinstance(outcome, lora_client.Outcome) and outcome.held:
+        if isinstance(outcome, lora_client.EnsureOutcome) and outcome.held:
             loaded.workers.append(worker.name)
-        elif isinstance(outcome, lora_client.Outcome) and outcome.refusal is not None:
+        elif isinstance(outcome, lora_client.EnsureOutcome) and outcome.refusal is not None:
             loaded.failures.append(f"{worker.name}: {outcome.refusal.reason}: {outcome.refusal.message}")
         elif isinstance(outcome, BaseException):
             loaded.failures.append(f"{worker.name}: {outcome}")

@@ -156,7 +156,9 @@ def _with_engine(
 
 
 @dataclass(frozen=True)
-class _Run:
+class _PodProcess:
+    """One pod of the graph as the process that will run it, before its ports and GPU ids are given."""
+
     pod: Pod
     label: str
     service: str
@@ -214,7 +216,7 @@ def plan_graph(
 
 
 def _local_ports(
-    runs: Sequence[_Run], http_port: int, free_port: Callable[[], int]
+    runs: Sequence[_PodProcess], http_port: int, free_port: Callable[[], int]
 ) -> dict[str, dict[int, int]]:
     """Per pod, each declared containerPort's local port: ``http_port`` for the frontend's ``http``
     (what its Service publishes), a free one for every other."""
@@ -228,7 +230,7 @@ def _local_ports(
 
 
 def _processes(
-    runs: Sequence[_Run],
+    runs: Sequence[_PodProcess],
     ports: Mapping[str, Mapping[int, int]],
     machine: Mapping[str, str],
     gpus: Sequence[str],
@@ -280,13 +282,13 @@ class _Selector:
         self.model_dirs = model_dirs
         self.planners = planners
         self.groups = {g.name: i for plan in rendered.services.values() for i, g in enumerate(plan.groups)}
-        self.runs: list[_Run] = []
+        self.runs: list[_PodProcess] = []
         self.problems: list[Problem] = []
         self.notes = [
             f"{n}: replicas=0; nothing to run" for n, s in rendered.services.items() if not s.replicas
         ]
 
-    def select(self) -> tuple[list[_Run], list[Problem], list[str]]:
+    def select(self) -> tuple[list[_PodProcess], list[Problem], list[str]]:
         replicas: dict[str, int] = {}
         for pod in pods_of(self.rendered.objects):
             service = pod.labels[labels.COMPONENT]
@@ -318,7 +320,7 @@ class _Selector:
         ours = modules.ours(module)
         assert module is not None and ours is not None
         container = _with_engine(pod.main, module, ours, None)
-        self.runs.append(_Run(pod, f"{service}-{replica}", service, "frontend", container, 0))
+        self.runs.append(_PodProcess(pod, f"{service}-{replica}", service, "frontend", container, 0))
 
     def _engine(self, pod: Pod, service: str, replica: int, module: str | None) -> None:
         """A worker runs the engine asked for (the mocker's pods stay the mocker); SGLang needs GPUs."""
@@ -337,7 +339,7 @@ class _Selector:
             return
         container = _with_engine(pod.main, module, target, self.model_dirs[target])
         label = _label(pod, service, self.groups, replica)
-        self.runs.append(_Run(pod, label, service, "worker", container, need))
+        self.runs.append(_PodProcess(pod, label, service, "worker", container, need))
 
     def _unsupported(self, pod: Pod, service: str, _replica: int, _module: str | None) -> None:
         self.problems.append(
@@ -352,7 +354,7 @@ class _Selector:
     def _planner(self, pod: Pod, service: str, replica: int, module: str | None) -> None:
         assert module is not None
         container = _with_engine(pod.main, module, modules.PLANNER_MODULE, None)
-        self.runs.append(_Run(pod, f"{service}-{replica}", service, "planner", container, 0))
+        self.runs.append(_PodProcess(pod, f"{service}-{replica}", service, "planner", container, 0))
 
     def _no_planner(self, pod: Pod, _service: str, _replica: int, module: str | None) -> None:
         why = (
@@ -404,7 +406,7 @@ def _planner_note(planners: Sequence[ProcessSpec], frontend_metrics: str) -> lis
     ]
 
 
-def _gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
+def _gpu_problems(runs: Sequence[_PodProcess], gpus: Sequence[str]) -> list[Problem]:
     needed = sum(r.gpus for r in runs)
     if needed <= len(gpus):
         return []
@@ -425,12 +427,12 @@ def _gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
 SHARED_GPU_MEM_FRACTION = 0.9
 
 
-def _shared_gpu_problems(runs: Sequence[_Run], gpus: Sequence[str]) -> list[Problem]:
+def _shared_gpu_problems(runs: Sequence[_PodProcess], gpus: Sequence[str]) -> list[Problem]:
     """Engines that would share a GPU (one listed twice in CUDA_VISIBLE_DEVICES, e.g. ``0,0`` to run a
     prefill and a decode worker on one GPU) must each set ``--mem-fraction-static``, adding up to at
     most ``SHARED_GPU_MEM_FRACTION``: SGLang's default (about 0.85) is a share of the whole GPU, so the
     second engine could not load."""
-    owners: dict[str, list[_Run]] = {}
+    owners: dict[str, list[_PodProcess]] = {}
     free = list(gpus)
     for r in runs:
         for gpu in free[: r.gpus]:
@@ -474,7 +476,7 @@ def _mem_fraction(container: Mapping[str, Any]) -> float | None:
 
 
 def _process(
-    r: _Run,
+    r: _PodProcess,
     ports: Mapping[int, int],
     peers: Mapping[str, Mapping[int, int]],
     machine: Mapping[str, str],

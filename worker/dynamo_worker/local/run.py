@@ -15,7 +15,7 @@
    holds them while no worker of the model is left (503 after ``--scale-up-timeout-s``). A planner
    that dies is reported the same way; the graph serves on at the manifest's replicas. By default
    dynamo-run restarts neither, so a failure stays visible; restart dynamo-run to get it back. With
-   ``--restart always`` a dead worker is started again as Kubernetes would (``restarts``), with every
+   ``--restart always`` a dead worker is started again as Kubernetes would (``restart_backoff``), with every
    pod of its multinode group, and so is the frontend (nats-server at once, on its port with its
    store); otherwise the frontend or NATS dying stops everything (exit 1).
 4. On SIGINT/SIGTERM: SIGTERM to every process group, the grace period, SIGKILL; stop NATS; remove
@@ -44,11 +44,11 @@ from types import FrameType
 
 from dynamo_api.models import DynamoGraphDeployment
 
-from dynamo_worker.local.engine import choose_engine, probe_host
+from dynamo_worker.local.engine_choice import choose_engine, probe_host
 from dynamo_worker.local.loras import Adapter, adapters_of, load_adapters, ready_lines
 from dynamo_worker.local.manifest import ManifestError, load_manifest, load_models
 from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
-from dynamo_worker.local.restarts import RestartBackoff
+from dynamo_worker.local.restart_backoff import RestartBackoff
 from dynamo_worker.local.settings import RunSettings
 from dynamo_worker.local.supervisor import Child, Console, Supervisor, SupervisorError
 from dynamo_worker.runtime.children import die_with_parent

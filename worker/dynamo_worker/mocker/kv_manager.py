@@ -68,7 +68,9 @@ class _HostCopy:
 
 
 @dataclass
-class _Seq:
+class _SeqBlocks:
+    """The KV blocks one sequence holds in the manager (the engine's ``_Seq`` is the request itself)."""
+
     hashes: list[int]  # full blocks, in order (each holds one reference)
     tokens: list[int]  # every token with KV in this sequence
     partial: bool = False  # holds a slot for an unfinished tail block
@@ -83,7 +85,7 @@ class BlockManager:
     _refs: dict[int, int] = field(default_factory=dict)  # hash -> references (0: cached only)
     _lru: OrderedDict[int, None] = field(default_factory=OrderedDict)  # unreferenced, oldest first
     _partials: int = 0
-    _seqs: dict[str, _Seq] = field(default_factory=dict)
+    _seqs: dict[str, _SeqBlocks] = field(default_factory=dict)
     _host: dict[int, _HostCopy] = field(default_factory=dict)  # blocks with a host copy
     _host_lru: OrderedDict[int, None] = field(default_factory=OrderedDict)  # host-only, oldest first
 
@@ -233,7 +235,7 @@ class BlockManager:
             self._host_lru.pop(block, None)  # a host copy past a missing block: on the GPU too now
             if run_start is None:
                 run_start = i
-        seq = _Seq(hashes=list(hashes), tokens=list(tokens), lora=lora)
+        seq = _SeqBlocks(hashes=list(hashes), tokens=list(tokens), lora=lora)
         if len(tokens) % page:
             if not self._take_slot(events):
                 raise CacheFullError("no free KV block although capacity was checked")

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["EXIT_ENGINE_DIED", "Decision", "OnEngineDeath", "RestartBudget", "decide"]
+__all__ = ["EXIT_ENGINE_DIED", "OnEngineDeath", "Recovery", "RestartBudget", "decide"]
 
 OnEngineDeath = Literal["restart", "exit"]
 
@@ -32,7 +32,7 @@ EXIT_ENGINE_DIED = 3  # the worker's exit status after its engine died (and it d
 
 
 @dataclass(frozen=True)
-class Decision:
+class Recovery:
     action: Literal["restart", "exit"]
     why: str
 
@@ -53,24 +53,24 @@ class RestartBudget:
         return len(self.deaths)
 
 
-def decide(mode: OnEngineDeath, *, nnodes: int, deaths: int, budget: RestartBudget) -> Decision:
+def decide(mode: OnEngineDeath, *, nnodes: int, deaths: int, budget: RestartBudget) -> Recovery:
     """Restart in place or exit, after the ``deaths``-th death within the budget's window."""
     if nnodes > 1:
-        return Decision(
+        return Recovery(
             "exit",
             f"this worker leads a group of {nnodes} nodes, whose ranks must start a new engine together: "
             "exiting so that the whole group restarts",
         )
     if mode == "exit":
-        return Decision("exit", "--on-engine-death exit: exiting so that Kubernetes restarts the container")
+        return Recovery("exit", "--on-engine-death exit: exiting so that Kubernetes restarts the container")
     if deaths > budget.limit:
-        return Decision(
+        return Recovery(
             "exit",
             f"the engine died {deaths} times within {budget.window_s:g}s, more than --engine-restart-limit "
             f"{budget.limit}: a crash loop, so not restarting it in place again; exiting so that Kubernetes "
             "restarts the container (with its back-off). Look for the cause in the engine's log above",
         )
-    return Decision(
+    return Recovery(
         "restart",
         f"restarting the engine in place (restart {deaths} of at most {budget.limit} "
         f"within {budget.window_s:g}s)",

@@ -71,7 +71,7 @@ def test_endpoints_are_the_serving_pods_of_the_target_services():
 
 
 def observed(name: str, ready: bool, refusal: Refusal | None = None, unreachable: str | None = None):
-    return me.Observed(me.endpoint_of(pod(name)), ready, refusal, unreachable)
+    return me.ObservedEndpoint(me.endpoint_of(pod(name)), ready, refusal, unreachable)
 
 
 def by_type(conds) -> dict:

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from dynamo_operator.reconcile import plan, scaling, status
+from dynamo_operator.reconcile import apply_rules, scaling, status
 from dynamo_operator.reconcile.kube import (
     DGD,
     SCALING_ADAPTER,
@@ -121,7 +121,7 @@ async def sync(
     wanted = {a["metadata"]["name"] for a in rendered.adapters}
     for obj in observed:
         adapter = obj["metadata"]["name"]
-        if adapter in wanted or not plan.controlled_by(obj, uid):
+        if adapter in wanted or not apply_rules.controlled_by(obj, uid):
             continue
         if await kube.delete(SCALING_ADAPTER, namespace, adapter, uid=obj["metadata"]["uid"]):
             service = ((obj.get("spec") or {}).get("dgdRef") or {}).get("serviceName")

@@ -1,9 +1,9 @@
-"""dynamo_worker.local.engine: --engine auto picks SGLang only when it is importable and GPUs are
+"""dynamo_worker.local.engine_choice: --engine auto picks SGLang only when it is importable and GPUs are
 visible, and says why; GPU ids come from CUDA_VISIBLE_DEVICES, else nvidia-smi."""
 
 from __future__ import annotations
 
-from dynamo_worker.local.engine import HostFacts, choose_engine, visible_gpus
+from dynamo_worker.local.engine_choice import HostFacts, choose_engine, visible_gpus
 
 NO_SGLANG = HostFacts(sglang_importable=False, gpus=("0",), gpu_source="nvidia-smi -L")
 NO_GPU = HostFacts(sglang_importable=True, gpus=(), gpu_source="CUDA_VISIBLE_DEVICES=''")

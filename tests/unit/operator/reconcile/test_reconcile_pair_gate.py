@@ -5,7 +5,7 @@ stand for its group; a gate once open is left alone."""
 
 from __future__ import annotations
 
-from dynamo_operator.reconcile.pairing import gates_to_open, paired_condition, waits_for_gate
+from dynamo_operator.reconcile.pair_gate import gates_to_open, paired_condition, waits_for_gate
 from dynamo_operator.render import labels
 from dynamo_operator.render.lora_gate import LORA_GATE_CONDITION
 from dynamo_operator.render.revision import PAIRED_CONDITION, REVISION_LABEL

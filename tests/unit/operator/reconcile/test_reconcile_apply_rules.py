@@ -1,7 +1,7 @@
 """Pruning decisions and apply outcomes: only our own children that are no longer desired are pruned,
 and status-only changes by controllers are not reported as updates."""
 
-from dynamo_operator.reconcile.plan import apply_outcome, fingerprint, needs_apply, to_prune
+from dynamo_operator.reconcile.apply_rules import apply_outcome, fingerprint, needs_apply, to_prune
 
 OWNER = "uid-graph"
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import base64
 
-from dynamo_operator.admission import Verdict, admission_review, judge, validating_webhook_configuration
 from dynamo_operator.config import OperatorConfig
+from dynamo_operator.validating_webhook import (
+    Verdict,
+    admission_review,
+    judge,
+    validating_webhook_configuration,
+)
 
 WORKER = {
     "componentType": "worker",

@@ -4,7 +4,7 @@ minutes."""
 
 from __future__ import annotations
 
-from dynamo_worker.local.restarts import RestartBackoff
+from dynamo_worker.local.restart_backoff import RestartBackoff
 
 
 def test_first_restart_is_at_once_then_the_wait_doubles_up_to_five_minutes():
