@@ -18,7 +18,7 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
 
 Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
 event once a stream has started). The body's models (``ErrorResponse``) are here, not with the other
-bodies in ``output.responses``: every room of the frontend raises these, and none needs the output room
+bodies in ``protocol``: every room of the frontend raises these, and none needs the output room
 for it.
 """
 

@@ -27,7 +27,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def json_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    """A JSON response from rendered ``body`` bytes (``output.responses.dump``)."""
+    """A JSON response from rendered ``body`` bytes (``protocol.dump``)."""
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 

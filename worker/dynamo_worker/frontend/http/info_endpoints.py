@@ -20,8 +20,8 @@ from dynamo_worker.frontend.errors import ModelNotFound
 from dynamo_worker.frontend.httpio import error_response, json_response
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
-from dynamo_worker.frontend.output.responses import Live, ModelCard, dump
 from dynamo_worker.frontend.output.shaping import health, model_card, model_list
+from dynamo_worker.frontend.protocol import Live, ModelCard, dump
 
 __all__ = ["InfoEndpoints"]
 

@@ -3,7 +3,7 @@ once, waiting ones included) and the per-endpoint metrics; thin handlers over th
 work.
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
-  (``requests.openai_models``), the request waits for a slot of its model (``serving.admission``:
+  (``protocol``), the request waits for a slot of its model (``serving.admission``:
   priority, deadline, 429/503, scale from zero), then ``requests.chat`` or ``requests.completions``
   tokenizes it into a ``requests.job.Job``; a run serves it (``serving.plain_run.Run``):
   ``PlainRun``, or ``serving.featured_run.FeaturedRun`` when it uses tools, reasoning, structured
@@ -14,7 +14,7 @@ work.
 - ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
 - With API keys, every route but ``/health``, ``/live`` and ``/metrics`` needs one (``auth``).
 
-Bodies are ``output.responses`` models shaped by ``output.shaping``; errors are OpenAI's (``errors``,
+Bodies are ``protocol`` models shaped by ``output.shaping``; errors are OpenAI's (``errors``,
 ``httpio``).
 A client that goes away cancels the handler (``handler_cancellation``), which closes the worker
 streams, which cancels the request on the workers.
@@ -42,18 +42,19 @@ from dynamo_worker.frontend.httpio import (
 )
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
-from dynamo_worker.frontend.output.responses import GeneratedImages, dump
+from dynamo_worker.frontend.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GeneratedImages,
+    dump,
+    parse_request,
+)
 from dynamo_worker.frontend.requests.chat import prepare_chat
 from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
 from dynamo_worker.frontend.requests.features import FeaturePlan
 from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
-from dynamo_worker.frontend.requests.openai_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_request,
-)
 from dynamo_worker.frontend.serving.admission import Admission, request_hints
 from dynamo_worker.frontend.serving.dispatch import Dispatch
 from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher, run_embedding

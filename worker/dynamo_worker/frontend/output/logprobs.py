@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dynamo_worker.frontend.output.responses import (
+from dynamo_worker.frontend.output.text import Decoder
+from dynamo_worker.frontend.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     ChatTopLogprob,
     CompletionLogprobs,
 )
-from dynamo_worker.frontend.output.text import Decoder
 from dynamo_worker.protocol import TokenLogprob as WorkerLogprob
 
 __all__ = ["Logprobs"]

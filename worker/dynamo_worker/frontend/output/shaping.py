@@ -1,4 +1,4 @@
-"""Response shaping: pure functions from results to the bodies of ``output.responses``, and the SSE
+"""Response shaping: pure functions from results to the bodies of ``protocol``, and the SSE
 events of a streamed chat or completion answer (``StreamEvents``), plain or with features.
 
 Nothing here does I/O or reads a clock; the same input gives the same bytes.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import orjson
 
 from dynamo_worker.frontend.errors import UpstreamError
-from dynamo_worker.frontend.output.responses import (
+from dynamo_worker.frontend.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -170,7 +170,7 @@ class StreamEvents:
     delta of an answer with features), ``final`` with the finish reason, ``usage`` when asked for, then
     ``SSE_DONE``.
 
-    Every event is rendered from ``responses`` models, but each model only once: the chunk around
+    Every event is rendered from ``protocol`` models, but each model only once: the chunk around
     the choice (the same in every event of a request but the usage one) once per request, a choice
     that recurs once per process; an event joins their bytes. A mid-stream text chunk is the same JSON
     every time but for its text, so ``text`` splices the text (``orjson``) into the bytes of its choice

@@ -1,5 +1,5 @@
 """``POST /v1/chat/completions`` up to the job, from the parsed and validated body
-(``openai_models.parse_request``; the server holds it for a slot in between, ``serving.admission``):
+(``protocol.parse_request``; the server holds it for a slot in between, ``serving.admission``):
 look the model up (404 unknown, 503 nobody serving it), plan the features it uses (``plan_chat``: tools,
 a grammar, reasoning, logprobs, template variables), convert the messages (``chat_messages``), render
 the chat template and tokenize (images through ``requests.multimodal``), and check the context length
@@ -21,7 +21,13 @@ from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.output.chat_output import AnswerParser, tool_choice_schema
 from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS, ReasoningParser
 from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
-from dynamo_worker.frontend.requests.feature_fields import NamedToolChoice, ResponseFormat
+from dynamo_worker.frontend.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ImageUrlPart,
+    NamedToolChoice,
+    ResponseFormat,
+)
 from dynamo_worker.frontend.requests.features import (
     FeaturePlan,
     Grammar,
@@ -32,7 +38,6 @@ from dynamo_worker.frontend.requests.features import (
 )
 from dynamo_worker.frontend.requests.job import Job, build_job, with_plan
 from dynamo_worker.frontend.requests.multimodal import PLACEHOLDER, MultimodalProcessor
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, ChatMessage, ImageUrlPart
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 log = logging.getLogger(__name__)

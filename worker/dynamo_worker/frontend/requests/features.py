@@ -24,7 +24,7 @@ from typing import Any
 
 from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.output.chat_output import AnswerParser
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
+from dynamo_worker.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 __all__ = ["FeaturePlan", "Grammar", "check_endpoint", "constraint", "extension_grammars", "served_features"]

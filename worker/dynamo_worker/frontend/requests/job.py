@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, CompletionRequest
+from dynamo_worker.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions, Usage
 
 if TYPE_CHECKING:

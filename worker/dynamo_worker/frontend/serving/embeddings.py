@@ -21,7 +21,7 @@ from dynamo_worker.frontend.errors import ApiError, UpstreamError
 from dynamo_worker.frontend.httpio import json_response
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelEntry
-from dynamo_worker.frontend.output.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
+from dynamo_worker.frontend.protocol import Embedding, EmbeddingList, EmbeddingUsage, dump
 from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.serving.dispatch import Dispatch
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, StopConditions, unpack_vector

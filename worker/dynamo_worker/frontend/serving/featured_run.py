@@ -4,7 +4,7 @@
 The text still goes through ``OutputText`` (incremental detokenization, stop strings), then through
 ``AnswerStream`` for chat; logprobs come with the worker's chunks, one per token, and ride on the next
 event sent (``output.logprobs``). A chat answer that made tool calls ends with ``finish_reason``
-``tool_calls``. The chunks are OpenAI's (``output.responses``): ``delta.reasoning_content`` (as SGLang
+``tool_calls``. The chunks are OpenAI's (``protocol``): ``delta.reasoning_content`` (as SGLang
 and vLLM name it), ``delta.content``, ``delta.tool_calls[i]``, and ``choices[0].logprobs``.
 """
 
@@ -16,15 +16,15 @@ from aiohttp import web
 
 from dynamo_worker.frontend.output.chat_output import AnswerStream
 from dynamo_worker.frontend.output.logprobs import Logprobs
-from dynamo_worker.frontend.output.responses import (
+from dynamo_worker.frontend.output.shaping import StreamEvents, whole
+from dynamo_worker.frontend.output.text import KeepSpecialDecoder
+from dynamo_worker.frontend.protocol import (
     ChatCompletion,
     ChatDelta,
     Completion,
     FinishReason,
     Usage,
 )
-from dynamo_worker.frontend.output.shaping import StreamEvents, whole
-from dynamo_worker.frontend.output.text import KeepSpecialDecoder
 from dynamo_worker.frontend.requests.features import FeaturePlan
 from dynamo_worker.frontend.serving.plain_run import Run
 

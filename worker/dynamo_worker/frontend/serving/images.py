@@ -23,9 +23,8 @@ from dynamo_worker.frontend.errors import (
     UpstreamError,
 )
 from dynamo_worker.frontend.models.registry import ModelRegistry
-from dynamo_worker.frontend.output.responses import GeneratedImages, ImageData
+from dynamo_worker.frontend.protocol import GeneratedImages, ImageData, _Body, parse_request
 from dynamo_worker.frontend.requests.multimodal import Unreachable, post_to_worker
-from dynamo_worker.frontend.requests.openai_models import _Body, parse_request
 from dynamo_worker.multimodal.wire import (
     IMAGES_PATH,
     MAX_GENERATED_IMAGES,

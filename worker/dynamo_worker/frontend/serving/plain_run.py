@@ -24,7 +24,6 @@ from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
-from dynamo_worker.frontend.output.responses import ChatCompletion, Completion, FinishReason, Usage, dump
 from dynamo_worker.frontend.output.shaping import (
     SSE_DONE,
     Head,
@@ -35,6 +34,7 @@ from dynamo_worker.frontend.output.shaping import (
     whole,
 )
 from dynamo_worker.frontend.output.text import Decoder, OutputText
+from dynamo_worker.frontend.protocol import ChatCompletion, Completion, FinishReason, Usage, dump
 from dynamo_worker.frontend.requests.job import prompt_tokens
 
 if TYPE_CHECKING:
