@@ -31,7 +31,7 @@ from dynamo_worker.frontend.protocol import (
     FunctionDelta,
     dump,
 )
-from dynamo_worker.frontend.requests.job import build_job
+from dynamo_worker.frontend.requests.chat import build_job
 
 TEXTS = ["a", ' "quoted" \\ back', "line\nbreak", "\x00", "caf\u00e9 \U0001f600", "\u2028"]
 # Names that would break a template cut at the text's mark, or at the choice's bytes.

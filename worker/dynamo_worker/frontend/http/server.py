@@ -5,7 +5,7 @@ work.
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
   (``protocol``), the request waits for a slot of its model (``serving.admission``:
   priority, deadline, 429/503, scale from zero), then ``requests.chat`` or ``requests.completions``
-  tokenizes it into a ``requests.job.Job``; a run serves it (``serving.plain_run.Run``):
+  tokenizes it into a ``requests.chat.Job``; a run serves it (``serving.plain_run.Run``):
   ``PlainRun``, or ``serving.featured_run.FeaturedRun`` when it uses tools, reasoning, structured
   output or logprobs (a ``FeaturePlan`` on the job).
 - ``POST /v1/embeddings``: ``requests.embeddings``, then ``serving.embeddings`` (its requests batched
@@ -49,11 +49,9 @@ from dynamo_worker.frontend.protocol import (
     dump,
     parse_request,
 )
-from dynamo_worker.frontend.requests.chat import prepare_chat
+from dynamo_worker.frontend.requests.chat import EmbeddingPlan, FeaturePlan, Job, prepare_chat
 from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
-from dynamo_worker.frontend.requests.features import FeaturePlan
-from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
 from dynamo_worker.frontend.serving.admission import Admission, request_hints
 from dynamo_worker.frontend.serving.dispatch import Dispatch

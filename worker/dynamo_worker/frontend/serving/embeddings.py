@@ -22,7 +22,7 @@ from dynamo_worker.frontend.httpio import json_response
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.frontend.protocol import Embedding, EmbeddingList, EmbeddingUsage, dump
-from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
+from dynamo_worker.frontend.requests.chat import EmbeddingPlan, Job
 from dynamo_worker.frontend.serving.dispatch import Dispatch
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, StopConditions, unpack_vector
 from dynamo_worker.runtime.aio import cancel_and_wait

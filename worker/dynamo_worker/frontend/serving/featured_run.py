@@ -1,4 +1,4 @@
-"""Serving a job that uses features (``requests.features``): the same run as a plain job's
+"""Serving a job that uses features (``requests.chat``): the same run as a plain job's
 (``serving.plain_run.Run``), its answer shaped with reasoning, tool calls and logprobs.
 
 The text still goes through ``OutputText`` (incremental detokenization, stop strings), then through
@@ -25,12 +25,12 @@ from dynamo_worker.frontend.protocol import (
     FinishReason,
     Usage,
 )
-from dynamo_worker.frontend.requests.features import FeaturePlan
+from dynamo_worker.frontend.requests.chat import FeaturePlan
 from dynamo_worker.frontend.serving.plain_run import Run
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
-    from dynamo_worker.frontend.requests.job import Job
+    from dynamo_worker.frontend.requests.chat import Job
     from dynamo_worker.frontend.serving.dispatch import Dispatch
     from dynamo_worker.protocol import GenerateChunk
 

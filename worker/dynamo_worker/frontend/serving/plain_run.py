@@ -35,11 +35,11 @@ from dynamo_worker.frontend.output.shaping import (
 )
 from dynamo_worker.frontend.output.text import Decoder, OutputText
 from dynamo_worker.frontend.protocol import ChatCompletion, Completion, FinishReason, Usage, dump
-from dynamo_worker.frontend.requests.job import prompt_tokens
+from dynamo_worker.frontend.requests.chat import prompt_tokens
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
-    from dynamo_worker.frontend.requests.job import Job
+    from dynamo_worker.frontend.requests.chat import Job
     from dynamo_worker.frontend.serving.dispatch import Dispatch
     from dynamo_worker.protocol import GenerateChunk
 
