@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from dynamo_worker.frontend.output.chat_output import AnswerStream
-from dynamo_worker.frontend.output.logprobs import Logprobs
-from dynamo_worker.frontend.output.shaping import StreamEvents, whole
-from dynamo_worker.frontend.output.text import KeepSpecialDecoder
+from dynamo_worker.frontend.output.shaping import KeepSpecialDecoder, Logprobs, StreamEvents, whole
 from dynamo_worker.frontend.protocol import (
     ChatCompletion,
     ChatDelta,

@@ -26,14 +26,15 @@ from dynamo_worker.frontend.errors import ApiError
 from dynamo_worker.frontend.httpio import json_response, sse_response
 from dynamo_worker.frontend.output.shaping import (
     SSE_DONE,
+    Decoder,
     Head,
+    OutputText,
     StreamEvents,
     finish_reason,
     sse,
     usage,
     whole,
 )
-from dynamo_worker.frontend.output.text import Decoder, OutputText
 from dynamo_worker.frontend.protocol import ChatCompletion, Completion, FinishReason, Usage, dump
 from dynamo_worker.frontend.requests.chat import prompt_tokens
 
