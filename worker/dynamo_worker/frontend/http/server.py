@@ -1,21 +1,20 @@
 """The OpenAI HTTP API (aiohttp): routes, the frontend's bound (at most ``max_inflight`` requests at
-once, waiting ones included) and the per-endpoint metrics; thin handlers over the modules that do the
-work.
+once, waiting ones included), reading bodies, OpenAI's shape for every answer (``openai_errors``) and
+the per-endpoint metrics; thin handlers over the modules that do the work.
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
   (``protocol``), the request waits for a slot of its model (``serving.admission``:
   priority, deadline, 429/503, scale from zero), then ``requests.chat`` or ``requests.completions``
-  tokenizes it into a ``requests.chat.Job``; a run serves it (``serving.plain_run.Run``):
-  ``PlainRun``, or ``serving.featured_run.FeaturedRun`` when it uses tools, reasoning, structured
-  output or logprobs (a ``FeaturePlan`` on the job).
-- ``POST /v1/embeddings``: ``requests.embeddings``, then ``serving.embeddings`` (its requests batched
-  across clients).
+  tokenizes it into a ``requests.chat.Job``; a run serves it (``http.run``): ``PlainRun``, or
+  ``FeaturedRun`` when it uses tools, reasoning, structured output or logprobs (a ``FeaturePlan`` on
+  the job).
+- ``POST /v1/embeddings``: ``requests.embeddings``, then ``http.run.run_embedding`` (its requests
+  batched across clients by ``serving.embeddings``).
 - ``POST /v1/images/generations``: ``serving.images`` (diffusion workers).
 - ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
 - With API keys, every route but ``/health``, ``/live`` and ``/metrics`` needs one (``auth``).
 
-Bodies are ``protocol`` models shaped by ``output.shaping``; errors are OpenAI's (``errors``,
-``httpio``).
+Bodies are ``protocol`` models shaped by ``output.shaping``; errors are OpenAI's (``errors``).
 A client that goes away cancels the handler (``handler_cancellation``), which closes the worker
 streams, which cancels the request on the workers.
 """
@@ -28,17 +27,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable
+from dynamo_worker.frontend.errors import ApiError, InvalidRequest, RequestTimeout, ServiceUnavailable
 from dynamo_worker.frontend.http.auth import api_key_middleware
 from dynamo_worker.frontend.http.info_endpoints import InfoEndpoints
-from dynamo_worker.frontend.httpio import (
-    MAX_BODY_BYTES,
+from dynamo_worker.frontend.http.run import (
+    FeaturedRun,
+    PlainRun,
     error_response,
     json_response,
-    openai_errors,
-    read_body,
+    run_embedding,
 )
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
@@ -55,10 +55,8 @@ from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare
 from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
 from dynamo_worker.frontend.serving.admission import Admission, request_hints
 from dynamo_worker.frontend.serving.dispatch import Dispatch
-from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher, run_embedding
-from dynamo_worker.frontend.serving.featured_run import FeaturedRun
+from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher
 from dynamo_worker.frontend.serving.images import ImagesApi
-from dynamo_worker.frontend.serving.plain_run import PlainRun
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +64,7 @@ __all__ = ["MAX_BODY_BYTES", "OpenAIServer"]
 
 # A client that sends its body this slowly holds an in-flight slot; past the bound it gets a 408.
 BODY_READ_TIMEOUT_S = 30.0
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 class OpenAIServer:
@@ -225,3 +224,41 @@ class OpenAIServer:
                 "Request failed status=%d code=%s message=%s", error.status, error.code, error.message
             )
         return error_response(error)
+
+
+# --- reading bodies, and OpenAI's shape for every answer -------------------------------------------
+
+
+async def read_body(http_request: web.Request, timeout_s: float) -> bytes:
+    """The whole body, or ``RequestTimeout`` when it takes longer than ``timeout_s``: a client that sends
+    its body this slowly holds an in-flight slot."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await http_request.read()
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout_s:g}s; send it whole.",
+            code="request_timeout",
+        ) from None
+
+
+@web.middleware
+async def openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every answer is OpenAI-shaped: unknown paths and methods too, and (logged) bugs as a 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = f"{e.reason}: {request.method} {request.path}"
+        if e.status == 413:
+            message += f"; the request body may be at most {MAX_BODY_BYTES // 2**20} MiB, send a shorter one"
+        error = ApiError(message, code=str(e.status))
+        error.type = "invalid_request_error" if e.status < 500 else "internal_error"
+        return json_response(orjson.dumps(error.body()), status=e.status)
+    except Exception:  # a bug: map it to OpenAI's shape and log it, never leak a traceback
+        log.exception("Unhandled error method=%s path=%s", request.method, request.path)
+        error = ApiError("Internal error in the frontend; see its log.", code="internal_error")
+        return json_response(orjson.dumps(error.body()), status=500)

@@ -289,7 +289,7 @@ Grammar = tuple[str, StructuredOutput]
 @dataclass
 class FeaturePlan:
     """What serving does differently for this request (``None`` from ``plan_*``: nothing); a job with
-    one is served by ``serving.featured_run``."""
+    one is served by ``http.run.FeaturedRun``."""
 
     structured: StructuredOutput | None = None
     logprobs: int | None = None  # None: off; k: each token's logprob and k alternatives
@@ -396,8 +396,8 @@ class Job:
     include_usage: bool
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
-    # How serving differs from a plain job's: tools, reasoning, logprobs, ... (``serving.featured_run``);
-    # an embedding's answer (``serving.embeddings``). None: plain (``serving.plain_run``).
+    # How serving differs from a plain job's: tools, reasoning, logprobs, ... (``http.run.FeaturedRun``);
+    # an embedding's answer (``http.run.run_embedding``). None: plain (``http.run.PlainRun``).
     plan: FeaturePlan | EmbeddingPlan | None = None
 
 
@@ -511,7 +511,7 @@ def build_job(
 
 
 def with_plan(job: Job, plan: FeaturePlan | None) -> Job:
-    """``job`` served through ``serving.featured_run`` when ``plan`` changes the answer; template-only plans
+    """``job`` served through ``http.run.FeaturedRun`` when ``plan`` changes the answer; template-only plans
     (``chat_template_kwargs``) already did their part in tokenizing."""
     if plan is not None and plan.shapes_answer():
         job.plan = plan
