@@ -29,9 +29,8 @@ from dynamo_worker.frontend.models.preprocess import ModelFiles, Preprocessor
 from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
 from dynamo_worker.frontend.requests.multimodal import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.serving.admission import Admission
-from dynamo_worker.frontend.serving.dispatch import Dispatcher
+from dynamo_worker.frontend.serving.dispatch import Dispatcher, MigratingDispatcher
 from dynamo_worker.frontend.serving.images import ImagesApi
-from dynamo_worker.frontend.serving.migration import MigratingDispatcher
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.frontend.serving.warmup import PairWarmer
 from dynamo_worker.frontend.settings import FrontendSettings
