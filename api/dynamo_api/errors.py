@@ -27,7 +27,7 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     │   └── UpstreamError
     │       ├── UpstreamTimeout
     │       └── WorkerLost
-    ├── TemplateError                    dynamo_worker.frontend.models.preprocess
+    ├── TemplateError                    dynamo_worker.frontend.models.registry
     ├── _PrivateAddress (OSError)        dynamo_worker.frontend.requests.multimodal
     ├── Unreachable                      dynamo_worker.frontend.requests.multimodal
     ├── _Retryable                       dynamo_worker.frontend.serving.dispatch

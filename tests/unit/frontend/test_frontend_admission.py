@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ModelNotFound
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.models.preprocess import Preprocessor
-from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry
+from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry, Preprocessor
 from dynamo_worker.frontend.serving.admission import (
     DROPPED_REASON_HEADER,
     PRIORITY_HEADER,

@@ -9,8 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, UpstreamError
-from dynamo_worker.frontend.models.preprocess import Preprocessor
-from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.models.registry import ModelEntry, Preprocessor
 from dynamo_worker.frontend.output.shaping import Head, StreamEvents, finish_reason, health, sse, usage, whole
 from dynamo_worker.frontend.protocol import (
     AssistantMessage,

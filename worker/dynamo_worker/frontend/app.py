@@ -25,8 +25,13 @@ from nats.aio.client import Client as NATS
 from dynamo_worker.frontend.http.server import OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.pairing import WarmPairs
-from dynamo_worker.frontend.models.preprocess import ModelFiles, Preprocessor
-from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
+from dynamo_worker.frontend.models.registry import (
+    ModelFiles,
+    ModelRegistry,
+    Preprocessor,
+    UnpairedCounts,
+    WorkerCounts,
+)
 from dynamo_worker.frontend.requests.multimodal import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.serving.admission import Admission
 from dynamo_worker.frontend.serving.dispatch import Dispatcher, MigratingDispatcher

@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.preprocess import encode_off_loop
-from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
 from dynamo_worker.frontend.output.chat_output import AnswerParser, tool_choice_schema
 from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS, ReasoningParser
 from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
@@ -65,8 +64,7 @@ from dynamo_worker.protocol import (
 )
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.models.preprocess import Preprocessor
-    from dynamo_worker.frontend.models.registry import ModelEntry
+    from dynamo_worker.frontend.models.registry import ModelEntry, Preprocessor
 
 log = logging.getLogger(__name__)
 

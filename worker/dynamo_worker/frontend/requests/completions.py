@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.preprocess import encode_off_loop
-from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
 from dynamo_worker.frontend.protocol import CompletionRequest, check_schema
 from dynamo_worker.frontend.requests.chat import (
     FeaturePlan,

@@ -22,8 +22,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.preprocess import encode_off_loop
-from dynamo_worker.frontend.models.registry import ModelRegistry
+from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
 from dynamo_worker.frontend.protocol import NvExt
 from dynamo_worker.frontend.requests.chat import EmbeddingPlan, Job, check_endpoint, served_features
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, ServingFeatures, StopConditions
