@@ -22,7 +22,7 @@ from pathlib import Path
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from dynamo_worker.frontend.http.server import OpenAIServer
+from dynamo_worker.frontend.http.server import Admission, OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.pairing import WarmPairs
 from dynamo_worker.frontend.models.registry import (
@@ -33,7 +33,6 @@ from dynamo_worker.frontend.models.registry import (
     WorkerCounts,
 )
 from dynamo_worker.frontend.requests.multimodal import ImageFetcher, MultimodalProcessor
-from dynamo_worker.frontend.serving.admission import Admission
 from dynamo_worker.frontend.serving.dispatch import Dispatcher, MigratingDispatcher
 from dynamo_worker.frontend.serving.images import ImagesApi
 from dynamo_worker.frontend.serving.quarantine import Quarantine

@@ -6,7 +6,7 @@ the worker's model card). The first worker of a model triggers one card fetch. A
 with a different model card (an updated tokenizer) makes the frontend load that card; requests use the
 previous one until it is loaded.
 
-A model is *kept* (listed by ``/v1/models``, and its requests held by ``serving.admission`` until a
+A model is *kept* (listed by ``/v1/models``, and its requests held by ``http.server.Admission`` until a
 worker can take them) while it is served, and also when nobody serves it now but
 
 - it is one of the graph's models (``--graph-models``, which the operator sets from the graph's workers:
@@ -398,7 +398,7 @@ class ModelRegistry:
         self._changed_now()
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every change of workers or model cards (``serving.admission``)."""
+        """Call ``listener`` after every change of workers or model cards (``http.server.Admission``)."""
         self._listeners.append(listener)
 
     def _changed_now(self) -> None:
@@ -615,7 +615,7 @@ class ModelRegistry:
 
     def admissible(self, model: str) -> bool:
         """True when a request for ``model`` may go ahead now; False when it is to be held until the model
-        is served again (``serving.admission``): a kept model that nobody serves now, or one whose
+        is served again (``http.server.Admission``): a kept model that nobody serves now, or one whose
         tokenizer is still loading. Raises the error that answers the request at once otherwise."""
         entry = self._models.get(model)
         if entry is not None and entry.preprocessor is not None and entry.can_serve():

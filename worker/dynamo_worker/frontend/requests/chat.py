@@ -3,7 +3,7 @@ and the job and feature checks every generation endpoint shares (``requests.comp
 ``requests.embeddings``).
 
 A chat request, from the parsed and validated body (``protocol.parse_request``; the server holds it for
-a slot in between, ``serving.admission``): look the model up (404 unknown, 503 nobody serving it),
+a slot in between, ``http.server.Admission``): look the model up (404 unknown, 503 nobody serving it),
 plan the features it uses (``plan_chat``: tools, a grammar, reasoning, logprobs, template variables),
 convert the messages (``chat_messages``), render the chat template and tokenize (images through
 ``requests.multimodal``), and check the context length (``build_job``). A request with images takes

@@ -1,5 +1,5 @@
 """``POST /v1/completions`` up to the job, from the parsed and validated body
-(``protocol.parse_request``; the server holds it for a slot in between, ``serving.admission``):
+(``protocol.parse_request``; the server holds it for a slot in between, ``http.server.Admission``):
 look the model up (404 unknown, 503 nobody serving it), plan the features it uses (a grammar, logprobs),
 tokenize the prompt (or check the ids sent) and check the context length (``requests.chat.build_job``).
 """
