@@ -32,9 +32,9 @@ from dynamo_worker.frontend.models.registry import (
     UnpairedCounts,
     WorkerCounts,
 )
-from dynamo_worker.frontend.requests.multimodal import ImageFetcher, MultimodalProcessor
+from dynamo_worker.frontend.requests.chat_images import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.serving.dispatch import Dispatcher, MigratingDispatcher
-from dynamo_worker.frontend.serving.images import ImagesApi
+from dynamo_worker.frontend.serving.image_generation import ImagesApi
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.frontend.serving.warmup import PairWarmer
 from dynamo_worker.frontend.settings import FrontendSettings

@@ -305,7 +305,7 @@ class ImageUrl(_Body):
 
 
 class ImageUrlPart(_Body):
-    """An image in a user message (``requests.multimodal`` fetches, encodes and places it)."""
+    """An image in a user message (``requests.chat_images`` fetches, encodes and places it)."""
 
     type: Literal["image_url"]
     image_url: ImageUrl

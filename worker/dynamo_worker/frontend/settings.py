@@ -259,7 +259,7 @@ class FrontendSettings(Settings):
         None,
         description="Where fetched model cards (tokenizer files) are kept; default: a temporary folder.",
     )
-    # --- images (requests.multimodal, serving.images) ------------------------------------------
+    # --- images (requests.chat_images, serving.image_generation) ------------------------------------------
     allow_private_image_urls: bool = Field(
         False,
         description="Fetch image URLs whose host is a private, loopback or link-local address (off: "

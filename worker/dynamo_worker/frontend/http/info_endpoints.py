@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dynamo_worker.frontend.errors import ModelNotFound
-from dynamo_worker.frontend.http.run import error_response, json_response
+from dynamo_worker.frontend.http.answer import error_response, json_response
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.output.shaping import health, model_card, model_list

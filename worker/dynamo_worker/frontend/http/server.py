@@ -5,12 +5,12 @@ the per-endpoint metrics; thin handlers over the modules that do the work.
 - ``POST /v1/chat/completions``, ``POST /v1/completions``: the body is parsed and validated
   (``protocol``), the request waits for a slot of its model (``Admission``, below:
   priority, deadline, 429/503, scale from zero), then ``requests.chat`` or ``requests.completions``
-  tokenizes it into a ``requests.chat.Job``; a run serves it (``http.run``): ``PlainRun``, or
+  tokenizes it into a ``requests.chat.Job``; a run serves it (``http.answer``): ``PlainRun``, or
   ``FeaturedRun`` when it uses tools, reasoning, structured output or logprobs (a ``FeaturePlan`` on
   the job).
-- ``POST /v1/embeddings``: ``requests.embeddings``, then ``http.run.run_embedding`` (its requests
-  batched across clients by ``serving.embeddings``).
-- ``POST /v1/images/generations``: ``serving.images`` (diffusion workers).
+- ``POST /v1/embeddings``: ``requests.embeddings``, then ``http.answer.run_embedding`` (its requests
+  batched across clients by ``serving.embedding_batcher``).
+- ``POST /v1/images/generations``: ``serving.image_generation`` (diffusion workers).
 - ``GET /v1/models``, ``/v1/models/{model}``, ``/health``, ``/live``, ``/metrics``: ``info_endpoints``.
 - With API keys, every route but ``/health``, ``/live`` and ``/metrics`` needs one (``auth``).
 
@@ -78,15 +78,15 @@ from dynamo_worker.frontend.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
-from dynamo_worker.frontend.http.auth import api_key_middleware
-from dynamo_worker.frontend.http.info_endpoints import InfoEndpoints
-from dynamo_worker.frontend.http.run import (
+from dynamo_worker.frontend.http.answer import (
     FeaturedRun,
     PlainRun,
     error_response,
     json_response,
     run_embedding,
 )
+from dynamo_worker.frontend.http.auth import api_key_middleware
+from dynamo_worker.frontend.http.info_endpoints import InfoEndpoints
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry
 from dynamo_worker.frontend.protocol import (
@@ -97,12 +97,12 @@ from dynamo_worker.frontend.protocol import (
     parse_request,
 )
 from dynamo_worker.frontend.requests.chat import EmbeddingPlan, FeaturePlan, Job, prepare_chat
+from dynamo_worker.frontend.requests.chat_images import MultimodalProcessor
 from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
-from dynamo_worker.frontend.requests.multimodal import MultimodalProcessor
 from dynamo_worker.frontend.serving.dispatch import Dispatch
-from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher
-from dynamo_worker.frontend.serving.images import ImagesApi
+from dynamo_worker.frontend.serving.embedding_batcher import EmbeddingBatcher
+from dynamo_worker.frontend.serving.image_generation import ImagesApi
 from dynamo_worker.protocol import InstanceRecord
 
 log = logging.getLogger(__name__)

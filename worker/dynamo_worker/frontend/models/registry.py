@@ -21,7 +21,7 @@ never heard of is a 404; one whose workers cannot serve it and that is not kept,
 Routing state follows discovery too: every added worker is added to the router, every removed one is
 dropped from it (with its KV blocks).
 
-LoRA adapters (``models.adapters``): a name that is no served model but an adapter a model's workers
+LoRA adapters (``models.lora_adapters``): a name that is no served model but an adapter a model's workers
 hold (``<adapter>`` or ``<model>:<adapter>``) resolves to a view of that model with only the workers
 holding the adapter (``ModelEntry.lora_name`` set). Its requests are served like the model's, held
 while the adapter is known but no worker set can serve it yet (on prefill workers but not yet on a
@@ -59,7 +59,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from dynamo_worker.frontend.errors import AdapterNotFound, InvalidRequest, ModelNotFound, ServiceUnavailable
-from dynamo_worker.frontend.models.adapters import (
+from dynamo_worker.frontend.models.lora_adapters import (
     AdapterName,
     held_adapters,
     holders,

@@ -169,7 +169,7 @@ class _Field:
 
 
 class AnswerStream:
-    """Feeds text in, gets OpenAI ``delta``s out (``responses.ChatDelta``); ``message`` gives the whole
+    """Feeds text in, gets OpenAI ``delta``s out (``protocol.ChatDelta``); ``message`` gives the whole
     answer at the end. Only the text after the last settled point is re-parsed, so an answer costs
     linear time."""
 

@@ -6,7 +6,7 @@ A chat request, from the parsed and validated body (``protocol.parse_request``; 
 a slot in between, ``http.server.Admission``): look the model up (404 unknown, 503 nobody serving it),
 plan the features it uses (``plan_chat``: tools, a grammar, reasoning, logprobs, template variables),
 convert the messages (``chat_messages``), render the chat template and tokenize (images through
-``requests.multimodal``), and check the context length (``build_job``). A request with images takes
+``requests.chat_images``), and check the context length (``build_job``). A request with images takes
 the same steps, so it is served or refused as the same request without them would be.
 
 Features: what a request asks for beyond plain text, checked against what its model serves (the model
@@ -53,7 +53,7 @@ from dynamo_worker.frontend.protocol import (
     NamedToolChoice,
     ResponseFormat,
 )
-from dynamo_worker.frontend.requests.multimodal import PLACEHOLDER, MultimodalProcessor
+from dynamo_worker.frontend.requests.chat_images import PLACEHOLDER, MultimodalProcessor
 from dynamo_worker.protocol import (
     GenerateRequest,
     SamplingOptions,
@@ -107,7 +107,7 @@ async def prepare_chat(
         raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
     plan = plan_chat(req, served_features(pre))
     kwargs = plan.template_kwargs if plan is not None else {}
-    if images:  # processor -> encode worker -> language worker (requests.multimodal)
+    if images:  # processor -> encode worker -> language worker (requests.chat_images)
         assert multimodal is not None
         rendered = pre.render_chat(chat_messages(req, PLACEHOLDER), req.add_generation_prompt, kwargs)
         ids, spans = await multimodal.prompt_ids(entry, pre, rendered, images)
@@ -287,7 +287,7 @@ Grammar = tuple[str, StructuredOutput]
 @dataclass
 class FeaturePlan:
     """What serving does differently for this request (``None`` from ``plan_*``: nothing); a job with
-    one is served by ``http.run.FeaturedRun``."""
+    one is served by ``http.answer.FeaturedRun``."""
 
     structured: StructuredOutput | None = None
     logprobs: int | None = None  # None: off; k: each token's logprob and k alternatives
@@ -394,8 +394,8 @@ class Job:
     include_usage: bool
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
-    # How serving differs from a plain job's: tools, reasoning, logprobs, ... (``http.run.FeaturedRun``);
-    # an embedding's answer (``http.run.run_embedding``). None: plain (``http.run.PlainRun``).
+    # How serving differs from a plain job's: tools, reasoning, logprobs, ... (``http.answer.FeaturedRun``);
+    # an embedding's answer (``http.answer.run_embedding``). None: plain (``http.answer.PlainRun``).
     plan: FeaturePlan | EmbeddingPlan | None = None
 
 
@@ -490,7 +490,7 @@ def build_job(
             ignore_eos=req.ignore_eos,
         ),
         eos_token_ids=list(pre.eos_token_ids),
-        lora_name=entry.lora_name,  # a LoRA adapter's view of its model (models.adapters)
+        lora_name=entry.lora_name,  # a LoRA adapter's view of its model (models.lora_adapters)
     )
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
     return Job(
@@ -509,8 +509,8 @@ def build_job(
 
 
 def with_plan(job: Job, plan: FeaturePlan | None) -> Job:
-    """``job`` served through ``http.run.FeaturedRun`` when ``plan`` changes the answer; template-only plans
-    (``chat_template_kwargs``) already did their part in tokenizing."""
+    """``job`` served through ``http.answer.FeaturedRun`` when ``plan`` changes the answer; template-only
+    plans (``chat_template_kwargs``) already did their part in tokenizing."""
     if plan is not None and plan.shapes_answer():
         job.plan = plan
         job.generate = job.generate.model_copy(update=plan.generate_update())

@@ -9,9 +9,10 @@ model allows it, else refused. ``usage`` counts the input tokens.
 
 Only models whose card says ``model_type: embedding`` (SGLang ``--is-embedding``, the mocker's
 ``--is-embedding``) serve this endpoint; the others answer 400, and embedding models answer 400 to
-chat and completions (``features.check_endpoint``).
+chat and completions (``requests.chat.check_endpoint``).
 
-Serving the job (batched with other clients' requests, and answered) is ``serving.embeddings``.
+Serving the job: batched with other clients' requests (``serving.embedding_batcher``), and answered
+(``http.answer.run_embedding``).
 """
 
 from __future__ import annotations

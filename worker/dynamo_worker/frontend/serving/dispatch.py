@@ -1,7 +1,7 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
 Serving mode per model, decided from the workers discovery knows now (``plan_roles``); for a LoRA
-adapter, the model's workers that hold it (its entry is the adapter's view, ``models.adapters``):
+adapter, the model's workers that hold it (its entry is the adapter's view, ``models.lora_adapters``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
   are chosen as one decision (``Router.choose_pair``), among the warm combinations while there is one

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
     from dynamo_worker.frontend.requests.chat import Job
     from dynamo_worker.frontend.serving.dispatch import Dispatch
-    from dynamo_worker.frontend.serving.embeddings import EmbeddingBatcher
+    from dynamo_worker.frontend.serving.embedding_batcher import EmbeddingBatcher
     from dynamo_worker.protocol import GenerateChunk
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from dynamo_worker.frontend.errors import (
 )
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import GeneratedImages, ImageData, _Body, parse_request
-from dynamo_worker.frontend.requests.multimodal import Unreachable, post_to_worker
+from dynamo_worker.frontend.requests.chat_images import Unreachable, post_to_worker
 from dynamo_worker.multimodal.wire import (
     IMAGES_PATH,
     MAX_GENERATED_IMAGES,
