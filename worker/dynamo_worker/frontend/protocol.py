@@ -69,6 +69,7 @@ __all__ = [
     "CompletionChoice",
     "CompletionLogprobs",
     "CompletionRequest",
+    "CompletionUsage",
     "Embedding",
     "EmbeddingList",
     "EmbeddingUsage",
@@ -81,16 +82,15 @@ __all__ = [
     "ImageData",
     "ImageUrlPart",
     "JsonSchemaFormat",
+    "ListedModel",
     "Live",
     "MessageToolCall",
-    "ModelCard",
     "ModelList",
     "NamedToolChoice",
     "NvExt",
     "PromptTokensDetails",
     "ResponseFormat",
     "Tool",
-    "Usage",
     "check_schema",
     "dump",
     "parse_request",
@@ -105,7 +105,7 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
 
 
-class _Body(BaseModel):
+class _RequestBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
@@ -178,7 +178,7 @@ def _check_keywords(schema: dict[str, Any], where: str) -> None:
             raise ValueError(f"{where}.{key} {rule}")
 
 
-class FunctionDef(_Body):
+class FunctionDef(_RequestBody):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -195,32 +195,32 @@ class FunctionDef(_Body):
         return v
 
 
-class Tool(_Body):
+class Tool(_RequestBody):
     type: Literal["function"]
     function: FunctionDef
 
 
-class _FunctionName(_Body):
+class _FunctionName(_RequestBody):
     name: Annotated[str, Field(min_length=1)]
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(_RequestBody):
     type: Literal["function"]
     function: _FunctionName
 
 
-class _CalledFunction(_Body):
+class _CalledFunction(_RequestBody):
     name: Annotated[str, Field(min_length=1)]
     arguments: str = "{}"
 
 
-class MessageToolCall(_Body):
+class MessageToolCall(_RequestBody):
     id: str | None = None
     type: Literal["function"] = "function"
     function: _CalledFunction
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(_RequestBody):
     name: Annotated[str, Field(min_length=1, max_length=64)] = "response"
     description: str | None = None
     schema_: Annotated[dict[str, Any], Field(alias="schema")]
@@ -235,7 +235,7 @@ class JsonSchemaFormat(_Body):
         return v
 
 
-class _Structure(_Body):
+class _Structure(_RequestBody):
     begin: str
     end: str
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -243,7 +243,7 @@ class _Structure(_Body):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(_RequestBody):
     """OpenAI's ``text`` / ``json_object`` / ``json_schema``, and SGLang's ``structural_tag`` (its legacy
     ``structures`` + ``triggers`` form, or xgrammar's ``format``), passed to the engine as sent."""
 
@@ -272,13 +272,13 @@ class ResponseFormat(_Body):
 MAX_STOP_STRINGS = 16
 
 
-class AgentHints(_Body):
+class AgentHints(_RequestBody):
     """NVIDIA Dynamo's ``nvext.agent_hints``: ``priority`` orders the wait queue (higher first)."""
 
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
 
 
-class NvExt(_Body):
+class NvExt(_RequestBody):
     """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``http.server.Admission``)."""
 
     agent_hints: AgentHints | None = None
@@ -290,21 +290,21 @@ class NvExt(_Body):
         return self.agent_hints.priority if self.agent_hints is not None else None
 
 
-class StreamOptions(_Body):
+class StreamOptions(_RequestBody):
     include_usage: bool = False
 
 
-class TextPart(_Body):
+class TextPart(_RequestBody):
     type: Literal["text"]
     text: str
 
 
-class ImageUrl(_Body):
+class ImageUrl(_RequestBody):
     url: Annotated[str, Field(min_length=1)]
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImageUrlPart(_Body):
+class ImageUrlPart(_RequestBody):
     """An image in a user message (``requests.chat_images`` fetches, encodes and places it)."""
 
     type: Literal["image_url"]
@@ -314,7 +314,7 @@ class ImageUrlPart(_Body):
 ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
 
 
-class ChatMessage(_Body):
+class ChatMessage(_RequestBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -341,7 +341,7 @@ class ChatMessage(_Body):
         return self
 
 
-class _Sampling(_Body):
+class _Sampling(_RequestBody):
     """Fields shared by chat and completions."""
 
     model: Annotated[str, Field(min_length=1, max_length=512)]
@@ -550,7 +550,7 @@ def parse_request(model: type[_M], body: bytes) -> _M:
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
-class _Wire(BaseModel):
+class _ResponseBody(BaseModel):
     """A body this frontend sends: every field ours, none unknown."""
 
     model_config = ConfigDict(extra="forbid")
@@ -573,11 +573,11 @@ def dump(body: BaseModel, *, exclude: set[str] | None = None) -> bytes:
 # --- usage ----------------------------------------------------------------------------------------
 
 
-class PromptTokensDetails(_Wire):
+class PromptTokensDetails(_ResponseBody):
     cached_tokens: int
 
 
-class Usage(_Wire):
+class CompletionUsage(_ResponseBody):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -587,26 +587,26 @@ class Usage(_Wire):
 # --- logprobs -------------------------------------------------------------------------------------
 
 
-class ChatTopLogprob(_Wire):
+class ChatTopLogprob(_ResponseBody):
     token: str
     logprob: float
     bytes: list[int]
 
 
-class ChatTokenLogprob(_Wire):
+class ChatTokenLogprob(_ResponseBody):
     token: str
     logprob: float
     bytes: list[int]
     top_logprobs: list[ChatTopLogprob]
 
 
-class ChatLogprobs(_Wire):
+class ChatLogprobs(_ResponseBody):
     """A chat choice's ``logprobs``: one entry per token."""
 
     content: list[ChatTokenLogprob]
 
 
-class CompletionLogprobs(_Wire):
+class CompletionLogprobs(_ResponseBody):
     """A completion choice's ``logprobs``, OpenAI's legacy shape: parallel lists, one item per token."""
 
     tokens: list[str]
@@ -618,18 +618,18 @@ class CompletionLogprobs(_Wire):
 # --- /v1/chat/completions -------------------------------------------------------------------------
 
 
-class FunctionCall(_Wire):
+class FunctionCall(_ResponseBody):
     name: str
     arguments: str  # JSON text
 
 
-class ChatToolCall(_Wire):
+class ChatToolCall(_ResponseBody):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class AssistantMessage(_Wire):
+class AssistantMessage(_ResponseBody):
     """The whole answer; ``reasoning_content`` and ``tool_calls`` only when there are some."""
 
     role: Literal["assistant"] = "assistant"
@@ -638,28 +638,28 @@ class AssistantMessage(_Wire):
     tool_calls: list[ChatToolCall] | None = _omitted_if_none()
 
 
-class ChatChoice(_Wire):
+class ChatChoice(_ResponseBody):
     index: int = 0
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
 
 
-class ChatCompletion(_Wire):
+class ChatCompletion(_ResponseBody):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[ChatChoice]
-    usage: Usage
+    usage: CompletionUsage
 
 
-class FunctionDelta(_Wire):
+class FunctionDelta(_ResponseBody):
     name: str | None = _omitted_if_none()  # in a call's first delta
     arguments: str | None = _omitted_if_none()
 
 
-class ChatToolCallDelta(_Wire):
+class ChatToolCallDelta(_ResponseBody):
     """A call's first delta has ``index``, ``id``, ``type`` and ``function.name``; later ones add to
     ``function.arguments``."""
 
@@ -669,7 +669,7 @@ class ChatToolCallDelta(_Wire):
     function: FunctionDelta
 
 
-class ChatDelta(_Wire):
+class ChatDelta(_ResponseBody):
     """Only what the chunk adds: ``{"role", "content"}`` first, then ``{"content"}`` (or
     ``{"reasoning_content"}``, ``{"tool_calls"}``), ``{}`` at the end."""
 
@@ -679,14 +679,14 @@ class ChatDelta(_Wire):
     tool_calls: list[ChatToolCallDelta] | None = _omitted_if_none()
 
 
-class ChatChunkChoice(_Wire):
+class ChatChunkChoice(_ResponseBody):
     index: int = 0
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(_Wire):
+class ChatCompletionChunk(_ResponseBody):
     """One SSE event. ``usage``: ``null`` on every chunk when the client asked for usage, the counts on
     the last one (with no choices); the key is absent otherwise (``dump(..., exclude={"usage"})``)."""
 
@@ -695,20 +695,20 @@ class ChatCompletionChunk(_Wire):
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
+    usage: CompletionUsage | None = None
 
 
 # --- /v1/completions ------------------------------------------------------------------------------
 
 
-class CompletionChoice(_Wire):
+class CompletionChoice(_ResponseBody):
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
-class Completion(_Wire):
+class Completion(_ResponseBody):
     """The whole answer (``usage`` set) and each streamed chunk (``usage`` as for chat chunks): OpenAI
     names both ``text_completion``."""
 
@@ -717,24 +717,24 @@ class Completion(_Wire):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
+    usage: CompletionUsage | None = None
 
 
 # --- /v1/embeddings -------------------------------------------------------------------------------
 
 
-class Embedding(_Wire):
+class Embedding(_ResponseBody):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str  # encoding_format float, or base64 of little-endian float32
 
 
-class EmbeddingUsage(_Wire):
+class EmbeddingUsage(_ResponseBody):
     prompt_tokens: int
     total_tokens: int
 
 
-class EmbeddingList(_Wire):
+class EmbeddingList(_ResponseBody):
     object: Literal["list"] = "list"
     data: list[Embedding]
     model: str
@@ -744,12 +744,12 @@ class EmbeddingList(_Wire):
 # --- /v1/images/generations -----------------------------------------------------------------------
 
 
-class ImageData(_Wire):
+class ImageData(_ResponseBody):
     url: str | None = _omitted_if_none()  # response_format url
     b64_json: str | None = _omitted_if_none()  # response_format b64_json
 
 
-class GeneratedImages(_Wire):
+class GeneratedImages(_ResponseBody):
     created: int
     data: list[ImageData]
 
@@ -757,7 +757,7 @@ class GeneratedImages(_Wire):
 # --- /v1/models, /health, /live -------------------------------------------------------------------
 
 
-class ModelCard(_Wire):
+class ListedModel(_ResponseBody):
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -766,16 +766,16 @@ class ModelCard(_Wire):
     parent: str | None = _omitted_if_none()  # a LoRA adapter: the served model it adapts
 
 
-class ModelList(_Wire):
+class ModelList(_ResponseBody):
     object: Literal["list"] = "list"
-    data: list[ModelCard]
+    data: list[ListedModel]
 
 
-class Health(_Wire):
+class Health(_ResponseBody):
     status: Literal["healthy", "unhealthy"]
     models: list[str]
     reason: str | None = _omitted_if_none()  # unhealthy: why, and what would make it healthy
 
 
-class Live(_Wire):
+class Live(_ResponseBody):
     status: Literal["live"] = "live"

@@ -49,11 +49,11 @@ from dynamo_worker.frontend.protocol import (
     ChatCompletion,
     ChatDelta,
     Completion,
+    CompletionUsage,
     Embedding,
     EmbeddingList,
     EmbeddingUsage,
     FinishReason,
-    Usage,
     dump,
 )
 from dynamo_worker.frontend.requests.chat import EmbeddingPlan, FeaturePlan, prompt_tokens
@@ -62,7 +62,7 @@ from dynamo_worker.protocol import unpack_vector
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
     from dynamo_worker.frontend.requests.chat import Job
-    from dynamo_worker.frontend.serving.dispatch import Dispatch
+    from dynamo_worker.frontend.serving.dispatch import ChunkSource
     from dynamo_worker.frontend.serving.embedding_batcher import EmbeddingBatcher
     from dynamo_worker.protocol import GenerateChunk
 
@@ -130,7 +130,7 @@ class Run:
 
     def __init__(
         self,
-        dispatcher: Dispatch,
+        dispatcher: ChunkSource,
         metrics: FrontendMetrics,
         http_request: web.Request,
         job: Job,
@@ -176,7 +176,7 @@ class Run:
         ``pending``."""
         raise NotImplementedError
 
-    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+    def _whole(self, use: CompletionUsage) -> ChatCompletion | Completion:
         """The answer not streamed."""
         raise NotImplementedError
 
@@ -260,7 +260,7 @@ class PlainRun(Run):
 
     def __init__(
         self,
-        dispatcher: Dispatch,
+        dispatcher: ChunkSource,
         metrics: FrontendMetrics,
         http_request: web.Request,
         job: Job,
@@ -310,7 +310,7 @@ class PlainRun(Run):
         if self.response is None:  # finished without any output: still a valid (empty) stream
             await self.emit("")
 
-    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+    def _whole(self, use: CompletionUsage) -> ChatCompletion | Completion:
         return whole(self.head, "".join(self.texts), self.finish or "stop", use)
 
 
@@ -322,7 +322,7 @@ class FeaturedRun(Run):
 
     def __init__(
         self,
-        dispatcher: Dispatch,
+        dispatcher: ChunkSource,
         metrics: FrontendMetrics,
         http_request: web.Request,
         job: Job,
@@ -371,7 +371,7 @@ class FeaturedRun(Run):
         self.pending += self._text_events(events, "", final=True)
         self.pending.append(self._event(events, self._empty(), self._reason()))
 
-    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+    def _whole(self, use: CompletionUsage) -> ChatCompletion | Completion:
         text = "".join(self.texts)
         logprobs = self.logprobs.take() if self.logprobs is not None else None
         message = None

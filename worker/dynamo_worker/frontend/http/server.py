@@ -100,7 +100,7 @@ from dynamo_worker.frontend.requests.chat import EmbeddingPlan, FeaturePlan, Job
 from dynamo_worker.frontend.requests.chat_images import MultimodalProcessor
 from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
-from dynamo_worker.frontend.serving.dispatch import Dispatch
+from dynamo_worker.frontend.serving.dispatch import ChunkSource
 from dynamo_worker.frontend.serving.embedding_batcher import EmbeddingBatcher
 from dynamo_worker.frontend.serving.image_generation import ImagesApi
 from dynamo_worker.protocol import InstanceRecord
@@ -131,7 +131,7 @@ class OpenAIServer:
     def __init__(
         self,
         registry: ModelRegistry,
-        dispatcher: Dispatch,
+        dispatcher: ChunkSource,
         metrics: FrontendMetrics,
         *,
         max_inflight: int,

@@ -53,12 +53,12 @@ from dynamo_worker.frontend.protocol import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    CompletionUsage,
     FinishReason,
     Health,
-    ModelCard,
+    ListedModel,
     ModelList,
     PromptTokensDetails,
-    Usage,
     dump,
 )
 from dynamo_worker.protocol import TokenLogprob as WorkerLogprob
@@ -77,7 +77,7 @@ __all__ = [
     "WindowDetokenizer",
     "finish_reason",
     "health",
-    "model_card",
+    "listed_model",
     "model_list",
     "sse",
     "usage",
@@ -390,8 +390,8 @@ def sse(body: bytes) -> bytes:
     return b"data: " + body + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
-    return Usage(
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> CompletionUsage:
+    return CompletionUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
@@ -399,12 +399,14 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
     )
 
 
-def model_card(name: str, created: int, *, root: str | None = None, parent: str | None = None) -> ModelCard:
+def listed_model(
+    name: str, created: int, *, root: str | None = None, parent: str | None = None
+) -> ListedModel:
     """A model of ``/v1/models``; a LoRA adapter with ``root`` (its source) and ``parent`` (its model)."""
-    return ModelCard(id=name, created=created, root=root, parent=parent)
+    return ListedModel(id=name, created=created, root=root, parent=parent)
 
 
-def model_list(cards: list[ModelCard]) -> ModelList:
+def model_list(cards: list[ListedModel]) -> ModelList:
     return ModelList(data=cards)
 
 
@@ -442,7 +444,7 @@ def whole(
     head: Head,
     text: str,
     finish: FinishReason,
-    use: Usage,
+    use: CompletionUsage,
     *,
     message: AssistantMessage | None = None,
     logprobs: ChatLogprobs | CompletionLogprobs | None = None,
@@ -541,7 +543,7 @@ class StreamEvents:
             choice = CompletionChoice(text=delta, logprobs=logprobs, finish_reason=finish)
         return self._before + dump(choice) + self._after
 
-    def usage(self, use: Usage) -> bytes:
+    def usage(self, use: CompletionUsage) -> bytes:
         """The last event before ``SSE_DONE`` when the client asked for usage: no choices, the counts."""
         h = self.head
         if h.kind == "chat":

@@ -1,6 +1,6 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
-Serving mode per model, decided from the workers discovery knows now (``plan_roles``); for a LoRA
+Serving mode per model, decided from the workers discovery knows now (``route_mode``); for a LoRA
 adapter, the model's workers that hold it (its entry is the adapter's view, ``models.lora_adapters``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
@@ -115,12 +115,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MIGRATION_LIMIT",
-    "Dispatch",
+    "ChunkSource",
     "Dispatcher",
     "MigratingDispatcher",
-    "Plan",
+    "Route",
     "continuation",
-    "plan_roles",
+    "route_mode",
 ]
 
 _RETRYABLE_REJECTIONS = {"overloaded", "shutting_down", "engine_died"}
@@ -129,13 +129,15 @@ PREFILL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
-class Plan:
+class Route:
+    """Where one request goes: its worker (aggregated), or its prefill and decode workers."""
+
     mode: str  # "agg" | "disagg"
     first: Choice  # the worker computing the prompt (agg, or prefill)
     decode: Choice | None = None
 
 
-def plan_roles(entry: ModelEntry) -> str:
+def route_mode(entry: ModelEntry) -> str:
     """``agg`` or ``disagg`` for this model now, or raise 503 naming what is missing."""
     prefill, decode, agg = entry.by_role("prefill"), entry.by_role("decode"), entry.by_role("agg")
     if prefill and decode:
@@ -191,7 +193,7 @@ def _from_plane_error(e: RequestPlaneError, role: str, worker: InstanceRecord) -
     return WorkerLost(f"The {role} worker failed: {e}", code=code, instance_id=worker.instance_id, role=role)
 
 
-class Dispatch(Protocol):
+class ChunkSource(Protocol):
     """What serving a job needs of the workers: a request's chunks (the runs, the embedding batcher).
     ``Dispatcher`` is one, and ``MigratingDispatcher`` around it the one the frontend uses."""
 
@@ -225,10 +227,10 @@ class Dispatcher:
             "idle_timeout": inter_token_timeout_s,
         }
 
-    def plan(
+    def route(
         self, entry: ModelEntry, token_ids: Sequence[int], exclude: frozenset[str] = frozenset()
-    ) -> Plan:
-        mode = plan_roles(entry)
+    ) -> Route:
+        mode = route_mode(entry)
         out = exclude | self.quarantine.ids
         if mode == "disagg":
             prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
@@ -248,9 +250,9 @@ class Dispatcher:
             first, second = self.router.choose_pair(
                 entry.name, pair.prefill, pair.decode, token_ids, allowed, entry.lora_name
             )
-            return Plan("disagg", first, second)
+            return Route("disagg", first, second)
         agg = self._live(entry, "agg", out)
-        return Plan("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
+        return Route("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
 
     def _live(self, entry: ModelEntry, role: Role, out: frozenset[str]) -> list[InstanceRecord]:
         """The workers of ``role`` a request may go to: registered, neither excluded nor quarantined."""
@@ -276,7 +278,7 @@ class Dispatcher:
         failure: ApiError | None = None
         for attempt in (1, 2):
             try:
-                plan = self.plan(entry, request.token_ids, frozenset(excluded))
+                route = self.route(entry, request.token_ids, frozenset(excluded))
             except ServiceUnavailable as unavailable:
                 # no other worker to retry on: the first failure says why (and an engine that died lets
                 # migration wait for it to come back)
@@ -288,18 +290,18 @@ class Dispatcher:
                     raise failure from None
                 raise unavailable from None  # 503 naming the role with no live worker
             started = False
-            if plan.decode is None:
-                flights = [self.router.started(plan.first)]
-                stream = self._agg(plan.first.worker, _on_rank(request, plan.first))
+            if route.decode is None:
+                flights = [self.router.started(route.first)]
+                stream = self._agg(route.first.worker, _on_rank(request, route.first))
             else:
-                prefill_flight = self.router.started(plan.first, "prefill")
-                flights = [prefill_flight, self.router.started(plan.decode, "decode")]
+                prefill_flight = self.router.started(route.first, "prefill")
+                flights = [prefill_flight, self.router.started(route.decode, "decode")]
                 stream = self._disagg(
-                    plan.first.worker,
-                    plan.decode.worker,
+                    route.first.worker,
+                    route.decode.worker,
                     request,
-                    prefill_rank=plan.first.dp_rank,
-                    decode_rank=plan.decode.dp_rank,
+                    prefill_rank=route.first.dp_rank,
+                    decode_rank=route.decode.dp_rank,
                     prefill_ended=prefill_flight.done,
                 )
             try:
@@ -309,9 +311,9 @@ class Dispatcher:
                             started = True
                             for flight in flights:
                                 flight.first_token()
-                            if plan.decode is not None and self.warm is not None:  # its KV moved: warm
+                            if route.decode is not None and self.warm is not None:  # its KV moved: warm
                                 self.warm.set(
-                                    plan.first.worker.instance_id, plan.decode.worker.instance_id, "warm"
+                                    route.first.worker.instance_id, route.decode.worker.instance_id, "warm"
                                 )
                         yield chunk
                 return
@@ -572,7 +574,7 @@ class _Retryable(DynamoError):
 
 DEFAULT_MIGRATION_LIMIT = 1
 RECHECK_S = 1.0  # a continuation waiting for a worker looks again at least this often
-# 503s that say no worker of the role can take the request now (``Dispatcher.plan``)
+# 503s that say no worker of the role can take the request now (``Dispatcher.route``)
 _NO_WORKER = frozenset({"no_workers", "no_prefill_workers", "no_decode_workers", "no_matching_revision"})
 
 
@@ -620,7 +622,7 @@ class MigratingDispatcher:
         self.wait_s = wait_s  # how long a continuation waits for a worker of its role
         self._workers_changed = workers_changed
 
-    def __getattr__(self, name: str) -> object:  # router, quarantine, plan, ...: the dispatcher's
+    def __getattr__(self, name: str) -> object:  # router, quarantine, route, ...: the dispatcher's
         return getattr(self.dispatcher, name)
 
     async def generate(

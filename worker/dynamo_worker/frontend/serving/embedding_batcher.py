@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from dynamo_worker.frontend.errors import ApiError, UpstreamError
 from dynamo_worker.frontend.models.registry import ModelEntry
-from dynamo_worker.frontend.serving.dispatch import Dispatch
+from dynamo_worker.frontend.serving.dispatch import ChunkSource
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, StopConditions
 from dynamo_worker.runtime.aio import cancel_and_wait
 
@@ -34,7 +34,12 @@ class _Waiting:
 
 class EmbeddingBatcher:
     def __init__(
-        self, dispatcher: Dispatch, *, window_s: float = 0.002, max_inputs: int = 64, max_tokens: int = 8192
+        self,
+        dispatcher: ChunkSource,
+        *,
+        window_s: float = 0.002,
+        max_inputs: int = 64,
+        max_tokens: int = 8192,
     ) -> None:
         self._dispatcher = dispatcher
         self.window_s = window_s
