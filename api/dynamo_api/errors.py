@@ -27,9 +27,9 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     │   └── UpstreamError
     │       ├── UpstreamTimeout
     │       └── WorkerLost
-    ├── TemplateError                    dynamo_worker.frontend.models.preprocess
-    ├── _PrivateAddress (OSError)        dynamo_worker.frontend.requests.multimodal
-    ├── Unreachable                      dynamo_worker.frontend.requests.multimodal
+    ├── TemplateError                    dynamo_worker.frontend.models.registry
+    ├── _PrivateAddress (OSError)        dynamo_worker.frontend.requests.chat_images
+    ├── Unreachable                      dynamo_worker.frontend.requests.chat_images
     ├── _Retryable                       dynamo_worker.frontend.serving.dispatch
     ├── ManifestError (ValueError)       dynamo_worker.local.manifest
     ├── PlanError                        dynamo_worker.local.plan

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import openai
 import pytest
-from dynamo_worker.frontend.models.preprocess import Preprocessor
+from dynamo_worker.frontend.models.registry import Preprocessor
 
 MODEL = "tiny"  # the served name the ``mockers`` fixture registers
 

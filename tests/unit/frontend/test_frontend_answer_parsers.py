@@ -9,8 +9,8 @@ import json
 import pytest
 from dynamo_worker.frontend.output.chat_output import AnswerParser, AnswerStream, tool_choice_schema
 from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS
-from dynamo_worker.frontend.output.responses import ChatDelta
 from dynamo_worker.frontend.output.tools import TOOL_PARSERS, supported_tool_parsers
+from dynamo_worker.frontend.protocol import ChatDelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

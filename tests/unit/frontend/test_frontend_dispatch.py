@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from dynamo_worker.frontend.errors import ServiceUnavailable
 from dynamo_worker.frontend.models.registry import ModelEntry
-from dynamo_worker.frontend.serving.dispatch import plan_roles
+from dynamo_worker.frontend.serving.dispatch import route_mode
 from dynamo_worker.protocol import InstanceRecord
 
 
@@ -39,7 +39,7 @@ def entry(*roles: str) -> ModelEntry:
     ],
 )
 def test_mode(roles, mode):
-    assert plan_roles(entry(*roles)) == mode
+    assert route_mode(entry(*roles)) == mode
 
 
 @pytest.mark.parametrize(
@@ -47,5 +47,5 @@ def test_mode(roles, mode):
 )
 def test_missing_role_is_503(roles, code):
     with pytest.raises(ServiceUnavailable) as e:
-        plan_roles(entry(*roles))
+        route_mode(entry(*roles))
     assert e.value.code == code and e.value.status == 503

@@ -94,19 +94,19 @@ def test_dispatcher_never_mixes_revisions(dispatcher):
     p2, d2 = worker("prefill", "r2", 2.0), worker("decode", "r2", 2.0)
     e = entry(p1, d1, p2, d2)
     for _ in range(6):
-        plan = dispatcher.plan(e, [1, 2, 3])
-        assert plan.decode is not None
-        assert plan.first.worker.revision == plan.decode.worker.revision == "r2"
+        route = dispatcher.route(e, [1, 2, 3])
+        assert route.decode is not None
+        assert route.first.worker.revision == route.decode.worker.revision == "r2"
     # r2's decode worker is lost to this request: r1 is the only complete revision left
-    plan = dispatcher.plan(e, [1, 2, 3], exclude=frozenset({d2.instance_id}))
-    assert plan.decode is not None and plan.first.worker is p1 and plan.decode.worker is d1
+    route = dispatcher.route(e, [1, 2, 3], exclude=frozenset({d2.instance_id}))
+    assert route.decode is not None and route.first.worker is p1 and route.decode.worker is d1
 
 
 def test_dispatcher_answers_503_naming_the_revisions_when_none_is_complete(dispatcher):
     e = entry(worker("prefill", "old"), worker("decode", "new"))
     assert not e.can_serve()
     with pytest.raises(ServiceUnavailable) as raised:
-        dispatcher.plan(e, [1, 2, 3])
+        dispatcher.route(e, [1, 2, 3])
     err = raised.value
     assert err.code == "no_matching_revision" and err.headers["Retry-After"] == "1"
     assert "old" in err.message and "new" in err.message and "share a revision" in err.message

@@ -6,7 +6,7 @@ token ids end the output)."""
 from __future__ import annotations
 
 import pytest
-from dynamo_worker.frontend.output.text import IncrementalDetokenizer, OutputText, StopStringMatcher
+from dynamo_worker.frontend.output.shaping import IncrementalDetokenizer, OutputText, StopStringMatcher
 
 SAMPLES = [
     "Hello world",

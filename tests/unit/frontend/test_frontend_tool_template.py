@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from dynamo_worker.frontend.models.preprocess import Preprocessor
+from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.protocol import ChatCompletionRequest, parse_request
 from dynamo_worker.frontend.requests.chat import chat_messages, plan_chat
-from dynamo_worker.frontend.requests.openai_models import ChatCompletionRequest, parse_request
 from dynamo_worker.protocol import ServingFeatures
 from dynamo_worker.tinymodel import ensure_tiny_model
 from tokenizers import Tokenizer

@@ -9,7 +9,7 @@ import base64
 import struct
 
 import pytest
-from dynamo_worker.frontend.requests.multimodal import _public
+from dynamo_worker.frontend.requests.chat_images import _public
 from dynamo_worker.mocker.multimodal import MockEncoder, image_grid
 from dynamo_worker.multimodal.cache import EmbeddingCache
 from dynamo_worker.multimodal.images import BadImage, content_hash, sniff, write_png

@@ -13,12 +13,10 @@ from dynamo_worker.protocol import BlockRemoved, BlockStored, InstanceRecord, Kv
 from dynamo_worker.router.policy import (
     KvCandidate,
     KvWeights,
-    RoundRobin,
-    choose_random,
     kv_choose,
     kv_cost,
 )
-from dynamo_worker.router.router import Router
+from dynamo_worker.router.router import RoundRobin, Router, choose_random
 
 PAGE = 4
 W = KvWeights()

@@ -18,7 +18,7 @@ Hierarchy (all ``ApiError``, each with its HTTP status):
 
 Handlers raise these; the server turns them into a JSON response (or an SSE ``data: {"error": ...}``
 event once a stream has started). The body's models (``ErrorResponse``) are here, not with the other
-bodies in ``output.responses``: every room of the frontend raises these, and none needs the output room
+bodies in ``protocol``: every room of the frontend raises these, and none needs the output room
 for it.
 """
 
@@ -147,7 +147,7 @@ class UpstreamTimeout(UpstreamError):
 
 class WorkerLost(UpstreamError):
     """A worker stopped serving a request it had taken (or never answered): not the request's fault,
-    so another worker of ``role`` may continue it (``serving.migration``)."""
+    so another worker of ``role`` may continue it (``serving.dispatch.MigratingDispatcher``)."""
 
     def __init__(self, message: str, *, code: str, instance_id: str, role: str) -> None:
         super().__init__(message, code=code)

@@ -166,7 +166,7 @@ class FrontendSettings(Settings):
         "accepted, with --api-key's too (several keys: rotate without downtime).",
         json_schema_extra={"env": contract.ENV_API_KEY_FILE, "metavar": "FILE"},
     )
-    # --- admission: wait queue and scale from zero (serving.admission, models.registry) ------
+    # --- admission: wait queue and scale from zero (http.server.Admission, models.registry) ------
     max_queued_requests: int = Field(
         256,
         ge=0,
@@ -259,7 +259,7 @@ class FrontendSettings(Settings):
         None,
         description="Where fetched model cards (tokenizer files) are kept; default: a temporary folder.",
     )
-    # --- images (requests.multimodal, serving.images) ------------------------------------------
+    # --- images (requests.chat_images, serving.image_generation) ------------------------------------------
     allow_private_image_urls: bool = Field(
         False,
         description="Fetch image URLs whose host is a private, loopback or link-local address (off: "

@@ -1,7 +1,8 @@
-"""Routing policies: pick one worker among candidates. Pure: no I/O, randomness comes from the caller.
+"""The kv routing policy: pick one worker among candidates. Pure: no I/O, randomness comes from the
+caller. (``round-robin``, which cycles through the candidates sorted by id, and ``random``, which draws
+uniformly, are the router's own: ``router.router``.)
 
-``round-robin`` cycles through the candidates (sorted by id, so the order is stable), ``random`` draws
-uniformly, and ``kv`` minimises an estimate of the work a request waits for, in KV blocks of prefill:
+``kv`` minimises an estimate of the work a request waits for, in KV blocks of prefill:
 
     cost(t) = overlap_weight * new_blocks(t) + prefill_blocks(t) + decode_weight * decode_blocks(t)
 
@@ -109,41 +110,17 @@ __all__ = [
     "DecodeCandidate",
     "KvCandidate",
     "KvWeights",
-    "RoundRobin",
     "RouterMode",
-    "choose_random",
     "decode_cost",
     "decode_rank",
     "kv_choose",
     "kv_cost",
-    "new_blocks",
     "saved_blocks",
 ]
 
 RouterMode = Literal["round-robin", "random", "kv"]
 PRESSURE_FACTOR = 4  # balance guard: how much larger an imbalance must be to move into a full cache
 ROOM_FRACTION = 0.5  # balance guard: a cache at most this full (after the request) has room
-
-
-class RoundRobin:
-    """Cycle through candidates in id order; a key keeps separate cursors (e.g. per model and role)."""
-
-    def __init__(self) -> None:
-        self._cursor: dict[str, int] = {}
-
-    def choose(self, key: str, candidates: Sequence[str]) -> str:
-        if not candidates:
-            raise ValueError("no candidates to choose from")
-        ordered = sorted(candidates)
-        i = self._cursor.get(key, 0)
-        self._cursor[key] = i + 1
-        return ordered[i % len(ordered)]
-
-
-def choose_random(candidates: Sequence[str], rng: random.Random) -> str:
-    if not candidates:
-        raise ValueError("no candidates to choose from")
-    return rng.choice(sorted(candidates))
 
 
 @dataclass(frozen=True)
@@ -182,12 +159,6 @@ class KvCandidate:
         return self.worker_id if self.dp_rank == 0 else f"{self.worker_id}/dp{self.dp_rank}"
 
 
-def new_blocks(prompt_blocks: int, overlap_blocks: int) -> int:
-    """The blocks a cache must compute for a prompt: the uncached full blocks, plus one for the tail
-    (the partial last block, or the last token an engine always recomputes)."""
-    return max(prompt_blocks - overlap_blocks, 0) + 1
-
-
 def saved_blocks(candidate: KvCandidate, weights: KvWeights) -> float:
     """The blocks of prefill the candidate's cache saves: a GPU block one, a host or disk one its weight."""
     return (
@@ -223,7 +194,8 @@ def _has_room(candidate: KvCandidate, prompt_blocks: int) -> bool:
         return False
     if candidate.free_blocks is None or candidate.capacity_blocks is None:
         return True
-    after = candidate.free_blocks - new_blocks(prompt_blocks, candidate.overlap_blocks)
+    added = max(prompt_blocks - candidate.overlap_blocks, 0) + 1  # the blocks not on its GPU, and the tail
+    after = candidate.free_blocks - added
     return after >= (1 - ROOM_FRACTION) * candidate.capacity_blocks
 
 

@@ -46,23 +46,60 @@ from dynamo_worker.router.policy import (
     DecodeCandidate,
     KvCandidate,
     KvWeights,
-    RoundRobin,
     RouterMode,
-    choose_random,
     decode_rank,
     kv_choose,
-    new_blocks,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_PREDICT_TTL_S", "Choice", "Flight", "FlightRole", "PairFilter", "Router"]
+__all__ = [
+    "DEFAULT_PREDICT_TTL_S",
+    "Choice",
+    "Flight",
+    "FlightRole",
+    "PairFilter",
+    "RoundRobin",
+    "Router",
+    "choose_random",
+    "new_blocks",
+]
 
 FlightRole = Literal["agg", "prefill", "decode"]  # what the chosen worker does for the request
 PairFilter = Callable[[str, str], bool]  # (prefill instance id, decode instance id) -> may pair
 
 DEFAULT_PREDICT_TTL_S = 30.0
 SILENT_AFTER_REQUESTS = 3  # requests a worker finishes without any KV event before we say so
+
+
+# --- the round-robin and random policies, and a choice's new blocks --------------------------------
+
+
+class RoundRobin:
+    """Cycle through candidates in id order; a key keeps separate cursors (e.g. per model and role)."""
+
+    def __init__(self) -> None:
+        self._cursor: dict[str, int] = {}
+
+    def choose(self, key: str, candidates: Sequence[str]) -> str:
+        if not candidates:
+            raise ValueError("no candidates to choose from")
+        ordered = sorted(candidates)
+        i = self._cursor.get(key, 0)
+        self._cursor[key] = i + 1
+        return ordered[i % len(ordered)]
+
+
+def choose_random(candidates: Sequence[str], rng: random.Random) -> str:
+    if not candidates:
+        raise ValueError("no candidates to choose from")
+    return rng.choice(sorted(candidates))
+
+
+def new_blocks(prompt_blocks: int, overlap_blocks: int) -> int:
+    """The blocks a cache must compute for a prompt: the uncached full blocks, plus one for the tail
+    (the partial last block, or the last token an engine always recomputes)."""
+    return max(prompt_blocks - overlap_blocks, 0) + 1
 
 
 @dataclass(frozen=True)

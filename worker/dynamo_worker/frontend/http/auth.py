@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from dynamo_worker.frontend.errors import ApiError
-from dynamo_worker.frontend.httpio import error_response
+from dynamo_worker.frontend.http.answer import error_response
 from dynamo_worker.frontend.metrics import FrontendMetrics
 
 __all__ = ["OPEN_PATHS", "Unauthorized", "api_key_middleware"]

@@ -17,11 +17,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dynamo_worker.frontend.errors import ModelNotFound
-from dynamo_worker.frontend.httpio import error_response, json_response
+from dynamo_worker.frontend.http.answer import error_response, json_response
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelRegistry
-from dynamo_worker.frontend.output.responses import Live, ModelCard, dump
-from dynamo_worker.frontend.output.shaping import health, model_card, model_list
+from dynamo_worker.frontend.output.shaping import health, listed_model, model_list
+from dynamo_worker.frontend.protocol import ListedModel, Live, dump
 
 __all__ = ["InfoEndpoints"]
 
@@ -44,10 +44,10 @@ class InfoEndpoints:
         app.router.add_get("/live", self.live)
         app.router.add_get("/metrics", self.prometheus)
 
-    def _cards(self) -> list[ModelCard]:
-        cards = [model_card(m, self.registry.created(m)) for m in self.registry.listed()]
+    def _cards(self) -> list[ListedModel]:
+        cards = [listed_model(m, self.registry.created(m)) for m in self.registry.listed()]
         for name, base, adapter in self.registry.adapter_listing():
-            cards.append(model_card(name, self.registry.created(base), root=adapter.uri, parent=base))
+            cards.append(listed_model(name, self.registry.created(base), root=adapter.uri, parent=base))
         return cards
 
     async def models(self, _: web.Request) -> web.Response:

@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from dynamo_worker.frontend.output.harmony import HARMONY_TOKENS, Open, parse_harmony
 from dynamo_worker.frontend.output.reasoning import ReasoningParser
-from dynamo_worker.frontend.output.responses import (
+from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, Parsed, ToolCall
+from dynamo_worker.frontend.protocol import (
     AssistantMessage,
     ChatDelta,
     ChatToolCall,
@@ -35,7 +36,6 @@ from dynamo_worker.frontend.output.responses import (
     FunctionCall,
     FunctionDelta,
 )
-from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, Parsed, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class _Field:
 
 
 class AnswerStream:
-    """Feeds text in, gets OpenAI ``delta``s out (``responses.ChatDelta``); ``message`` gives the whole
+    """Feeds text in, gets OpenAI ``delta``s out (``protocol.ChatDelta``); ``message`` gives the whole
     answer at the end. Only the text after the last settled point is re-parsed, so an answer costs
     linear time."""
 

@@ -1,7 +1,7 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
-Serving mode per model, decided from the workers discovery knows now (``plan_roles``); for a LoRA
-adapter, the model's workers that hold it (its entry is the adapter's view, ``models.adapters``):
+Serving mode per model, decided from the workers discovery knows now (``route_mode``); for a LoRA
+adapter, the model's workers that hold it (its entry is the adapter's view, ``models.lora_adapters``):
 
 - prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
   are chosen as one decision (``Router.choose_pair``), among the warm combinations while there is one
@@ -30,7 +30,33 @@ whose worker's engine died before its first token.
 A worker that cannot be reached, breaks a stream or stalls it is quarantined (``serving.quarantine``):
 no request is routed to it until it answers again or leaves discovery. When a role has no live worker
 left, the answer is 503 naming the role (never a 502 for a worker already known dead). Failures that
-lose a worker raise ``WorkerLost``, which ``serving.migration`` continues on another worker.
+lose a worker raise ``WorkerLost``, which migration continues on another worker.
+
+Migration (``MigratingDispatcher``, the dispatcher the frontend uses): when a worker dies, breaks its
+stream, stalls past the inter-token bound, says its engine died under it (``engine_died``: the worker lives
+on, restarting its engine or exiting), or aborts the request while draining, the frontend re-sends the
+request to another worker with the prompt plus every token already streamed to the client (and
+``max_tokens`` reduced by as many), so the client's stream goes on with no repeat and no gap; in
+disaggregated serving that is a new prefill and decode pair for the extended prompt. This happens at most
+``--migration-limit`` times per request (NVIDIA Dynamo's flag). Usage stays the client's view: the original
+prompt's tokens, and every token streamed, across workers.
+
+Default 1, where Dynamo's is 0 (off): a stream cut by one lost worker (a crash, an OOM kill, a node
+drain, a rolling update past its grace period) is the common failure, and finishing it costs one
+prefill of prompt + generated tokens on another worker, far cheaper for a user than a broken answer.
+It stays at 1 rather than more because a request that itself crashes its worker (a poison request)
+then takes down at most two workers before the client gets the error. 0 turns migration off: the
+client gets the error event within the failure's own bound, as before.
+
+Refusals for the request's own sake (``invalid_request``) and engine errors are not migrated: a
+second worker would fail it the same way.
+
+A stream whose worker said its engine died (``engine_died``: the worker restarts its engine, or its pod
+is restarted) and whose continuation finds no live worker of its role (the only decode worker, a
+multinode group) waits for one to register, as a new request for a model with no worker does, up to
+``wait_s`` (the frontend's ``--scale-up-timeout-s``), looking again at every change of the workers and at
+least every ``RECHECK_S``; past it the client gets the 503 that says why. A worker that vanished (its
+stream broke) gives no such sign that it comes back: that continuation gets the 503 at once.
 """
 
 from __future__ import annotations
@@ -39,7 +65,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,6 +96,7 @@ from dynamo_worker.protocol import (
     InstanceRecord,
     Role,
     StopConditions,
+    Usage,
     WorkerError,
 )
 from dynamo_worker.router import Choice, Router
@@ -86,7 +113,15 @@ from dynamo_worker.runtime.request_plane import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Dispatch", "Dispatcher", "Plan", "plan_roles"]
+__all__ = [
+    "DEFAULT_MIGRATION_LIMIT",
+    "ChunkSource",
+    "Dispatcher",
+    "MigratingDispatcher",
+    "Route",
+    "continuation",
+    "route_mode",
+]
 
 _RETRYABLE_REJECTIONS = {"overloaded", "shutting_down", "engine_died"}
 # How long a prefill leg may still run after its decode leg finished before it is cancelled (_let_end).
@@ -94,13 +129,15 @@ PREFILL_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
-class Plan:
+class Route:
+    """Where one request goes: its worker (aggregated), or its prefill and decode workers."""
+
     mode: str  # "agg" | "disagg"
     first: Choice  # the worker computing the prompt (agg, or prefill)
     decode: Choice | None = None
 
 
-def plan_roles(entry: ModelEntry) -> str:
+def route_mode(entry: ModelEntry) -> str:
     """``agg`` or ``disagg`` for this model now, or raise 503 naming what is missing."""
     prefill, decode, agg = entry.by_role("prefill"), entry.by_role("decode"), entry.by_role("agg")
     if prefill and decode:
@@ -156,9 +193,9 @@ def _from_plane_error(e: RequestPlaneError, role: str, worker: InstanceRecord) -
     return WorkerLost(f"The {role} worker failed: {e}", code=code, instance_id=worker.instance_id, role=role)
 
 
-class Dispatch(Protocol):
+class ChunkSource(Protocol):
     """What serving a job needs of the workers: a request's chunks (the runs, the embedding batcher).
-    ``Dispatcher`` is one, and ``migration.MigratingDispatcher`` around it the one the frontend uses."""
+    ``Dispatcher`` is one, and ``MigratingDispatcher`` around it the one the frontend uses."""
 
     def generate(self, entry: ModelEntry, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         """Chunks of the (decode) stream; raises ``ApiError`` on failure. Closing it cancels the request
@@ -190,10 +227,10 @@ class Dispatcher:
             "idle_timeout": inter_token_timeout_s,
         }
 
-    def plan(
+    def route(
         self, entry: ModelEntry, token_ids: Sequence[int], exclude: frozenset[str] = frozenset()
-    ) -> Plan:
-        mode = plan_roles(entry)
+    ) -> Route:
+        mode = route_mode(entry)
         out = exclude | self.quarantine.ids
         if mode == "disagg":
             prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
@@ -213,9 +250,9 @@ class Dispatcher:
             first, second = self.router.choose_pair(
                 entry.name, pair.prefill, pair.decode, token_ids, allowed, entry.lora_name
             )
-            return Plan("disagg", first, second)
+            return Route("disagg", first, second)
         agg = self._live(entry, "agg", out)
-        return Plan("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
+        return Route("agg", self.router.choose(f"{entry.name}/agg", agg, token_ids, entry.lora_name))
 
     def _live(self, entry: ModelEntry, role: Role, out: frozenset[str]) -> list[InstanceRecord]:
         """The workers of ``role`` a request may go to: registered, neither excluded nor quarantined."""
@@ -241,7 +278,7 @@ class Dispatcher:
         failure: ApiError | None = None
         for attempt in (1, 2):
             try:
-                plan = self.plan(entry, request.token_ids, frozenset(excluded))
+                route = self.route(entry, request.token_ids, frozenset(excluded))
             except ServiceUnavailable as unavailable:
                 # no other worker to retry on: the first failure says why (and an engine that died lets
                 # migration wait for it to come back)
@@ -253,18 +290,18 @@ class Dispatcher:
                     raise failure from None
                 raise unavailable from None  # 503 naming the role with no live worker
             started = False
-            if plan.decode is None:
-                flights = [self.router.started(plan.first)]
-                stream = self._agg(plan.first.worker, _on_rank(request, plan.first))
+            if route.decode is None:
+                flights = [self.router.started(route.first)]
+                stream = self._agg(route.first.worker, _on_rank(request, route.first))
             else:
-                prefill_flight = self.router.started(plan.first, "prefill")
-                flights = [prefill_flight, self.router.started(plan.decode, "decode")]
+                prefill_flight = self.router.started(route.first, "prefill")
+                flights = [prefill_flight, self.router.started(route.decode, "decode")]
                 stream = self._disagg(
-                    plan.first.worker,
-                    plan.decode.worker,
+                    route.first.worker,
+                    route.decode.worker,
                     request,
-                    prefill_rank=plan.first.dp_rank,
-                    decode_rank=plan.decode.dp_rank,
+                    prefill_rank=route.first.dp_rank,
+                    decode_rank=route.decode.dp_rank,
                     prefill_ended=prefill_flight.done,
                 )
             try:
@@ -274,9 +311,9 @@ class Dispatcher:
                             started = True
                             for flight in flights:
                                 flight.first_token()
-                            if plan.decode is not None and self.warm is not None:  # its KV moved: warm
+                            if route.decode is not None and self.warm is not None:  # its KV moved: warm
                                 self.warm.set(
-                                    plan.first.worker.instance_id, plan.decode.worker.instance_id, "warm"
+                                    route.first.worker.instance_id, route.decode.worker.instance_id, "warm"
                                 )
                         yield chunk
                 return
@@ -531,3 +568,135 @@ class _Retryable(DynamoError):
         super().__init__(error.message)
         self.instance_ids = instance_ids
         self.error = error
+
+
+# --- migration ------------------------------------------------------------------------------------
+
+DEFAULT_MIGRATION_LIMIT = 1
+RECHECK_S = 1.0  # a continuation waiting for a worker looks again at least this often
+# 503s that say no worker of the role can take the request now (``Dispatcher.route``)
+_NO_WORKER = frozenset({"no_workers", "no_prefill_workers", "no_decode_workers", "no_matching_revision"})
+
+
+def _migratable(error: ApiError) -> bool:
+    return isinstance(error, WorkerLost) or error.code == "shutting_down"
+
+
+def _no_worker(error: ApiError) -> bool:
+    return isinstance(error, ServiceUnavailable) and error.code in _NO_WORKER
+
+
+def continuation(request: GenerateRequest, emitted: list[int], migration: int) -> GenerateRequest:
+    """The request that continues ``request`` after ``emitted`` tokens reached the client."""
+    stop = request.stop.model_copy(
+        update={
+            "max_tokens": request.stop.max_tokens - len(emitted),
+            "min_tokens": max(0, request.stop.min_tokens - len(emitted)),
+        }
+    )
+    return request.model_copy(
+        update={
+            "request_id": f"{request.request_id}-m{migration}",
+            "token_ids": [*request.token_ids, *emitted],
+            "stop": stop,
+        }
+    )
+
+
+class MigratingDispatcher:
+    """``Dispatcher.generate`` with migration: the same interface, one uninterrupted stream."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
+        on_migration: Callable[[str], None] | None = None,
+        *,
+        wait_s: float = 0.0,
+        workers_changed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.migration_limit = migration_limit
+        self._on_migration = on_migration  # called with the model name (the frontend's metric)
+        self.migrations = 0  # requests continued on another worker, since start (for /metrics)
+        self.wait_s = wait_s  # how long a continuation waits for a worker of its role
+        self._workers_changed = workers_changed
+
+    def __getattr__(self, name: str) -> object:  # router, quarantine, route, ...: the dispatcher's
+        return getattr(self.dispatcher, name)
+
+    async def generate(
+        self, entry: ModelEntry, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateChunk, None]:
+        if self.migration_limit == 0:
+            async with contextlib.aclosing(self.dispatcher.generate(entry, request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        emitted: list[int] = []
+        current, migrations = request, 0
+        waiting_until: float | None = None  # a continuation waiting for a worker of its role
+        error: ApiError | None = None  # why the stream was last migrated
+        while True:
+            try:
+                async with contextlib.aclosing(self.dispatcher.generate(entry, current)) as chunks:
+                    async for chunk in chunks:
+                        if chunk.token_ids:
+                            emitted.extend(chunk.token_ids)
+                        if migrations and chunk.usage is not None:
+                            chunk = chunk.model_copy(
+                                update={"usage": _client_usage(request, emitted, chunk.usage)}
+                            )
+                        yield chunk
+                return
+            except ApiError as e:
+                if migrations and _no_worker(e) and error is not None and error.code == "engine_died":
+                    waiting_until = await self._wait_for_worker(request, e, waiting_until)
+                    continue
+                if not _migratable(e) or migrations >= self.migration_limit:
+                    raise
+                error = e
+            migrations += 1
+            self.migrations += 1
+            if self._on_migration is not None:
+                self._on_migration(request.model)
+            if len(emitted) >= request.stop.max_tokens:  # lost after the last token, before the final chunk
+                yield GenerateChunk(finish_reason="length", usage=_client_usage(request, emitted, None))
+                return
+            log.warning(
+                "Migrating request request_id=%s migration=%d/%d tokens_streamed=%d reason=%s",
+                request.request_id,
+                migrations,
+                self.migration_limit,
+                len(emitted),
+                error.message,
+            )
+            current = continuation(request, emitted, migrations)
+
+    async def _wait_for_worker(self, request: GenerateRequest, error: ApiError, until: float | None) -> float:
+        """Wait for the workers to change (or ``RECHECK_S``) before the continuation is tried again;
+        raise ``error`` once ``wait_s`` has passed since the first time it found no worker."""
+        loop = asyncio.get_running_loop()
+        if until is None:
+            until = loop.time() + self.wait_s
+            log.warning(
+                "Migration waits for a worker request_id=%s wait_s=%.0f reason=%s",
+                request.request_id,
+                self.wait_s,
+                error.message,
+            )
+        left = until - loop.time()
+        if left <= 0:
+            raise error
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(RECHECK_S, left)):
+                if self._workers_changed is not None:
+                    await self._workers_changed()
+                else:
+                    await asyncio.sleep(RECHECK_S)
+        return until
+
+
+def _client_usage(request: GenerateRequest, emitted: list[int], last: Usage | None) -> Usage:
+    cached = min(last.cached_tokens, len(request.token_ids)) if last is not None else 0
+    return Usage(prompt_tokens=len(request.token_ids), completion_tokens=len(emitted), cached_tokens=cached)

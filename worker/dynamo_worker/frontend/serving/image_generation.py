@@ -23,9 +23,8 @@ from dynamo_worker.frontend.errors import (
     UpstreamError,
 )
 from dynamo_worker.frontend.models.registry import ModelRegistry
-from dynamo_worker.frontend.output.responses import GeneratedImages, ImageData
-from dynamo_worker.frontend.requests.multimodal import Unreachable, post_to_worker
-from dynamo_worker.frontend.requests.openai_models import _Body, parse_request
+from dynamo_worker.frontend.protocol import GeneratedImages, ImageData, _RequestBody, parse_request
+from dynamo_worker.frontend.requests.chat_images import Unreachable, post_to_worker
 from dynamo_worker.multimodal.wire import (
     IMAGES_PATH,
     MAX_GENERATED_IMAGES,
@@ -38,7 +37,7 @@ __all__ = ["ImageGenerationRequest", "ImagesApi"]
 DEFAULT_SIZE = (1024, 1024)
 
 
-class ImageGenerationRequest(_Body):
+class ImageGenerationRequest(_RequestBody):
     model: Annotated[str, Field(min_length=1, max_length=512)]
     prompt: Annotated[str, Field(min_length=1, max_length=32000)]
     n: Annotated[int, Field(ge=1, le=MAX_GENERATED_IMAGES)] = 1

@@ -1,11 +1,19 @@
-"""Serving a chat or completion job: the worker's token stream through detokenization and stop
-handling to the client, whole or as SSE.
+"""A job's answer over HTTP: the worker's stream through detokenization and stop handling to the client,
+whole (JSON) or as SSE; an embedding job's vectors; and the JSON, SSE and error responses every
+endpoint sends.
 
-``Run`` is what every job's run does: relay the worker's chunks, time them (TTFT, ITL), take the
-finish reason and usage from the last one, count the tokens, and handle errors and a client that went
-away. What the text becomes is a subclass's: ``PlainRun`` here (no tools, reasoning, structured output
-or logprobs: the byte splice of ``output.shaping.StreamEvents``, the fast path) and
-``serving.featured_run.FeaturedRun``. Every body is shaped in ``output``.
+``Run`` is what every chat or completion job's run does: relay the worker's chunks, time them (TTFT,
+ITL), take the finish reason and usage from the last one, count the tokens, and handle errors and a
+client that went away. What the text becomes is a subclass's: ``PlainRun`` (no tools, reasoning,
+structured output or logprobs: the byte splice of ``output.shaping.StreamEvents``, the fast path) and
+``FeaturedRun`` (a job with a ``FeaturePlan``, ``requests.chat``: its answer shaped with reasoning,
+tool calls and logprobs). Every body is shaped in ``output``.
+
+``FeaturedRun``'s text still goes through ``OutputText`` (incremental detokenization, stop strings),
+then through ``AnswerStream`` for chat; logprobs come with the worker's chunks, one per token, and ride
+on the next event sent (``output.shaping.Logprobs``). A chat answer that made tool calls ends with
+``finish_reason`` ``tool_calls``. The chunks are OpenAI's (``protocol``): ``delta.reasoning_content``
+(as SGLang and vLLM name it), ``delta.content``, ``delta.tool_calls[i]``, and ``choices[0].logprobs``.
 
 Streaming responses start only when the first output arrives, so a failure before it (no worker,
 worker unreachable, overload) is an ordinary HTTP error status. A failure after it is sent as a final
@@ -23,29 +31,74 @@ import orjson
 from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError
-from dynamo_worker.frontend.httpio import json_response, sse_response
-from dynamo_worker.frontend.output.responses import ChatCompletion, Completion, FinishReason, Usage, dump
+from dynamo_worker.frontend.output.chat_output import AnswerStream
 from dynamo_worker.frontend.output.shaping import (
     SSE_DONE,
+    Decoder,
     Head,
+    KeepSpecialDecoder,
+    Logprobs,
+    OutputText,
     StreamEvents,
     finish_reason,
     sse,
     usage,
     whole,
 )
-from dynamo_worker.frontend.output.text import Decoder, OutputText
-from dynamo_worker.frontend.requests.job import prompt_tokens
+from dynamo_worker.frontend.protocol import (
+    ChatCompletion,
+    ChatDelta,
+    Completion,
+    CompletionUsage,
+    Embedding,
+    EmbeddingList,
+    EmbeddingUsage,
+    FinishReason,
+    dump,
+)
+from dynamo_worker.frontend.requests.chat import EmbeddingPlan, FeaturePlan, prompt_tokens
+from dynamo_worker.protocol import unpack_vector
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
-    from dynamo_worker.frontend.requests.job import Job
-    from dynamo_worker.frontend.serving.dispatch import Dispatch
+    from dynamo_worker.frontend.requests.chat import Job
+    from dynamo_worker.frontend.serving.dispatch import ChunkSource
+    from dynamo_worker.frontend.serving.embedding_batcher import EmbeddingBatcher
     from dynamo_worker.protocol import GenerateChunk
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PlainRun", "Run"]
+__all__ = [
+    "FeaturedRun",
+    "PlainRun",
+    "Run",
+    "error_response",
+    "json_response",
+    "run_embedding",
+    "sse_response",
+]
+
+
+# --- responses ------------------------------------------------------------------------------------
+
+
+def json_response(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON response from rendered ``body`` bytes (``protocol.dump``)."""
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+def error_response(error: ApiError) -> web.Response:
+    return json_response(orjson.dumps(error.body()), status=error.status, headers=error.headers or None)
+
+
+async def sse_response(http_request: web.Request) -> web.StreamResponse:
+    """A started ``text/event-stream`` response."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(http_request)
+    return response
+
+
+# --- chat and completion jobs ----------------------------------------------------------------------
 
 
 class Run:
@@ -77,7 +130,7 @@ class Run:
 
     def __init__(
         self,
-        dispatcher: Dispatch,
+        dispatcher: ChunkSource,
         metrics: FrontendMetrics,
         http_request: web.Request,
         job: Job,
@@ -123,7 +176,7 @@ class Run:
         ``pending``."""
         raise NotImplementedError
 
-    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+    def _whole(self, use: CompletionUsage) -> ChatCompletion | Completion:
         """The answer not streamed."""
         raise NotImplementedError
 
@@ -207,7 +260,7 @@ class PlainRun(Run):
 
     def __init__(
         self,
-        dispatcher: Dispatch,
+        dispatcher: ChunkSource,
         metrics: FrontendMetrics,
         http_request: web.Request,
         job: Job,
@@ -257,5 +310,119 @@ class PlainRun(Run):
         if self.response is None:  # finished without any output: still a valid (empty) stream
             await self.emit("")
 
-    def _whole(self, use: Usage) -> ChatCompletion | Completion:
+    def _whole(self, use: CompletionUsage) -> ChatCompletion | Completion:
         return whole(self.head, "".join(self.texts), self.finish or "stop", use)
+
+
+class FeaturedRun(Run):
+    """A job with a ``FeaturePlan``: one event per chunk, parsed into reasoning, content and tool calls
+    (chat), with the logprobs of its tokens."""
+
+    __slots__ = ("answer", "chat", "logprobs")
+
+    def __init__(
+        self,
+        dispatcher: ChunkSource,
+        metrics: FrontendMetrics,
+        http_request: web.Request,
+        job: Job,
+        started: float,
+    ) -> None:
+        plan = job.plan
+        assert isinstance(plan, FeaturePlan)
+        pre = job.preprocessor
+        keep = plan.answer.keep_special() if plan.answer is not None else frozenset()
+        decoder = KeepSpecialDecoder(pre, keep) if keep else None
+        super().__init__(dispatcher, metrics, http_request, job, started, decoder)
+        self.chat = job.kind == "chat"
+        self.answer = AnswerStream(plan.answer) if self.chat and plan.answer is not None else None
+        self.logprobs = Logprobs(pre, self.chat) if plan.logprobs is not None else None
+
+    def _decode(self, chunk: GenerateChunk) -> list[str]:
+        delta = self.out.push(chunk.token_ids)
+        self.completion_tokens += delta.token_count
+        if self.logprobs is not None:
+            self.logprobs.add(chunk.logprobs, delta.token_count)
+        if delta.stopped:
+            self.finish = "stop"
+        return [delta.text]
+
+    async def emit(self, *parts: str) -> None:
+        text = "".join(parts)
+        events = self.events
+        if events is None:
+            self.texts.append(text)
+            return
+        response = self.response
+        if response is None:
+            response = await self.start(events)
+        out = self.pending
+        out += self._text_events(events, text, final=False)
+        if self.logprobs is not None and self.logprobs.pending:  # of tokens whose text is held back
+            out.append(self._event(events, self._empty()))
+        if out:
+            await response.write(b"".join(out))
+            out.clear()
+
+    async def _close(self, events: StreamEvents) -> None:
+        """What the answer parser still holds, and the finish reason."""
+        if self.response is None:
+            await self.start(events)
+        self.pending += self._text_events(events, "", final=True)
+        self.pending.append(self._event(events, self._empty(), self._reason()))
+
+    def _whole(self, use: CompletionUsage) -> ChatCompletion | Completion:
+        text = "".join(self.texts)
+        logprobs = self.logprobs.take() if self.logprobs is not None else None
+        message = None
+        if self.answer is not None:
+            self.answer.push(text)
+            self.answer.finish()
+            message = self.answer.message()
+        return whole(self.head, text, self._reason(), use, message=message, logprobs=logprobs)
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def _empty(self) -> ChatDelta | str:
+        return ChatDelta() if self.chat else ""
+
+    def _event(
+        self, events: StreamEvents, delta: ChatDelta | str, finish: FinishReason | None = None
+    ) -> bytes:
+        """An event with ``delta`` and the logprobs of the tokens not sent yet."""
+        return events.event(delta, self.logprobs.take() if self.logprobs is not None else None, finish)
+
+    def _text_events(self, events: StreamEvents, text: str, final: bool) -> list[bytes]:
+        if self.answer is not None:
+            deltas = self.answer.finish() if final else self.answer.push(text)
+            return [self._event(events, d) for d in deltas]
+        return [self._event(events, ChatDelta(content=text) if self.chat else text)] if text else []
+
+    def _reason(self) -> FinishReason:
+        """The finish reason to send: ``tool_calls`` for a chat answer that called tools and stopped."""
+        reason = self.finish or "stop"
+        return "tool_calls" if self.answer is not None and self.answer.calls and reason == "stop" else reason
+
+
+# --- embedding jobs -------------------------------------------------------------------------------
+
+
+async def run_embedding(
+    batcher: EmbeddingBatcher, metrics: FrontendMetrics, job: Job, plan: EmbeddingPlan
+) -> web.Response:
+    """The job's vectors, from ``batcher``, as one JSON answer."""
+    assert job.generate.embed is not None
+    vectors = await batcher.embed(job.entry, job.generate)
+    tokens = sum(len(i) for i in job.generate.embed.inputs)
+    metrics.input_tokens.labels(job.model).inc(tokens)
+    body = EmbeddingList(
+        data=[Embedding(index=i, embedding=_encode(v, plan.encoding_format)) for i, v in enumerate(vectors)],
+        model=job.model,
+        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+    return json_response(dump(body))
+
+
+def _encode(packed: str, encoding_format: str) -> list[float] | str:
+    """The wire already carries OpenAI's base64 form; ``float`` unpacks it."""
+    return packed if encoding_format == "base64" else unpack_vector(packed)

@@ -15,42 +15,15 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from dynamo_worker.frontend.errors import ApiError, UpstreamError
-from dynamo_worker.frontend.httpio import json_response
-from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.registry import ModelEntry
-from dynamo_worker.frontend.output.responses import Embedding, EmbeddingList, EmbeddingUsage, dump
-from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
-from dynamo_worker.frontend.serving.dispatch import Dispatch
-from dynamo_worker.protocol import EmbedOptions, GenerateRequest, StopConditions, unpack_vector
+from dynamo_worker.frontend.serving.dispatch import ChunkSource
+from dynamo_worker.protocol import EmbedOptions, GenerateRequest, StopConditions
 from dynamo_worker.runtime.aio import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EmbeddingBatcher", "run_embedding"]
-
-
-async def run_embedding(
-    batcher: EmbeddingBatcher, metrics: FrontendMetrics, job: Job, plan: EmbeddingPlan
-) -> web.Response:
-    """The job's vectors, from ``batcher``, as one JSON answer."""
-    assert job.generate.embed is not None
-    vectors = await batcher.embed(job.entry, job.generate)
-    tokens = sum(len(i) for i in job.generate.embed.inputs)
-    metrics.input_tokens.labels(job.model).inc(tokens)
-    body = EmbeddingList(
-        data=[Embedding(index=i, embedding=_encode(v, plan.encoding_format)) for i, v in enumerate(vectors)],
-        model=job.model,
-        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
-    )
-    return json_response(dump(body))
-
-
-def _encode(packed: str, encoding_format: str) -> list[float] | str:
-    """The wire already carries OpenAI's base64 form; ``float`` unpacks it."""
-    return packed if encoding_format == "base64" else unpack_vector(packed)
+__all__ = ["EmbeddingBatcher"]
 
 
 @dataclass
@@ -61,7 +34,12 @@ class _Waiting:
 
 class EmbeddingBatcher:
     def __init__(
-        self, dispatcher: Dispatch, *, window_s: float = 0.002, max_inputs: int = 64, max_tokens: int = 8192
+        self,
+        dispatcher: ChunkSource,
+        *,
+        window_s: float = 0.002,
+        max_inputs: int = 64,
+        max_tokens: int = 8192,
     ) -> None:
         self._dispatcher = dispatcher
         self.window_s = window_s

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.requests.openai_models import (
+from dynamo_worker.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
