@@ -38,8 +38,9 @@ server's own usage.
 
 Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical cache
 (``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
-write_through``) to the aggregated and prefill engines (a disaggregated decode engine keeps no prefix
-cache, and SGLang refuses HiCache there), and longmultiturn adds its ``--max-total-tokens``.
+write_through``; without longmultiturn's cut KV cache, ``--hicache-size``: half the machine's memory over
+the GPUs, or ``HICACHE_SIZE_GB``) to the aggregated and prefill engines (a disaggregated decode engine
+keeps no prefix cache, and SGLang refuses HiCache there), and longmultiturn adds its ``--max-total-tokens``.
 ``HOST_WEIGHT=0`` gives our frontend ``--kv-host-hit-weight 0 --kv-disk-hit-weight 0`` (GPU-only routing,
 the baseline of tier-aware routing); its stacks are named ``ours-agg-hw0`` etc. so both kinds of points
 can share a report.
@@ -610,13 +611,22 @@ def hicache_flags(role: str) -> list[str]:
     HiCache there without ``--disaggregation-decode-enable-radix-cache``."""
     if not HICACHE or role == "decode":
         return []
-    return [
-        "--enable-hierarchical-cache",
-        "--hicache-ratio",
-        HICACHE_RATIO,
-        "--hicache-write-policy",
-        "write_through",
-    ]
+    return ["--enable-hierarchical-cache", *hicache_size_flags(), "--hicache-write-policy", "write_through"]
+
+
+def hicache_size_flags() -> list[str]:
+    """How much host memory HiCache takes per engine. With longmultiturn's cut KV cache,
+    ``HICACHE_RATIO`` times it; else the GPUs' whole KV cache would make that ratio more host memory than
+    the machine has (4 x ~100 GB per H200 engine: 4 engines were OOM-killed at start), so a share of the
+    machine's memory instead: ``--hicache-size`` of half of it split over the GPUs
+    (``HICACHE_SIZE_GB`` sets it)."""
+    if "longmultiturn" in WORKLOADS and not os.environ.get("HICACHE_SIZE_GB"):
+        return ["--hicache-ratio", HICACHE_RATIO]
+    if os.environ.get("HICACHE_SIZE_GB"):
+        return ["--hicache-size", os.environ["HICACHE_SIZE_GB"]]
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    kib = int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1])
+    return ["--hicache-size", str(max(int(kib / 2**20 / 2 / len(ex.gpu_list())), 1))]
 
 
 def main(argv: list[str]) -> int:
