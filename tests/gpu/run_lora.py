@@ -91,8 +91,9 @@ ADAPTERS = 4
 LORA_FLAG_PREFIXES = ("--enable-lora", "--max-lora", "--lora-", "--max-loaded-loras", "--max-loras-per-batch")
 STATE = Path(os.environ.get("GPU_STATE") or "/tmp/dynamo-gpu-state")
 # The served model: real random weights (SGLang loads an adapter with the model's --load-format, and
-# dummy reads no files). On GPUs big enough that the GPU, not our stack, sets the pace of the mixed load
-# (634M parameters, 1.3 GB); on the mocker, which reads only config.json and the tokenizer, tiny.
+# dummy reads no files). On GPUs 634M parameters (1.3 GB, written in seconds; its decode step of 32 takes
+# about 2 ms, so per-step costs weigh more than on the 8B shape); on the mocker, which reads only
+# config.json and the tokenizer, tiny.
 MODEL_SHAPES = {
     "sglang": {"hidden": 2048, "layers": 8, "heads": 16, "kv_heads": 8, "intermediate": 8192, "vocab": 32000},
     "mocker": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "vocab": 1000},
