@@ -430,7 +430,8 @@ class Native:
                 raise RuntimeError(f"sglang.launch_server did not start; see {self.log_path}")
             time.sleep(1)
 
-    async def generate(self, session, ids: list[int], n: int, lora: str | None) -> list[int]:
+    async def generate(self, session, ids: list[int], n: int, lora: str | None) -> dict:
+        """One greedy ``/generate`` of ``n`` tokens (``lora_path`` for an adapter): SGLang's answer."""
         body: dict = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
@@ -441,22 +442,7 @@ class Native:
             text = await r.text()
             if r.status != 200:
                 raise RuntimeError(f"SGLang /generate answered {r.status}: {text[:300]}")
-            return json.loads(text)["output_ids"][:n]
-
-    async def generate_count(self, session, ids: list[int], n: int, lora: str | None) -> int:
-        """One request of the load: the output tokens SGLang counted (``meta_info.completion_tokens``;
-        a non-streamed ``output_ids`` of a batched request may hold only its last chunk)."""
-        body: dict = {
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
-        }
-        if lora is not None:
-            body["lora_path"] = lora
-        async with session.post(f"http://127.0.0.1:{self.port}/generate", json=body) as r:
-            text = await r.text()
-            if r.status != 200:
-                raise RuntimeError(f"SGLang /generate answered {r.status}: {text[:300]}")
-            return int(json.loads(text)["meta_info"]["completion_tokens"])
+            return json.loads(text)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -476,7 +462,8 @@ async def native_greedy(native: Native, model: str, adapters: list[str]) -> dict
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
         for name in [model, *adapters]:
             lora = None if name == model else name
-            out[name] = [await native.generate(s, ids, PROBE_OUT, lora) for ids in probe_prompts()]
+            answers = [await native.generate(s, ids, PROBE_OUT, lora) for ids in probe_prompts()]
+            out[name] = [a["output_ids"][:PROBE_OUT] for a in answers]
     return out
 
 
@@ -484,7 +471,8 @@ async def native_load(native: Native, models: list[str], model: str) -> dict:
     """The same mixed load on SGLang's ``/generate`` (``lora_path`` for an adapter)."""
 
     async def send(s: Any, name: str, ids: list[int]) -> int:
-        return await native.generate_count(s, ids, OSL, None if name == model else name)
+        answer = await native.generate(s, ids, OSL, None if name == model else name)
+        return int(answer["meta_info"]["completion_tokens"])
 
     return await timed_load(models, send)
 
