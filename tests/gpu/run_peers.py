@@ -40,7 +40,9 @@ Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical
 (``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
 write_through``; without longmultiturn's cut KV cache, ``--hicache-size``: half the machine's memory over
 the GPUs, or ``HICACHE_SIZE_GB``) to the aggregated and prefill engines (a disaggregated decode engine
-keeps no prefix cache, and SGLang refuses HiCache there), and longmultiturn adds its ``--max-total-tokens``.
+keeps no prefix cache, and SGLang refuses HiCache there; each prefill engine gets N / P GPUs' worth, so
+the layout's host tier is as large as the aggregated one's), and longmultiturn adds its
+``--max-total-tokens``.
 ``HOST_WEIGHT=0`` gives our frontend ``--kv-host-hit-weight 0 --kv-disk-hit-weight 0`` (GPU-only routing,
 the baseline of tier-aware routing); its stacks are named ``ours-agg-hw0`` etc. so both kinds of points
 can share a report.
@@ -148,7 +150,11 @@ def long_sizing(gpus: int) -> str:
     w = SHAPES["longmultiturn"]
     n = long_conversations(w, gpus)
     total = n * (w.final_context - w.system) + w.system
-    host = f", host memory {HICACHE_RATIO}x that (HiCache)" if HICACHE else ", no host tier (HICACHE=0)"
+    host = (
+        f", host memory {HICACHE_RATIO}x that (HiCache; a disaggregated layout's prefill engines hold it all)"
+        if HICACHE
+        else ", no host tier (HICACHE=0)"
+    )
     pool = LONG_POOL_TOKENS * gpus
     return (
         f"longmultiturn sizing: {n} conversations x {w.final_context} tokens in the end ({w.turns} turns) "
@@ -372,7 +378,8 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
         if svc.get("componentType") == "worker":
             svc["replicas"] = prefill + decode if kind == "agg" else prefill if role == "prefill" else decode
             main = svc["extraPodSpec"]["mainContainer"]
-            main["args"] = [*main.get("args", []), *hicache_flags("agg" if kind == "agg" else role)]
+            share = (prefill + decode) / prefill
+            main["args"] = [*main.get("args", []), *hicache_flags("agg" if kind == "agg" else role, share)]
     path = folder / f"ours-{kind}.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
@@ -433,7 +440,7 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
         port, argv = (
             ex.free_port(),
-            [sys.executable, "-m", "sglang.launch_server", *flags, *hicache_flags(role)],
+            [sys.executable, "-m", "sglang.launch_server", *flags, *hicache_flags(role, len(gpus) / prefill)],
         )
         argv += ["--port", str(port)]
         boot = None
@@ -605,28 +612,32 @@ def engine_flags() -> list[str]:
     return ["--max-total-tokens", str(LONG_POOL_TOKENS)] if "longmultiturn" in WORKLOADS else []
 
 
-def hicache_flags(role: str) -> list[str]:
+def hicache_flags(role: str, share: float = 1.0) -> list[str]:
     """HiCache's flags for an engine of ``role`` (both stacks alike): aggregated and prefill engines only.
     A decode engine keeps no prefix cache in disaggregated serving (SGLang's default), and SGLang refuses
-    HiCache there without ``--disaggregation-decode-enable-radix-cache``."""
+    HiCache there without ``--disaggregation-decode-enable-radix-cache``. ``share`` (a prefill engine's):
+    how many GPUs' worth of host memory it holds, N / P, so that a disaggregated layout's host
+    tier is as large as the aggregated one's (with half of it, 2P2D longmultiturn's conversations came
+    back in a cycle longer than the prefill engines' caches, and LRU found none of them again)."""
     if not HICACHE or role == "decode":
         return []
-    return ["--enable-hierarchical-cache", *hicache_size_flags(), "--hicache-write-policy", "write_through"]
+    size = hicache_size_flags(share if role == "prefill" else 1.0)
+    return ["--enable-hierarchical-cache", *size, "--hicache-write-policy", "write_through"]
 
 
-def hicache_size_flags() -> list[str]:
-    """How much host memory HiCache takes per engine. With longmultiturn's cut KV cache,
-    ``HICACHE_RATIO`` times it; else the GPUs' whole KV cache would make that ratio more host memory than
-    the machine has (4 x ~100 GB per H200 engine: 4 engines were OOM-killed at start), so a share of the
-    machine's memory instead: ``--hicache-size`` of half of it split over the GPUs
-    (``HICACHE_SIZE_GB`` sets it)."""
-    if "longmultiturn" in WORKLOADS and not os.environ.get("HICACHE_SIZE_GB"):
-        return ["--hicache-ratio", HICACHE_RATIO]
+def hicache_size_flags(share: float) -> list[str]:
+    """How much host memory HiCache takes per engine, for ``share`` GPUs' worth. With longmultiturn's
+    cut KV cache, ``HICACHE_RATIO`` times it; else the GPUs' whole KV cache would make that ratio more
+    host memory than the machine has (4 x ~100 GB per H200 engine: 4 engines were OOM-killed at start),
+    so a share of the machine's memory instead: ``--hicache-size`` of half of it split over the GPUs
+    (``HICACHE_SIZE_GB`` per GPU sets it)."""
     if os.environ.get("HICACHE_SIZE_GB"):
-        return ["--hicache-size", os.environ["HICACHE_SIZE_GB"]]
+        return ["--hicache-size", str(int(float(os.environ["HICACHE_SIZE_GB"]) * share))]
+    if "longmultiturn" in WORKLOADS:
+        return ["--hicache-ratio", f"{float(HICACHE_RATIO) * share:g}"]
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     kib = int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1])
-    return ["--hicache-size", str(max(int(kib / 2**20 / 2 / len(ex.gpu_list())), 1))]
+    return ["--hicache-size", str(max(int(kib / 2**20 / 2 / len(ex.gpu_list()) * share), 1))]
 
 
 def main(argv: list[str]) -> int:
