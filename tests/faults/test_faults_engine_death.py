@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from tests.support.metrics import metric
 from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -49,12 +50,6 @@ PROMPTS = [f"Story number {i}: tell it long, with every detail you know." for i 
 
 def client(fe) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
-
-
-def metric(text: str, name: str, labels: str = "") -> float:
-    pattern = "^" + re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" (\S+)$"
-    m = re.search(pattern, text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 def inflight(m) -> float:

@@ -20,12 +20,12 @@ failure would cost without the mechanism under test):
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import openai
 import pytest
 
+from tests.support.metrics import metric
 from tests.support.wait import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -42,12 +42,6 @@ WAIT_S = 30.0  # a deadline on every poll below, far above any bound
 
 def client(fe) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=fe.url + "/v1", api_key="unused", max_retries=0, timeout=WAIT_S)
-
-
-def metric(text: str, name: str, labels: str = "") -> float:
-    pattern = "^" + re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" (\S+)$"
-    m = re.search(pattern, text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 def _frontend_metrics(fe) -> str:
