@@ -297,3 +297,25 @@ async def test_token_lines_that_arrive_together_are_handed_on_as_one_chunk():
     assert [(c.token_ids, c.finish_reason) for c in chunks] == [([5, 6, 7, 8], "length")]
     server.close()
     await server.wait_closed()
+
+
+async def test_a_request_cancelled_in_the_same_read_as_it_started_frees_its_slot(served):
+    """A ``G`` line and its ``C`` line read together: the stream's task is cancelled before it first runs
+    (its coroutine never starts). Its in-flight slot and count are freed all the same, so the worker
+    keeps serving ``max_inflight`` requests (the leak this guards against kept a decode leg's slot and
+    the in-flight gauge forever when a frontend cancelled it at once)."""
+    engine, server, client, address = served
+    host, port = address.rsplit(":", 1)
+    body = orjson.dumps(request("early").model_dump(exclude_defaults=True))
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(MAGIC + b"G1 " + body + b"\nC1\nG2 " + body + b"\nC2\n")
+    await writer.drain()
+    assert await server.wait_idle(5.0), "the cancelled streams were not forgotten"
+    assert not engine.started.is_set()  # never reached the engine
+
+    async def answer(rid: str) -> list[GenerateChunk]:
+        return [c async for c in client.generate(address, request(rid))]
+
+    answers = await asyncio.gather(answer("r0"), answer("r1"))  # max_inflight=2: both slots free
+    assert [a[-1].finish_reason for a in answers] == ["length", "length"]
+    writer.close()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -310,6 +311,7 @@ class RequestServer:
         self._connections: set[_ServerConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._aborted: dict[asyncio.Task[None], WorkerError] = {}  # task -> the error chunk it ends with
+        self._ran: set[asyncio.Task[None]] = set()  # tasks whose ``_serve`` started (and counts its outcome)
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -428,6 +430,9 @@ class RequestServer:
             self._refuse(conn, sid, 400, "invalid_request", f"invalid GenerateRequest: {e}")
             return
         task = conn.loop.create_task(self._serve(conn, sid, request))
+        # Bookkeeping in a done callback, not in ``_serve``'s ``finally``: a task cancelled before it first
+        # runs (a C line read with its G line) never enters its coroutine, so no ``finally`` would run.
+        task.add_done_callback(functools.partial(self._ended, conn, sid))
         conn.streams[sid] = task
         self._tasks.add(task)
         self._idle.clear()
@@ -437,6 +442,7 @@ class RequestServer:
     async def _serve(self, conn: _ServerConnection, sid: bytes, request: GenerateRequest) -> None:
         task = asyncio.current_task()
         assert task is not None
+        self._ran.add(task)
         started = time.monotonic()
         prefix = b"D" + sid + b" "
         outcome = "cancelled"
@@ -470,17 +476,25 @@ class RequestServer:
             outcome = "engine_error"
             conn.send(prefix + _line(_error_chunk("engine_error", f"engine failed: {e}")))
         finally:
-            conn.streams.pop(sid, None)
-            self._tasks.discard(task)
-            self._aborted.pop(task, None)
-            if not self._tasks:
-                self._idle.set()
             self._count(outcome)
             if self._metrics is not None:
-                self._metrics.inflight.dec()
                 self._metrics.duration.observe(time.monotonic() - started)
                 if tokens:
                     self._metrics.output_tokens.inc(tokens)
+
+    def _ended(self, conn: _ServerConnection, sid: bytes, task: asyncio.Task[None]) -> None:
+        """Forget a stream whose task is done, also one cancelled before it ran (counted as cancelled)."""
+        if conn.streams.get(sid) is task:
+            del conn.streams[sid]
+        self._tasks.discard(task)
+        self._aborted.pop(task, None)
+        if not self._tasks:
+            self._idle.set()
+        if task.cancelled() and task not in self._ran:
+            self._count("cancelled")
+        self._ran.discard(task)
+        if self._metrics is not None:
+            self._metrics.inflight.dec()
 
 
 # --- client -------------------------------------------------------------------------------------
