@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 PROTOCOL_VERSION: Final = 1
 MAX_ROOM = 2**63 - 1
 LORA_NAME_MAX = 256
+STREAM_INTERVAL_MAX = 1024
 
 Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]
 LANGUAGE_ROLES = ("agg", "prefill", "decode")  # roles that serve GenerateRequests
@@ -136,6 +137,12 @@ class GenerateRequest(_Wire):
     images: list[ImageSpan] = Field(default_factory=list)
     # The LoRA adapter to generate with (its name on the worker, ``/v1/loras``); None: the base model.
     lora_name: Annotated[str, Field(min_length=1, max_length=LORA_NAME_MAX)] | None = None
+    # Hand the tokens over every ``stream_interval`` decode steps, not at every step (SGLang's per-request
+    # ``stream_interval``): the first token at once, then each time ``stream_interval`` more are ready, and
+    # the rest at the end. The frontend sets it for a client that reads only the whole answer; it changes
+    # no token, only how often a chunk crosses the engine's and the request plane's process boundaries.
+    # Sent only to workers whose record says ``takes_stream_interval`` (an older one would refuse it).
+    stream_interval: Annotated[int, Field(ge=1, le=STREAM_INTERVAL_MAX)] | None = None
 
     @model_validator(mode="after")
     def _embed_first_input(self) -> GenerateRequest:
@@ -301,6 +308,8 @@ class InstanceRecord(_Told):
     started_at: float | None = None  # unix time the worker started: orders revisions, newest first
     # LoRA: None when the worker runs without --enable-lora; rewritten as soon as adapters change.
     lora: LoraState | None = None
+    # Whether its ``GenerateRequest`` knows ``stream_interval`` (False: an older worker's record).
+    takes_stream_interval: bool = False
     version: Literal[1] = PROTOCOL_VERSION
 
 

@@ -8,6 +8,7 @@ import aiohttp
 import openai
 import pytest
 from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.requests.chat import WHOLE_ANSWER_INTERVAL
 
 MODEL = "tiny"  # the served name the ``mockers`` fixture registers
 
@@ -83,6 +84,30 @@ async def test_completions_stream_and_not(served, tiny_model):
     )
     text = "".join([ch.choices[0].text async for ch in stream if ch.choices])
     assert text == whole.choices[0].text
+
+
+async def test_an_answer_read_whole_is_handed_over_in_batches_and_is_the_same(served):
+    """A non-streamed request without stop strings asks the worker for its tokens every
+    ``WHOLE_ANSWER_INTERVAL`` steps (SGLang's ``stream_interval``): the answer is the streamed one, token
+    for token, over several batches. A streamed request, or one with a stop string, keeps every step. The
+    frontend's request client is wrapped to read what crossed the request plane (the worker, the plane
+    and the answer are real)."""
+    fe, c = served
+    sent, client_generate = [], fe.client.generate
+
+    def recording(address, request, **kw):
+        sent.append(request)
+        return client_generate(address, request, **kw)
+
+    fe.client.generate = recording
+    kwargs = {"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 120, "seed": 11}
+    body = {"ignore_eos": True}
+    whole = await c.completions.create(**kwargs, extra_body=body)
+    stream = await c.completions.create(**kwargs, stream=True, extra_body=body)
+    text = "".join([ch.choices[0].text async for ch in stream if ch.choices])
+    await c.completions.create(**kwargs, stop=["zzz-never"], extra_body=body)
+    assert whole.usage.completion_tokens == 120 and text == whole.choices[0].text
+    assert [r.stream_interval for r in sent] == [WHOLE_ANSWER_INTERVAL, None, None]
 
 
 async def test_completions_default_max_tokens_and_token_prompt(served):

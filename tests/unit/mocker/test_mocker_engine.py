@@ -89,6 +89,17 @@ async def test_a_continuation_from_the_tokens_emitted_is_the_rest_of_the_stream(
     assert rest == whole[8:]
 
 
+async def test_stream_interval_hands_tokens_over_in_batches_as_sglang_does(make_engine):
+    """SGLang's rule for a streamed request with ``stream_interval`` k: the first token at once, then
+    each k more, the rest with the final chunk; the tokens are those of a request without it."""
+    engine, _ = await make_engine()
+    prompt = list(range(10, 30))
+    each = await collect(engine, req("a", prompt, 10))
+    batched = await collect(engine, req("b", prompt, 10).model_copy(update={"stream_interval": 4}))
+    assert [len(c.token_ids) for c in batched] == [1, 4, 4, 1]
+    assert tokens_of(batched) == tokens_of(each) and batched[-1].finish_reason == "length"
+
+
 async def test_engine_restarts_empty_after_stop(make_engine):
     engine, _ = await make_engine()
     await collect(engine, req("a", list(range(100, 140)), 2))

@@ -93,7 +93,11 @@ def test_sampling_params_map_our_options_to_sglang_names():
         "regex": None,
         "ebnf": None,
         "structural_tag": None,
+        "stream_interval": None,  # every step: SGLang's server default
     }
+    batched = request(9, stream_interval=50)
+    assert handler.sampling_params(batched, "agg")["stream_interval"] == 50
+    assert handler.generate_kwargs(batched, "agg", "rid-1")["stream"] is True  # still a stream
     prefill = handler.sampling_params(req, "prefill")
     assert prefill["max_new_tokens"] == 1 and prefill["min_new_tokens"] == 0
 

@@ -32,7 +32,9 @@ with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_t
 for a decode leg, its prefill's hits), of which ``cached_tokens_host`` were loaded back from the
 simulated HiCache host tier (``--enable-hierarchical-cache``; see ``kv_manager``), which the step that
 admits the request pays for (``timing.TimingModel.load_back_s``).
-Closing the request's iterator (the client went away) frees its blocks at once.
+Closing the request's iterator (the client went away) frees its blocks at once. A request with
+``stream_interval`` gets its tokens as SGLang's scheduler hands them over (``hands_over``): the first at
+once, then every ``stream_interval`` steps, the rest with the final chunk.
 
 Engine death: with ``scheduler_process`` (as ``python -m dynamo_worker.mocker`` runs it), ``start`` also
 starts a child process, the stand-in for SGLang's scheduler process (``scheduler_process``), which
@@ -191,13 +193,15 @@ class _Outbox:
         self.final: GenerateChunk | None = None  # the last chunk; after the ids
         self.waiter: asyncio.Future[None] | None = None  # the reader, waiting for something to take
 
-    def put(self, token: int, logprobs: list[TokenLogprob] | None) -> None:
+    def put(self, token: int, logprobs: list[TokenLogprob] | None, hand_over: bool = True) -> None:
+        """Add a token; ``hand_over``: wake the reader (False: keep it for a later hand-over)."""
         self.ids.append(token)
         if logprobs is not None:
             if self.logprobs is None:
                 self.logprobs = []
             self.logprobs += logprobs
-        self._wake()
+        if hand_over:
+            self._wake()
 
     def put_final(self, chunk: GenerateChunk) -> None:
         self.final = chunk
@@ -245,6 +249,13 @@ class _Seq:
     @property
     def lora(self) -> str | None:
         return self.request.lora_name
+
+
+def hands_over(generated: int, interval: int | None) -> bool:
+    """Whether the step that made the ``generated``-th token hands the ready tokens over, as SGLang's
+    scheduler decides for a streamed request with ``stream_interval``: the first token, then every
+    ``interval`` more (the last one goes with the final chunk in any case)."""
+    return interval is None or interval == 1 or generated % interval == 1
 
 
 def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
@@ -958,7 +969,7 @@ class MockerEngine(Engine):
             self._preempt(seq)
         else:
             self._kv_events(events, seq.rank)
-        seq.out.put(token, logprobs)
+        seq.out.put(token, logprobs, hands_over(len(seq.generated), seq.request.stream_interval))
 
     def _logprobs(self, seq: _Seq, state: int, token: int) -> list[TokenLogprob] | None:
         k = seq.request.logprobs

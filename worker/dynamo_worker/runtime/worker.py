@@ -353,6 +353,7 @@ class Worker:
             revision=worker_revision(s.pair_revision, info, checksum),
             started_at=time.time(),
             lora=lora,
+            takes_stream_interval=True,
         )
 
     async def _start_loras(self) -> LoraState | None:

@@ -17,7 +17,9 @@ Structured output goes in ``sampling_params`` (``json_schema``, ``regex``, ``ebn
 SGLang's grammar backend compiles them); logprobs are asked with ``return_logprob``,
 ``top_logprobs_num`` and ``logprob_start_len=-1`` (output tokens only) and read from ``meta_info``'s
 ``output_token_logprobs`` / ``output_top_logprobs`` (``(logprob, token_id, text)`` tuples, sliced to
-the chunk by incremental streaming). A request for a LoRA adapter passes its name as ``lora_path``
+the chunk by incremental streaming). ``GenerateRequest.stream_interval`` becomes the sampling
+parameter of that name: SGLang's scheduler then hands the tokens over every that many steps instead of at
+every step (the request stays a stream). A request for a LoRA adapter passes its name as ``lora_path``
 (SGLang's keyword takes a name loaded before). An embedding request (``GenerateRequest.embed``) goes to the
 tokenizer manager as one batched ``EmbeddingReqInput`` (``stream_embedding``).
 A request with image spans (``GenerateRequest.images``) passes ``image_data``: one item with every
@@ -96,6 +98,7 @@ def sampling_params(req: GenerateRequest, role: Role) -> dict[str, Any]:
         "regex": req.structured.regex if req.structured else None,
         "ebnf": req.structured.ebnf if req.structured else None,
         "structural_tag": req.structured.structural_tag if req.structured else None,
+        "stream_interval": req.stream_interval,
     }
 
 

@@ -198,8 +198,10 @@ class Run:
                     now, last = time.monotonic(), self.last_token_at
                     if last is None:
                         self.ttft.observe(now - self.started)
-                    else:
-                        self.itl.observe(now - last)
+                    else:  # per token: a chunk of k tokens (a batched hand-over) is k gaps of 1/k
+                        gap = (now - last) / len(chunk.token_ids)
+                        for _ in chunk.token_ids:
+                            self.itl.observe(gap)
                     self.last_token_at = now
                     parts = self._decode(chunk)
                     if self.finish is not None:  # a stop string or token

@@ -454,6 +454,20 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest) -> SamplingOptions
         raise InvalidRequest(f"Invalid sampling options: {e}", code="invalid_value") from None
 
 
+# Decode steps between two hand-overs of an answer the client reads whole (SGLang's own interval for a
+# request that is not streamed): the tokens cross the engine's and the request plane's process
+# boundaries once per 50 steps, not at every step (what that is worth: tests/gpu/README.md, LoRA).
+WHOLE_ANSWER_INTERVAL = 50
+
+
+def whole_answer_interval(stream: bool, stop_strings: list[str]) -> int | None:
+    """``GenerateRequest.stream_interval`` for a request: ``WHOLE_ANSWER_INTERVAL`` when the client reads
+    only the whole answer, else None (every step). A stop string is matched by the frontend on the text
+    as it comes, so a request with one keeps every step: the engine stops within a step of the match,
+    not up to ``WHOLE_ANSWER_INTERVAL`` tokens after it."""
+    return None if stream or stop_strings else WHOLE_ANSWER_INTERVAL
+
+
 def build_job(
     kind: Literal["chat", "completion"],
     req: ChatCompletionRequest | CompletionRequest,
@@ -477,6 +491,7 @@ def build_job(
     max_tokens = _max_tokens(req, len(ids), pre.context_length, prompt_param, default_max)
     sampling = _sampling(req)
     stop_ids = list(req.stop_token_ids or [])
+    stop_strings = req.stop_strings()
     request_id = uuid.uuid4().hex
     generate = GenerateRequest(
         request_id=request_id,
@@ -491,6 +506,7 @@ def build_job(
         ),
         eos_token_ids=list(pre.eos_token_ids),
         lora_name=entry.lora_name,  # a LoRA adapter's view of its model (models.lora_adapters)
+        stream_interval=whole_answer_interval(bool(req.stream), stop_strings),
     )
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
     return Job(
@@ -500,7 +516,7 @@ def build_job(
         preprocessor=pre,
         prompt_ids=ids,
         generate=generate,
-        stop_strings=req.stop_strings(),
+        stop_strings=stop_strings,
         stop_token_ids=stop_ids,
         stream=bool(req.stream),
         include_usage=req.include_usage(),

@@ -334,7 +334,7 @@ class Dispatcher:
     def _stream(
         self, worker: InstanceRecord, request: GenerateRequest
     ) -> AsyncGenerator[GenerateChunk, None]:
-        return self.client.generate(worker.address, request, **self._timeouts)
+        return self.client.generate(worker.address, for_worker(request, worker), **self._timeouts)
 
     async def _agg(
         self, worker: InstanceRecord, request: GenerateRequest, role: str = "aggregated"
@@ -502,6 +502,14 @@ class Dispatcher:
         if error.type == "engine_died":
             self.quarantine.add(worker.instance_id, worker.address, role, f"engine died: {error.message}")
         return _from_worker_error(error, worker.address, role, worker.instance_id)
+
+
+def for_worker(request: GenerateRequest, worker: InstanceRecord) -> GenerateRequest:
+    """``request`` as ``worker`` can take it: without ``stream_interval`` (a hint, no token changes) for
+    an older worker whose request model does not know it."""
+    if request.stream_interval is None or worker.takes_stream_interval:
+        return request
+    return request.model_copy(update={"stream_interval": None})
 
 
 def _rank(request: GenerateRequest, routed: int | None) -> int | None:
