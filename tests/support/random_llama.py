@@ -8,7 +8,8 @@ as Hugging Face saves them (``model.embed_tokens.weight``, ``model.layers.{i}.se
 ..., ``model.norm.weight``, ``lm_head.weight``; ``tie_word_embeddings`` must be false), in bfloat16: the
 RMSNorm weights 1.0, every other weight of magnitude 2**-7 to 2**-5 with random signs (about the 0.02
 std of a freshly initialised Llama), from ``seed``, so the outputs are finite, deterministic and depend
-on every layer. Only the standard library (``peft_adapters.write_bf16_safetensors``), so the mocker path
+on every layer (tensors are pieces of 4M values drawn once, at random offsets, so that an 8B shape is
+written in seconds). Only the standard library (``peft_adapters.write_bf16_safetensors``), so the mocker path
 of a proof writes the same files here without torch. The tokenizer is the caller's.
 
 ``llama_config(...)`` is a Llama ``config.json`` of the given shape; ``weight_shapes(config)`` the
@@ -30,6 +31,7 @@ __all__ = ["WEIGHTS", "llama_config", "parameter_count", "weight_shapes", "write
 
 WEIGHTS = "model.safetensors"
 _ONE_BF16 = b"\x80\x3f"  # 1.0 in bfloat16, little-endian
+_POOL = 1 << 22  # random values drawn once per file; tensors are made of pieces of them (_from_pool)
 
 
 def llama_config(
@@ -96,6 +98,18 @@ def parameter_count(config: Mapping[str, Any]) -> int:
     return sum(math.prod(s) for s in weight_shapes(config).values())
 
 
+def _from_pool(count: int, pool: bytes, rng: random.Random) -> bytes:
+    """``count`` bfloat16 values: pieces of ``pool`` (of random values) from random offsets, so an 8B-shaped
+    model (15 GB) is written at the disk's speed, not at that of drawing 7.5 billion random values."""
+    parts, left = [], count
+    while left:
+        n = min(left, rng.randrange(_POOL // 4, _POOL // 2))
+        start = rng.randrange(_POOL - n)
+        parts.append(pool[2 * start : 2 * (start + n)])
+        left -= n
+    return b"".join(parts)
+
+
 def write_random_llama(folder: Path, config: Mapping[str, Any], seed: int = 0) -> Path:
     """``folder/config.json`` and ``folder/model.safetensors`` (see the module's docstring); returns
     ``folder``. Written again only when the config or the seed changed (a marker file records both)."""
@@ -106,11 +120,12 @@ def write_random_llama(folder: Path, config: Mapping[str, Any], seed: int = 0) -
         return folder
     marker.unlink(missing_ok=True)
     rng = random.Random(seed)
+    pool = random_bf16(_POOL, rng)
 
     def data(name: str):
         if name.endswith("norm.weight"):
             return lambda count: _ONE_BF16 * count
-        return lambda count: random_bf16(count, rng)
+        return lambda count: _from_pool(count, pool, rng)
 
     tensors = [(name, shape, data(name)) for name, shape in weight_shapes(config).items()]
     write_bf16_safetensors(folder / WEIGHTS, tensors)

@@ -217,7 +217,11 @@ class FrontendSettings(Settings):
         "disaggregated serving) and on a prefill leg's completion.",
     )
     inter_token_timeout_s: float = Field(
-        60.0, gt=0, le=3600, description="Bound on the gap between two tokens of a stream."
+        60.0,
+        gt=0,
+        le=3600,
+        description="Bound on the gap between two tokens of a stream; for a request that is not streamed "
+        "(its tokens come every 50 decode steps), between two such batches.",
     )
     kv_transfer_timeout_s: float = Field(
         60.0,
