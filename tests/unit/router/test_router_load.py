@@ -80,6 +80,26 @@ def test_a_report_counts_our_own_requests_once():
     assert r.load_of(A)["others_prefill"] == 8
 
 
+def test_a_prefill_workers_bootstrap_queue_counts_our_requests_whole_and_only_once():
+    """SGLang's prefill worker counts a request waiting in its bootstrap queue (for its decode leg's
+    handshake) whole, as it matches it against its cache only when it leaves. Our two returning turns of
+    10 blocks, 8 of them cached, are 2 x 3 new blocks to us and 2 x 10 whole in the report: that is still
+    nothing of other frontends, so the worker caching a conversation keeps its next turn."""
+    a, b = record(A, "prefill"), record(B, "prefill")
+    r = router(a, b)
+    for i in range(3):  # each conversation's first turn of 8 blocks went to a (which now caches it)
+        r.started(r.choose("m", [a], prompt(i, 8)), "prefill").done()
+    flights = [r.started(r.choose("m", [a], prompt(i)), "prefill") for i in range(2)]
+    assert all(f.choice.new_blocks == 3 for f in flights)
+    r.on_load(report(A, waiting=0, running=0, bootstrap_queue=2, waiting_prefill_tokens=2 * 10 * PAGE))
+    assert r.load_of(A)["others_prefill"] == 0
+    # a: 1.5 x 3 new + 6 of ours queued = 10.5 against b's 1.5 x 11 = 16.5 (with 14 invented: 24.5)
+    assert r.choose("m", [a, b], prompt(2)).worker.instance_id == A
+    # with nothing in the bootstrap queue the report counts uncached blocks only, and so do we
+    r.on_load(report(A, waiting=2, running=0, waiting_prefill_tokens=2 * 3 * PAGE + 5 * PAGE))
+    assert r.load_of(A)["others_prefill"] == 5
+
+
 def test_a_burst_between_two_reports_spreads_by_our_own_counts():
     workers = [record(A), record(B), record(C)]
     r = router(*workers)

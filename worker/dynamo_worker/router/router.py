@@ -167,37 +167,46 @@ class _WorkerLoad:
 
     blocks: int = 0  # prompt blocks of our requests holding KV there
     prefill: int = 0  # new blocks of our requests not prefilled yet
+    prefill_whole: int = 0  # whole prompt blocks of those (what a bootstrap queue reports of them)
     prefilling: int = 0  # our requests not prefilled yet
     requests: int = 0
     peak_blocks: int = 0
     peak_prefill: int = 0
+    peak_prefill_whole: int = 0
     peak_prefilling: int = 0
     peak_requests: int = 0
     others_blocks: int = 0  # KV blocks in use beyond ours
     others_prefill: int = 0  # blocks of prefill queued beyond ours
     others_requests: int = 0  # requests running or queued beyond ours
 
-    def add(self, blocks: int, prefill: int, prefilling: int, requests: int) -> None:
+    def add(self, blocks: int, prefill: int, prefill_whole: int, prefilling: int, requests: int) -> None:
         self.blocks = max(self.blocks + blocks, 0)
         self.prefill = max(self.prefill + prefill, 0)
+        self.prefill_whole = max(self.prefill_whole + prefill_whole, 0)
         self.prefilling = max(self.prefilling + prefilling, 0)
         self.requests = max(self.requests + requests, 0)
         self.peak_blocks = max(self.peak_blocks, self.blocks)
         self.peak_prefill = max(self.peak_prefill, self.prefill)
+        self.peak_prefill_whole = max(self.peak_prefill_whole, self.prefill_whole)
         self.peak_prefilling = max(self.peak_prefilling, self.prefilling)
         self.peak_requests = max(self.peak_requests, self.requests)
 
     def report(self, metrics: LoadMetrics, page_size: int) -> None:
-        """Take a load report: what it says beyond the most that was ours since the one before."""
+        """Take a load report: what it says beyond the most that was ours since the one before. A prefill
+        worker's report counts the requests in its bootstrap queue whole (SGLang matches them against
+        its cache only when they leave it), so while it has one, ours count whole too: else each of our
+        requests waiting there would come back as its cached blocks of some other frontend's prefill."""
         m = metrics
         self.others_blocks = max(m.active_blocks - self.peak_blocks, 0)
         queued = -(-m.waiting_prefill_tokens // page_size)
         if m.waiting_prefill_tokens:
-            self.others_prefill = max(queued - self.peak_prefill, 0)
+            ours = self.peak_prefill_whole if m.bootstrap_queue else self.peak_prefill
+            self.others_prefill = max(queued - ours, 0)
         else:  # a worker that reports no token count (an older one): one block per waiting request
             self.others_prefill = max(m.waiting - self.peak_prefilling, 0)
         self.others_requests = max(m.running + m.waiting - self.peak_requests, 0)
         self.peak_blocks, self.peak_prefill = self.blocks, self.prefill
+        self.peak_prefill_whole = self.prefill_whole
         self.peak_prefilling, self.peak_requests = self.prefilling, self.requests
 
 
@@ -335,7 +344,8 @@ class Router:
         ):
             if delta:
                 state[key] = max(state.get(key, 0) + delta, 0)
-        self._load.setdefault(w, _WorkerLoad()).add(blocks, prefill, prefilling, requests)
+        whole = prefilling * (choice.prompt_blocks + 1)  # as new_blocks counts: the tail block too
+        self._load.setdefault(w, _WorkerLoad()).add(blocks, prefill, whole, prefilling, requests)
 
     def _finished(self, choice: Choice, role: FlightRole) -> None:
         w = choice.worker.instance_id
