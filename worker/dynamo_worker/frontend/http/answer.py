@@ -269,7 +269,7 @@ class PlainRun(Run):
         started: float,
     ) -> None:
         super().__init__(dispatcher, metrics, http_request, job, started)
-        self.one_by_one = job.stream or bool(job.stop_strings)  # a chunk of several tokens, token by token
+        self.one_by_one = not job.reads_whole  # a chunk of several tokens, token by token
 
     def _decode(self, chunk: GenerateChunk) -> list[str]:
         """The text of each token (of all at once, when neither streamed nor stopped by strings). Token

@@ -398,6 +398,10 @@ class Job:
     # an embedding's answer (``http.answer.run_embedding``). None: plain (``http.answer.PlainRun``).
     plan: FeaturePlan | EmbeddingPlan | None = None
 
+    @property
+    def reads_whole(self) -> bool:
+        return reads_whole(self.stream, self.stop_strings)
+
 
 def prompt_tokens(job: Job, worker_usage: Usage | None) -> int:
     """The prompt's size to report: the frontend's own count, but the worker's for a request with
@@ -460,12 +464,17 @@ def _sampling(req: ChatCompletionRequest | CompletionRequest) -> SamplingOptions
 WHOLE_ANSWER_INTERVAL = 50
 
 
+def reads_whole(stream: bool, stop_strings: list[str]) -> bool:
+    """Whether the answer is only read whole: not streamed, and no stop string, which the frontend
+    matches on the text as it comes (so a request with one keeps every step, and the engine stops within
+    a step of the match, not up to ``WHOLE_ANSWER_INTERVAL`` tokens after it)."""
+    return not stream and not stop_strings
+
+
 def whole_answer_interval(stream: bool, stop_strings: list[str]) -> int | None:
-    """``GenerateRequest.stream_interval`` for a request: ``WHOLE_ANSWER_INTERVAL`` when the client reads
-    only the whole answer, else None (every step). A stop string is matched by the frontend on the text
-    as it comes, so a request with one keeps every step: the engine stops within a step of the match,
-    not up to ``WHOLE_ANSWER_INTERVAL`` tokens after it."""
-    return None if stream or stop_strings else WHOLE_ANSWER_INTERVAL
+    """``GenerateRequest.stream_interval`` for a request: ``WHOLE_ANSWER_INTERVAL`` when its answer is
+    only read whole (``reads_whole``), else None (every step)."""
+    return WHOLE_ANSWER_INTERVAL if reads_whole(stream, stop_strings) else None
 
 
 def build_job(
