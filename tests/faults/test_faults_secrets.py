@@ -71,8 +71,9 @@ async def test_secrets_absent_from_worker_and_frontend_output(
             broker.proc.kill()  # the runtime logs the disconnect and the reconnect
             broker.proc.wait(10)
             broker.start()
-            await until(
-                lambda: "Reconnected to NATS" in m.log() and "Reconnected to NATS" in fe.log(), "reconnects"
+            await until(  # the worker writes its record again after the reconnect (or its next heartbeat)
+                lambda: "Reconnected to NATS" in fe.log() and "Renewed registration" in m.log(),
+                "reconnects and the worker's renewed record",
             )
             r = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
         records = await discovery_records(url)
