@@ -22,9 +22,10 @@ also leaves the workers' KV events off, as the operator does).
 Workloads (``WORKLOADS``): ``rag`` (8192 prompt ids / 256 out), ``chat`` (2048 / 512), ``multiturn``
 (conversations whose prompt grows by one turn each time over a shared system prompt: the prefix cache
 and cache-aware routing matter), ``longmultiturn`` (many concurrent conversations, their turns
-interleaved, whose KV in all is ``LONG_KV_FACTOR`` (3.5) times the GPUs' KV cache: each engine's cache
-is cut to ``LONG_POOL_TOKENS`` tokens with ``--max-total-tokens``, the conversations are counted to fill
-3.5 times that per GPU, and the sizing is printed; between two turns of a conversation every other one
+interleaved, whose KV in all is ``LONG_KV_FACTOR`` (3.5) times the GPUs' KV cache: each caching
+engine's cache (aggregated and prefill; a disaggregated decode engine caches nothing and keeps its whole
+memory) is cut to ``LONG_POOL_TOKENS`` tokens with ``--max-total-tokens``, the conversations are counted
+to fill 3.5 times that per GPU, and the sizing is printed; between two turns of a conversation every other one
 takes a turn, so its KV has left the GPU when it returns: HiCache's host tier and tier-aware routing
 matter). Each is swept over concurrency (``SWEEP``; longmultiturn from c8 up) until TTFT p90 or ITL
 p90 passes its SLO (``TTFT_SLO_MS`` 2000, ``ITL_SLO_MS`` 50; the first point past it is kept); goodput
@@ -42,7 +43,7 @@ write_through``; without longmultiturn's cut KV cache, ``--hicache-size``: half 
 the GPUs, or ``HICACHE_SIZE_GB``) to the aggregated and prefill engines (a disaggregated decode engine
 keeps no prefix cache, and SGLang refuses HiCache there; each prefill engine gets N / P GPUs' worth, so
 the layout's host tier is as large as the aggregated one's), and longmultiturn adds its
-``--max-total-tokens``.
+``--max-total-tokens`` to the same engines (``role_flags``).
 ``HOST_WEIGHT=0`` gives our frontend ``--kv-host-hit-weight 0 --kv-disk-hit-weight 0`` (GPU-only routing,
 the baseline of tier-aware routing); its stacks are named ``ours-agg-hw0`` etc. so both kinds of points
 can share a report.
@@ -87,7 +88,7 @@ OUT = ex.OUT
 STATE = Path(
     os.environ.get("GPU_STATE") or "/tmp/dynamo-gpu-state"
 )  # results of earlier calls on this machine
-SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,8,16,32,64").split(",") if c]
+SWEEP = [int(c) for c in os.environ.get("SWEEP", "1,4,16,64,128,256").split(",") if c]
 WORKLOADS = os.environ.get("WORKLOADS", "rag,chat,multiturn").split(",")
 TTFT_SLO_MS = float(os.environ.get("TTFT_SLO_MS", 2000))
 ITL_SLO_MS = float(os.environ.get("ITL_SLO_MS", 50))
@@ -158,8 +159,8 @@ def long_sizing(gpus: int) -> str:
     pool = LONG_POOL_TOKENS * gpus
     return (
         f"longmultiturn sizing: {n} conversations x {w.final_context} tokens in the end ({w.turns} turns) "
-        f"= {total} tokens of KV; each engine's KV cache {LONG_POOL_TOKENS} tokens (--max-total-tokens) x "
-        f"{gpus} GPUs = {pool}: {total / pool:.1f}x{host}"
+        f"= {total} tokens of KV; each engine's KV cache {LONG_POOL_TOKENS} tokens (--max-total-tokens; "
+        f"not a disaggregated decode engine's) x {gpus} GPUs = {pool}: {total / pool:.1f}x{host}"
     )
 
 
@@ -379,7 +380,7 @@ def ours_manifest(kind: str, prefill: int, decode: int, folder: Path) -> Path:
             svc["replicas"] = prefill + decode if kind == "agg" else prefill if role == "prefill" else decode
             main = svc["extraPodSpec"]["mainContainer"]
             share = (prefill + decode) / prefill
-            main["args"] = [*main.get("args", []), *hicache_flags("agg" if kind == "agg" else role, share)]
+            main["args"] = [*main.get("args", []), *role_flags("agg" if kind == "agg" else role, share)]
     path = folder / f"ours-{kind}.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(graph, sort_keys=False))
@@ -440,7 +441,7 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
         port, argv = (
             ex.free_port(),
-            [sys.executable, "-m", "sglang.launch_server", *flags, *hicache_flags(role, len(gpus) / prefill)],
+            [sys.executable, "-m", "sglang.launch_server", *flags, *role_flags(role, len(gpus) / prefill)],
         )
         argv += ["--port", str(port)]
         boot = None
@@ -607,9 +608,19 @@ def write_report(folder: Path) -> None:
     print(text)
 
 
-def engine_flags() -> list[str]:
-    """SGLang flags this run adds to every engine of both stacks: longmultiturn's KV cache."""
-    return ["--max-total-tokens", str(LONG_POOL_TOKENS)] if "longmultiturn" in WORKLOADS else []
+def role_flags(role: str, share: float = 1.0) -> list[str]:
+    """SGLang flags this run adds to an engine of ``role`` (``agg``, ``prefill`` or ``decode``), the same
+    in both stacks: longmultiturn's cut KV cache, then HiCache's flags."""
+    return [*pool_flags(role), *hicache_flags(role, share)]
+
+
+def pool_flags(role: str) -> list[str]:
+    """longmultiturn's cut KV cache (``--max-total-tokens``) for the engines that keep a prefix cache:
+    aggregated and prefill engines. A disaggregated decode engine keeps none, so cutting its pool only
+    bounds how many requests it decodes at once (the 2P2D sitting of 28 November was bound there from
+    c32 in both stacks), which is not what the workload measures: it keeps its whole memory."""
+    cut = "longmultiturn" in WORKLOADS and role != "decode"
+    return ["--max-total-tokens", str(LONG_POOL_TOKENS)] if cut else []
 
 
 def hicache_flags(role: str, share: float = 1.0) -> list[str]:
@@ -662,7 +673,6 @@ def main(argv: list[str]) -> int:
         ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
     gpus = ex.gpu_list()
     prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
-    ex.USER_FLAGS += engine_flags()  # the same for both stacks
     if "longmultiturn" in WORKLOADS:
         ex.log(long_sizing(len(gpus)))
     points: list[Point] = []
