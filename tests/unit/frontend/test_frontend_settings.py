@@ -14,7 +14,7 @@ def test_defaults():
         "0.0.0.0",
         8000,
         "round-robin",
-        1.5,
+        3.0,
     )
 
 

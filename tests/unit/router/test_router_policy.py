@@ -13,6 +13,7 @@ from dynamo_worker.protocol import BlockRemoved, BlockStored, InstanceRecord, Kv
 from dynamo_worker.router.policy import (
     KvCandidate,
     KvWeights,
+    balance_margin,
     kv_choose,
     kv_cost,
 )
@@ -92,11 +93,11 @@ def test_a_busy_worker_holding_the_prefix_beats_an_idle_one():
     idle = KvCandidate("b", **FULL)
     best, costs = kv_choose([holder, idle], 7, W, random.Random(0))
     assert best.worker_id == "a"
-    assert costs["a"] == pytest.approx(1.5 * 2 + 2.1) and costs["b"] == 1.5 * 8
+    assert costs["a"] == pytest.approx(W.overlap_weight * 2 + 2.1) and costs["b"] == W.overlap_weight * 8
 
 
 def test_a_prefill_backlog_on_the_holder_sends_the_request_elsewhere():
-    holder = KvCandidate("a", overlap_blocks=6, prefill_blocks=12, requests=2, **FULL)
+    holder = KvCandidate("a", overlap_blocks=6, prefill_blocks=20, requests=2, **FULL)
     idle = KvCandidate("b", **FULL)
     best, _ = kv_choose([holder, idle], 7, W, random.Random(0))
     assert best.worker_id == "b"
@@ -104,17 +105,28 @@ def test_a_prefill_backlog_on_the_holder_sends_the_request_elsewhere():
 
 def test_balance_guard_moves_load_to_an_idle_worker_with_room():
     idle = KvCandidate("b", requests=1, **ROOMY)
-    holder = KvCandidate("a", overlap_blocks=7, decode_blocks=28, requests=4, **ROOMY)
+    holder = KvCandidate("a", overlap_blocks=7, decode_blocks=35, requests=5, **ROOMY)
     assert kv_choose([holder, idle], 7, W, random.Random(0))[0].worker_id == "b"
-    # within the thresholds (2 more, not more than 1.5x... here 3 vs 1 is only 2 more) the cache decides
+    # within the margin (3 vs 1 is 2 more: not past 2, nor past the natural swing 2 * sqrt(2) at a mean
+    # of 2 requests) the cache decides
     busyish = KvCandidate("a", overlap_blocks=7, decode_blocks=21, requests=3, **ROOMY)
     assert kv_choose([busyish, idle], 7, W, random.Random(0))[0].worker_id == "a"
 
 
-def test_balance_guard_moves_into_a_full_cache_only_past_four_times_the_threshold():
+def test_the_guards_margin_grows_with_the_natural_swing_of_request_counts():
+    """At a mean of m requests a worker, counts spread at random differ by about sqrt(m): the guard
+    lets the cheapest run 2 * sqrt(m) more than the idlest (or the absolute threshold, if larger)."""
+    assert balance_margin(1, W) == 2 and balance_margin(16, W) == 8 and balance_margin(64, W) == 16
+    idle = KvCandidate("b", requests=10, **ROOMY)
+    for requests, expected in ((17, "a"), (18, "b")):  # 7 more at a mean of 13.5 (margin 7.3), 8 at 14 (7.5)
+        holder = KvCandidate("a", overlap_blocks=7, requests=requests, **ROOMY)
+        assert kv_choose([holder, idle], 7, W, random.Random(0))[0].worker_id == expected, requests
+
+
+def test_balance_guard_moves_into_a_full_cache_only_past_four_times_the_margin():
     idle = KvCandidate("b", requests=1, **FULL)
-    for requests, expected in ((9, "a"), (10, "b")):
-        holder = KvCandidate("a", overlap_blocks=7, decode_blocks=7 * requests, requests=requests, **FULL)
+    for requests, expected in ((34, "a"), (35, "b")):  # 4 x 2 * sqrt(mean 18): 33.9 more
+        holder = KvCandidate("a", overlap_blocks=7, requests=requests, **FULL)  # the guard alone: no decode
         assert kv_choose([holder, idle], 7, W, random.Random(0))[0].worker_id == expected, requests
 
 
@@ -181,16 +193,18 @@ def test_concurrent_arrivals_of_one_new_prefix_go_to_one_worker_before_any_event
 
 @pytest.mark.parametrize(
     ("total_kv_blocks", "followers"),
-    [(1000, 3), (12, 9)],
-    ids=["room: the guard moves the 4th", "cache pressure: only the 10th moves"],
+    [(1000, 3), (12, 30)],
+    ids=["room: the guard moves the 4th", "cache pressure: the cost moves the 31st"],
 )
 def test_arrivals_of_one_prefix_after_its_prefill_follow_it_until_the_balance_guard(
     total_kv_blocks, followers
 ):
     """The usual case at concurrency: the first request has its first token but its KV events have
     not arrived. Later requests for the prefix go to that worker while it decodes them, until it runs
-    more than 2 requests more than an idle worker with room (more than 8 when no worker has room):
-    then the next goes to the idle one."""
+    more than 2 requests more than an idle worker with room; when no worker has room, the guard waits
+    for 4 times the natural swing of request counts (2 * sqrt(mean): 33 more than none), and the cost
+    moves the request first, when 30 sequences decoding on the holder outweigh prefilling the prefix
+    elsewhere. Either way the next goes to the idle one."""
     router = Router("kv", rng=random.Random(5))
     a, b = (
         record("a" * 16, total_kv_blocks=total_kv_blocks),
@@ -269,8 +283,8 @@ def test_first_token_ends_the_prefill_share_of_a_request():
     one, two = list(range(40)), list(range(200, 240))
     router.on_kv_events(stored(a.instance_id, 0, one))
     router.on_kv_events(stored(a.instance_id, 1, two, first_hash=100))
-    # a's backlog: an uncached 20-block prompt still prefilling
-    backlog = router.started(router.choose("m", [a], list(range(500, 580))))
+    # a's backlog: an uncached 40-block prompt still prefilling
+    backlog = router.started(router.choose("m", [a], list(range(500, 660))))
     assert router.choose("m", [a, b], one).worker.instance_id == b.instance_id
     backlog.first_token()
     assert router.choose("m", [a, b], two).worker.instance_id == a.instance_id

@@ -94,7 +94,8 @@ class FrontendSettings(Settings):
         _KV.balance_abs_threshold,
         ge=0,
         description="kv router balance guard: when the cheapest worker runs more than this many requests "
-        "more than the idlest ...",
+        "more than the idlest (or more than 2 x sqrt(mean requests a worker), the natural swing at "
+        "that load, if larger) ...",
     )
     kv_balance_rel_threshold: float = Field(
         _KV.balance_rel_threshold,

@@ -44,15 +44,19 @@ Balance guard (after SGLang's model gateway, which checks two such thresholds on
 the cost above keeps a prefix where it is cached even when that worker runs more requests than
 others, which is right while copying the prefix elsewhere would evict other prefixes, and wrong when
 there is room: then a few requests' imbalance slows every step of the busy worker (each admitted
-prefill delays its decoders) for nothing. So when the cheapest candidate has more than
-``balance_abs_threshold`` requests more than the idlest *and* more than ``balance_rel_threshold``
-times as many, the request goes to the cheapest of the least loaded candidates that have room for its
-new blocks (their GPU cache stays at most ``ROOM_FRACTION`` full with them: a per-worker sign that the
-fleet is not under cache pressure, as copies then evict nothing that is needed soon; blocks held only
-in host memory take no GPU block, and a host hit takes GPU blocks when it is loaded back); when none
-has room, only an imbalance
-``PRESSURE_FACTOR`` times the absolute threshold moves it (to the cheapest least loaded one). A
-prefix copied to an idle worker then serves there too, so the load evens out.
+prefill delays its decoders) for nothing. So when the cheapest candidate runs more requests than the
+idlest by more than the margin (``balance_margin``: ``balance_abs_threshold``, or the natural swing of
+per-worker request counts at this load, ``2 * sqrt(mean requests)``, if larger) *and* more than
+``balance_rel_threshold`` times as many, the request goes to the cheapest of the least loaded
+candidates that have room for its new blocks (their GPU cache stays at most ``ROOM_FRACTION`` full
+with them: a per-worker sign that the fleet is not under cache pressure, as copies then evict nothing
+that is needed soon; blocks held only in host memory take no GPU block, and a host hit takes GPU
+blocks when it is loaded back); when none has room, only an imbalance ``PRESSURE_FACTOR`` times the
+margin moves it (to the cheapest least loaded one). A prefix copied to an idle worker then serves
+there too, so the load evens out. Why the natural swing: at concurrency, per-worker counts differ by a
+few requests from moment to moment however well the load is spread (128 clients on 4 workers: 32
+each, give or take 6), and a fixed margin of 2 read that noise as imbalance and moved returning turns
+off their conversation's worker (below).
 
 Disaggregated requests: the prefill worker is chosen by the cost above (its share of a request ends
 when its leg ends: a prefill worker holds nothing of a request once its KV has moved), the decode worker
@@ -80,18 +84,27 @@ copied to another worker only when the ones holding it run ``balance_abs_thresho
 
 Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
 ``make bench`` on the mocker and are the ones to start with):
-- ``--kv-overlap-weight`` (default 1.5): worth of one block of avoided prefill; 0 routes on load only.
+- ``--kv-overlap-weight`` (default 3): worth of one block of avoided prefill; 0 routes on load only.
   Above 1 because a block computed again costs more than the request's own latency: it is GPU time
   taken from every request queued behind it, and a second copy of a prefix evicts another one. With
   1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
-  idle worker, and prefixes get copied around under load.
+  idle worker, and prefixes get copied around under load; with 1.5 (the default until 28 November) one
+  turn queued on a conversation's worker outweighed recomputing its last turn elsewhere, so under
+  multi-turn load conversations kept moving (below).
 - ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
 - ``--kv-host-hit-weight`` (default 0.9) and ``--kv-disk-hit-weight`` (default 0.25): the share of a
   block's prefill that a hit in host memory (resp. HiCache's storage tier) saves; 0 routes on the GPU
   tier alone. 0.9 is ``(TTFT miss - TTFT host hit) / (TTFT miss - TTFT GPU hit)`` as
   ``tests/gpu/run_hicache.py`` measured it on an H200 (``docs/kv-tiers.md``); the storage tier's is
   NVIDIA Dynamo's, unmeasured here.
-- ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5).
+- ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5): the
+  guard's smallest margin (at low load; the natural swing above takes over from a mean of 1 request a
+  worker) and its ratio. With a fixed margin of 2 and an overlap weight of 1.5 (the policy until 28
+  November), multi-turn at concurrency 128 on 4 simulated 8B engines (``tests/gpu/run_peers.py`` with
+  ``ENGINE=mocker`` and the mocker's ``--profile builtin:sglang-8b-h100``) kept 0.62 of prompt tokens
+  cached; with both changes 0.70, at a lower TTFT p90 (the long multi-turn workload with HiCache: 0.64-0.70
+  to 0.75), while ``make bench``'s router scenarios keep their figures (4 prefixes that fit everywhere
+  still spread at concurrency 8: a fixed margin of 16 had raised their TTFT p90 by a quarter).
 - ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
   held before KV events confirm them.
 - ``--kv-lora-swap-blocks`` (default 4) and ``--kv-lora-wait-blocks`` (default 16): the worth, in blocks
@@ -101,6 +114,7 @@ Candidates of equal cost are chosen among at random, so identical workers share 
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +125,7 @@ __all__ = [
     "KvCandidate",
     "KvWeights",
     "RouterMode",
+    "balance_margin",
     "decode_cost",
     "decode_rank",
     "kv_choose",
@@ -127,7 +142,7 @@ ROOM_FRACTION = 0.5  # balance guard: a cache at most this full (after the reque
 class KvWeights:
     """The kv policy's knobs (see the module docstring)."""
 
-    overlap_weight: float = 1.5
+    overlap_weight: float = 3.0
     decode_weight: float = 0.1
     balance_abs_threshold: int = 2
     balance_rel_threshold: float = 1.5
@@ -179,10 +194,16 @@ def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> f
     )
 
 
-def _overloaded(chosen: KvCandidate, least: int, weights: KvWeights, factor: int = 1) -> bool:
+def balance_margin(mean_requests: float, weights: KvWeights) -> float:
+    """How many requests more than the idlest candidate the balance guard lets the cheapest run: the
+    absolute threshold, or the natural swing of per-worker counts at this load if larger (two standard
+    deviations of a count spread at random, ``2 * sqrt(mean)``), so that noise alone never trips it."""
+    return max(float(weights.balance_abs_threshold), 2.0 * math.sqrt(mean_requests))
+
+
+def _overloaded(chosen: KvCandidate, least: int, margin: float, weights: KvWeights, factor: int = 1) -> bool:
     return (
-        chosen.requests - least > factor * weights.balance_abs_threshold
-        and chosen.requests > weights.balance_rel_threshold * least
+        chosen.requests - least > factor * margin and chosen.requests > weights.balance_rel_threshold * least
     )
 
 
@@ -213,11 +234,12 @@ def kv_choose(
     chosen = _cheapest(candidates, costs, rng)
     if len(candidates) > 1:
         least = min(c.requests for c in candidates)
+        margin = balance_margin(sum(c.requests for c in candidates) / len(candidates), weights)
         idle = [c for c in candidates if c.requests == least]
         roomy = [c for c in idle if _has_room(c, prompt_blocks)]
-        if roomy and _overloaded(chosen, least, weights):
+        if roomy and _overloaded(chosen, least, margin, weights):
             chosen = _cheapest(roomy, costs, rng)
-        elif _overloaded(chosen, least, weights, PRESSURE_FACTOR):
+        elif _overloaded(chosen, least, margin, weights, PRESSURE_FACTOR):
             chosen = _cheapest(idle, costs, rng)
     return chosen, costs
 

@@ -214,7 +214,7 @@ class Router:
     def __init__(
         self,
         mode: RouterMode,
-        overlap_weight: float = 1.5,
+        overlap_weight: float = KvWeights.overlap_weight,
         rng: random.Random | None = None,
         *,
         weights: KvWeights | None = None,
