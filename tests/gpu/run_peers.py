@@ -55,8 +55,10 @@ Prints the table, then per workload the goodput per GPU at the SLOs (the best to
 point within both) of every stack and the ratios ours / smg, and writes ``$OUT/peers.json`` and
 ``$OUT/peers.png`` (tokens/s per GPU against ITL p90, and below against TTFT p90, one column per
 workload). ``ENGINE=mocker`` runs
-our two stacks on the simulated engine (the gateway's need SGLang and are skipped), which checks the
-script without a GPU.
+the stacks on the simulated engine, which checks the script without a GPU: ours as above, and
+``smg-agg`` as the real gateway in front of N mocker engines that serve SGLang's HTTP API
+(``dynamo_worker.mocker.sglang_http``) with the same flags and model folder as our mocker workers
+(``smg_server``); ``smg-pd`` is skipped there (SGLang's PD bootstrap protocol is not simulated).
 """
 
 from __future__ import annotations
@@ -465,8 +467,8 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     for _, port, _, proc, name in servers:
         wait_ok(f"http://127.0.0.1:{port}/health", proc, name)
     router = ex.free_port()
-    argv = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(router),
-            "--prometheus-port", str(ex.free_port())]  # fmt: skip  (its default, 29000, may be taken)
+    argv = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(router)]
+    argv += ["--prometheus-port", str(ex.free_port())]  # its default, 29000, may be taken by another run
     if pd:
         argv += ["--pd-disaggregation", "--policy", "cache_aware"]
         for role, port, boot, _, _ in servers:

@@ -43,7 +43,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,11 +89,9 @@ class BadRequest(ValueError):
 # --- pure: SGLang's request and answer shapes ----------------------------------------------------
 
 
-def generate_request(
-    body: Mapping[str, Any], model: str, eos_token_ids: Sequence[int], encode: Any = None
-) -> tuple[GenerateRequest, bool]:
-    """The engine request for an SGLang ``/generate`` body, and whether it streams. ``encode``: text to
-    token ids (None: no tokenizer, ``text`` is refused). Raises ``BadRequest``."""
+def prompt_ids(body: Mapping[str, Any], encode: Any = None) -> list[int]:
+    """The prompt of a ``/generate`` body: ``input_ids``, else ``text`` through ``encode`` (None: no
+    tokenizer). Raises ``BadRequest``."""
     ids = body.get("input_ids")
     if ids is None and isinstance(body.get("text"), str):
         if encode is None:
@@ -104,6 +102,12 @@ def generate_request(
             "send one prompt: input_ids (a non-empty list of token ids) or text (a string); batches are "
             "not simulated by the mocker"
         )
+    return ids
+
+
+def simulated_params(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The body's ``sampling_params``, once nothing in the body asks for what the simulation cannot
+    honour (named in the ``BadRequest``)."""
     params = body.get("sampling_params") or {}
     if not isinstance(params, Mapping):
         raise BadRequest("sampling_params must be an object")
@@ -117,6 +121,16 @@ def generate_request(
     }  # fmt: skip
     if unknown:
         raise BadRequest(f"sampling_params: unknown field(s) {', '.join(sorted(unknown))}")
+    return params
+
+
+def generate_request(
+    body: Mapping[str, Any], model: str, eos_token_ids: Sequence[int], encode: Any = None
+) -> tuple[GenerateRequest, bool]:
+    """The engine request for an SGLang ``/generate`` body, and whether it streams. ``encode``: text to
+    token ids (None: no tokenizer, ``text`` is refused). Raises ``BadRequest``."""
+    ids = prompt_ids(body, encode)
+    params = simulated_params(body)
     max_new = params.get("max_new_tokens")
     rid = body.get("rid") or uuid.uuid4().hex
     try:
@@ -202,7 +216,6 @@ class _Text:
     tokenizer: Any
     stream: Any = None
     text: str = ""
-    pending: list[int] = field(default_factory=list)
 
     def add(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
