@@ -56,8 +56,10 @@ Prints the table, then per workload the goodput per GPU at the SLOs (the best to
 point within both) of every stack and the ratios ours / smg, and writes ``$OUT/peers.json`` and
 ``$OUT/peers.png`` (tokens/s per GPU against ITL p90, and below against TTFT p90, one column per
 workload). ``ENGINE=mocker`` runs
-our two stacks on the simulated engine (the gateway's need SGLang and are skipped), which checks the
-script without a GPU.
+the stacks on the simulated engine, which checks the script without a GPU: ours as above, and
+``smg-agg`` as the real gateway in front of N mocker engines that serve SGLang's HTTP API
+(``dynamo_worker.mocker.sglang_http``) with the same flags and model folder as our mocker workers
+(``smg_server``); ``smg-pd`` is skipped there (SGLang's PD bootstrap protocol is not simulated).
 """
 
 from __future__ import annotations
@@ -431,18 +433,30 @@ def wait_ok(url: str, proc: subprocess.Popen, name: str, limit_s: float = ex.STA
     raise RuntimeError(f"{name} not ready at {url} within {limit_s:.0f}s")
 
 
+def smg_server(flags: list[str]) -> list[str]:
+    """The command of one of the gateway's servers: SGLang's; on the mocker, the simulated engine behind
+    SGLang's HTTP API (``dynamo_worker.mocker.sglang_http``) with the flags SGLang gets and the model
+    folder dynamo-run gives our mocker workers (its tokenizer and KV bytes per token), so that both stacks
+    simulate the same engine."""
+    if ex.ENGINE == "sglang":
+        return [sys.executable, "-m", "sglang.launch_server", *flags]
+    from dynamo_worker.runtime.settings import cache_root
+    from dynamo_worker.tinymodel import ensure_tiny_model
+
+    tiny = ensure_tiny_model(cache_root() / "tiny-model")  # dynamo-run's mocker folder (local.run)
+    return [sys.executable, "-m", "dynamo_worker.mocker.sglang_http", *flags, "--model-dir", str(tiny)]
+
+
 def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
-    """SGLang's servers (one per GPU) and the gateway in front of them; the gateway's base URL."""
+    """SGLang's servers (one per GPU; see ``smg_server``) and the gateway in front of them; the gateway's
+    base URL."""
     flags = [*ex.USER_FLAGS, *ex.EXTRA_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT),
              "--host", "127.0.0.1", "--model-path", str(ex.MODEL_DIR),
              "--served-model-name", MODEL]  # fmt: skip
     servers = []
     for i, gpu in enumerate(gpus):
         role = ("prefill" if i < prefill else "decode") if pd else "agg"
-        port, argv = (
-            ex.free_port(),
-            [sys.executable, "-m", "sglang.launch_server", *flags, *role_flags(role, len(gpus) / prefill)],
-        )
+        port, argv = ex.free_port(), smg_server([*flags, *role_flags(role, len(gpus) / prefill)])
         argv += ["--port", str(port)]
         boot = None
         if pd:
@@ -455,6 +469,7 @@ def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
         wait_ok(f"http://127.0.0.1:{port}/health", proc, name)
     router = ex.free_port()
     argv = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(router)]
+    argv += ["--prometheus-port", str(ex.free_port())]  # its default, 29000, may be taken by another run
     if pd:
         argv += ["--pd-disaggregation", "--policy", "cache_aware"]
         for role, port, boot, _, _ in servers:
@@ -658,19 +673,19 @@ def main(argv: list[str]) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stacks = argv or list(STACKS)
-    if ex.ENGINE != "sglang":
-        stacks = [s for s in stacks if s.startswith("ours")]  # the gateway's stacks need SGLang
+    if ex.ENGINE != "sglang" and "smg-pd" in stacks:  # the mocker serves SGLang's HTTP API, not its PD
+        ex.log("smg-pd: skipped on the mocker (SGLang's PD bootstrap protocol is not simulated over HTTP)")
+        stacks = [s for s in stacks if s != "smg-pd"]
     if HOST_WEIGHT:  # GPU-only routing (0) or another weight: its points apart from the default's
         stacks = [f"{s}-hw{HOST_WEIGHT}" if s.startswith("ours") else s for s in stacks]
-    else:
-        from run_gpu import make_model
+    from run_gpu import make_model  # every run (HOST_WEIGHT too): rag's context on both engines
 
-        ex.MODEL_DIR.mkdir(parents=True, exist_ok=True)
-        make_model(ex.MODEL_DIR)
-        config = json.loads((ex.MODEL_DIR / "config.json").read_text())
-        config["max_position_embeddings"] = CONTEXT
-        (ex.MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))
-        ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
+    ex.MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    make_model(ex.MODEL_DIR)
+    config = json.loads((ex.MODEL_DIR / "config.json").read_text())
+    config["max_position_embeddings"] = CONTEXT
+    (ex.MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))
+    ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
     gpus = ex.gpu_list()
     prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
     if "longmultiturn" in WORKLOADS:

@@ -1,8 +1,10 @@
 """The peer comparison (tests/gpu/run_peers.py) on the mocker: our aggregated and disaggregated stacks
-through dynamo-run, each workload swept over concurrency (longmultiturn with HiCache on and its KV cache
-cut so its conversations hold 3.5 times it), the table with the host-loaded share, and the goodput
-report at both ITL SLOs. The gateway's stacks (SGLang's own servers behind smg) need SGLang and a GPU
-and are skipped here, so this keeps the script working between the runs on the lent GPU machines."""
+through dynamo-run and SGLang's gateway (the real ``smg``, ``cache_aware``) in front of mocker engines
+serving SGLang's HTTP API, each workload swept over concurrency (longmultiturn with HiCache on and its KV
+cache cut so its conversations hold 3.5 times it), the table with the host-loaded share, and the goodput
+report at both ITL SLOs with the ratio ours / gateway. The gateway's PD stack needs SGLang's bootstrap
+protocol and is skipped on the mocker (said in the output). This keeps the script working between the
+runs on the lent GPU machines."""
 
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ def test_peer_comparison_runs_our_stacks_on_the_mocker(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     points = json.loads((tmp_path / "out" / "peers.json").read_text())
     assert {(p["stack"], p["workload"]) for p in points} == {
-        (s, w) for s in ("ours-agg", "ours-disagg") for w in ("chat", "multiturn", "longmultiturn")
+        (s, w) for s in ("ours-agg", "ours-disagg", "smg-agg") for w in ("chat", "multiturn", "longmultiturn")
     }
+    assert "smg-pd: skipped on the mocker" in proc.stdout
     assert all(p["errors"] == 0 and p["out_tok_s_per_gpu"] > 0 for p in points), points
     multiturn = [p for p in points if p["workload"] == "multiturn"]
     assert all(p["cached_share"] > 0.3 for p in multiturn), "turns resend their conversation: cache hits"
@@ -41,3 +44,4 @@ def test_peer_comparison_runs_our_stacks_on_the_mocker(tmp_path):
     assert "longmultiturn sizing: 18 conversations" in proc.stdout and ": 3.6x" in proc.stdout
     assert "goodput per GPU at TTFT p90 <= 2000 ms and ITL p90 <= 50 ms" in proc.stdout
     assert "goodput per GPU at TTFT p90 <= 2000 ms and ITL p90 <= 10 ms" in proc.stdout
+    assert "ours-agg/smg-agg" in proc.stdout, "the ratio against the gateway is reported"
