@@ -39,6 +39,7 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     ├── BootstrapTimeout                 dynamo_worker.mocker.bootstrap
     ├── BootstrapRefused                 dynamo_worker.mocker.bootstrap
     ├── CacheFullError (RuntimeError)    dynamo_worker.mocker.kv_manager
+    ├── BadRequest (ValueError)          dynamo_worker.mocker.sglang_http
     ├── BadImage (ValueError)            dynamo_worker.multimodal.images
     ├── ServiceError                     dynamo_worker.multimodal.service
     ├── BudgetError (ValueError)         dynamo_worker.planner.decide

@@ -353,6 +353,8 @@ def test_restart_always_restarts_a_multinode_group_whose_rank_lost_its_engine(dy
     run = dynamo_run("agg-multinode.yaml", extra=["--restart", "always"])
     check_serving(run)
     scheduler = int(run.wait_for(r"node_rank=1 scheduler_pid=(\d+)", 10)[1])
+    # The leader hears of rank 1 only once rank 1 is on its lifeline (it may serve a moment earlier).
+    run.wait_for(r"Group rank joined the lifeline node_rank=1", 30)
     os.kill(scheduler, signal.SIGKILL)
     run.wait_for(r"Engine died: rank 1 of the 2-node group is gone", 30)
     run.wait_for(r"decode-0 EXITED with exit code 3", 30)

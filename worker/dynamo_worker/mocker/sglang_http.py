@@ -49,6 +49,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from dynamo_api.errors import DynamoError
 from dynamo_api.settings_sources import add_model_arguments, settings_from_args
 from pydantic import ValidationError
 
@@ -82,7 +83,7 @@ _ACCEPTED = {"n", "repetition_penalty", "skip_special_tokens", "spaces_between_s
 _SAMPLING = {"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty"}
 
 
-class BadRequest(ValueError):
+class BadRequest(DynamoError, ValueError):
     """What SGLang answers 400 to; the message names the field and what to send."""
 
 
