@@ -699,6 +699,20 @@ def gpu_list() -> list[str]:
     return out.stdout.split()
 
 
+def make_long_model(context: int) -> None:
+    """The model folder (``MODEL_DIR``) with a context of ``context`` tokens, and the user's
+    ``--context-length`` to match: the long prompts of ``run_peers`` and ``run_hicache``."""
+    sys.path.insert(0, str(HERE))
+    from run_gpu import make_model
+
+    MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    make_model(MODEL_DIR)
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    config["max_position_embeddings"] = context
+    (MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))
+    USER_FLAGS[USER_FLAGS.index("--context-length") + 1] = str(context)
+
+
 def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     # `timeout` (or a Ctrl-C) stops the script through its finally blocks, which stop every graph

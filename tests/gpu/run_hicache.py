@@ -173,14 +173,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if ex.ENGINE == "sglang":
-        from run_gpu import make_model
-
-        ex.MODEL_DIR.mkdir(parents=True, exist_ok=True)
-        make_model(ex.MODEL_DIR)
-        config = json.loads((ex.MODEL_DIR / "config.json").read_text())
-        config["max_position_embeddings"] = CONTEXT
-        (ex.MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))
-        ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
+        ex.make_long_model(CONTEXT)
     gpu = ex.gpu_list()[:1]
     graph = ex.Graph("hicache", manifest(OUT / "manifests"), ",".join(gpu))
     try:

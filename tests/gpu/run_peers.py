@@ -678,14 +678,7 @@ def main(argv: list[str]) -> int:
         stacks = [s for s in stacks if s != "smg-pd"]
     if HOST_WEIGHT:  # GPU-only routing (0) or another weight: its points apart from the default's
         stacks = [f"{s}-hw{HOST_WEIGHT}" if s.startswith("ours") else s for s in stacks]
-    from run_gpu import make_model  # every run (HOST_WEIGHT too): rag's context on both engines
-
-    ex.MODEL_DIR.mkdir(parents=True, exist_ok=True)
-    make_model(ex.MODEL_DIR)
-    config = json.loads((ex.MODEL_DIR / "config.json").read_text())
-    config["max_position_embeddings"] = CONTEXT
-    (ex.MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))
-    ex.USER_FLAGS[ex.USER_FLAGS.index("--context-length") + 1] = str(CONTEXT)
+    ex.make_long_model(CONTEXT)  # every run (the mocker's too): rag's context on both stacks' engines
     gpus = ex.gpu_list()
     prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
     if "longmultiturn" in WORKLOADS:
