@@ -23,11 +23,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/image-lib.sh"
 IMAGE="${IMAGE:-localhost/dynamo-sglang/operator:dev}"
 
 require_tools
+lock_storage
 ensure_base_image
 build_mounts
 
 # --- the operator image from images/operator/Dockerfile ----------------------------------------------
 log "building $IMAGE on $BASE_IMAGE"
+build_stage "$REPO_ROOT/images/operator/Dockerfile" build "$IMAGE-build"
 "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers "${BUILD_MOUNTS[@]}" \
   --build-arg "BASE_IMAGE=$BASE_IMAGE" \
   --file "$REPO_ROOT/images/operator/Dockerfile" \
@@ -47,5 +49,6 @@ if [ -n "${OCI_ARCHIVE:-}" ]; then
   log "wrote $OCI_ARCHIVE"
 fi
 
+prune_stale_layers
 log "built and ran $IMAGE (user $user, $(image_size "$IMAGE")) in $(($(date +%s) - start))s"
 echo "$IMAGE"

@@ -33,6 +33,7 @@ esac
 IMAGE="${IMAGE:-localhost/dynamo-sglang/runtime:dev-$FLAVOUR}"
 
 require_tools
+lock_storage
 ensure_base_image
 build_mounts
 if [ "$FLAVOUR" = cuda ]; then
@@ -45,6 +46,7 @@ fi
 
 # --- the runtime image from images/runtime/Dockerfile ------------------------------------------------
 log "building $IMAGE (target $FLAVOUR) on $BASE_IMAGE"
+build_stage "$REPO_ROOT/images/runtime/Dockerfile" build-cpu "$IMAGE-build"
 "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers "${BUILD_MOUNTS[@]}" \
   --build-arg "BASE_IMAGE=$BASE_IMAGE" --target "$FLAVOUR" \
   --file "$REPO_ROOT/images/runtime/Dockerfile" \
@@ -67,5 +69,6 @@ if [ -n "${OCI_ARCHIVE:-}" ]; then
   log "wrote $OCI_ARCHIVE"
 fi
 
+prune_stale_layers
 log "built and ran $IMAGE (user $user, $(image_size "$IMAGE")) in $(($(date +%s) - start))s"
 echo "$IMAGE"

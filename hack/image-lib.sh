@@ -8,6 +8,10 @@
 #   BUILD_CA_BUNDLE  CA bundle pip trusts during the build only (default: this host's
 #                    /etc/ssl/certs/ca-certificates.crt), for networks that reach PyPI through a TLS
 #                    proxy; set it empty to use the image's own trust store. Mounted, never copied in.
+#   BUILD_LOCK_WAIT_S  how long a build waits for another one on the same cache (default 1800)
+#
+# After a build that ran, the layers no named image uses any more are removed (prune_stale_layers), so
+# the cache holds the base, the images and their build stages, not every source ever built.
 
 CACHE="${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamo-sglang}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -36,8 +40,8 @@ phase() { local now; now=$(date +%s); log "$1 took $((now - phase_start))s"; pha
 require_tools() {
   [ "$(id -u)" = 0 ] || die "run as root (debootstrap and buildah's vfs storage need it), e.g. sudo $0"
   local tool
-  for tool in buildah debootstrap; do
-    command -v "$tool" >/dev/null || die "$tool is missing; install it with: apt-get install -y buildah debootstrap"
+  for tool in buildah debootstrap flock; do
+    command -v "$tool" >/dev/null || die "$tool is missing; install it with: apt-get install -y buildah debootstrap util-linux"
   done
 }
 
@@ -86,6 +90,48 @@ build_mounts() {
     BUILD_MOUNTS=(--volume "$BUILD_CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro"
       --volume "$pipconf:/etc/pip.conf:ro")
   fi
+}
+
+# Takes the lock on this cache's buildah storage for the rest of the script: two builds at once would
+# each prune what the other is building on (prune_stale_layers). Waits at most BUILD_LOCK_WAIT_S.
+lock_storage() {
+  mkdir -p "$CACHE/buildah"
+  exec 8>"$CACHE/buildah/.build.lock"
+  if ! flock -n 8; then
+    log "another image build uses $CACHE/buildah; waiting up to ${BUILD_LOCK_WAIT_S:-1800}s for it"
+    flock -w "${BUILD_LOCK_WAIT_S:-1800}" 8 \
+      || die "another image build still holds $CACHE/buildah/.build.lock after ${BUILD_LOCK_WAIT_S:-1800}s; stop it (or set DYNAMO_CACHE to build in another cache)"
+  fi
+}
+
+# build_stage DOCKERFILE STAGE TAG: builds the Dockerfile's STAGE (with the same cache as the image) and
+# names it TAG, so the layers the image is built from are never dangling and prune_stale_layers keeps
+# them for the next build.
+build_stage() {
+  "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers "${BUILD_MOUNTS[@]}" \
+    --build-arg "BASE_IMAGE=$BASE_IMAGE" --target "$2" \
+    --file "$1" --ignorefile "$1.dockerignore" \
+    --tag "$3" "$REPO_ROOT" >&2
+}
+
+# Removes the layers of earlier builds that no named image uses any more (those of sources since
+# changed). With vfs storage every layer is a full copy of the filesystem, so without this the store
+# grows by about 2 GB with each changed source. The images this script built, their build stages
+# (build_stage) and the base are named, so what the next build reuses stays. A failure here only warns.
+prune_stale_layers() {
+  local ids before after round
+  before=$(du -sm "$CACHE/buildah/storage" | cut -f1)
+  # Removing a stale image can leave its parent with no child: repeat until none is left.
+  for round in $(seq 100); do
+    ids=$("${BUILDAH[@]}" images --all --quiet --filter dangling=true) \
+      || { log "warning: could not list the stale layers in $CACHE/buildah; left them"; return 0; }
+    [ -n "$ids" ] || break
+    # shellcheck disable=SC2086 # one argument per image id
+    "${BUILDAH[@]}" rmi $ids >/dev/null \
+      || { log "warning: could not remove stale layers from $CACHE/buildah (round $round); left them"; return 0; }
+  done
+  after=$(du -sm "$CACHE/buildah/storage" | cut -f1)
+  log "image store $CACHE/buildah: ${after} MB (removed $((before - after)) MB of stale layers)"
 }
 
 # Prints the image's configured user; dies when it is root.
