@@ -362,6 +362,7 @@ async def sweep(stack: str, gpus: int, base: str, kind: str, model: str, deadlin
                     break
                 point = await measure(stack, gpus, w, conc, one, host_total)
                 points.append(point)
+                save_points(stack, points)  # a call killed at its limit still brings back what it measured
                 if not point.within_slo:
                     break
     return points
@@ -570,8 +571,10 @@ def report(points: list[Point]) -> str:
     for itl in dict.fromkeys((ITL_SLO_MS, TIGHT_ITL_SLO_MS)):
         lines.append(f"\ngoodput per GPU at TTFT p90 <= {TTFT_SLO_MS:.0f} ms and ITL p90 <= {itl:.0f} ms:")
         for w in WORKLOADS:
-            cells = {s: goodput(points, s, w, itl) for s in stacks}
-            line = f"  {w:13} " + "  ".join(f"{s} {v:7.0f}" for s, v in cells.items())
+            ran = [s for s in stacks if any(p.stack == s and p.workload == w for p in points)]
+            cells = {s: goodput(points, s, w, itl) for s in ran}  # a stack without points: "-", not 0
+            shown = {s: f"{cells[s]:7.0f}" if s in cells else f"{'-':>7}" for s in stacks}
+            line = f"  {w:13} " + "  ".join(f"{s} {v}" for s, v in shown.items())
             for ours, theirs in PAIRS:
                 if cells.get(theirs) and ours in cells:
                     line += f"  {ours}/{theirs} {cells[ours] / cells[theirs]:.2f}"
@@ -666,6 +669,13 @@ def hicache_size_flags(share: float) -> list[str]:
     return ["--hicache-size", str(max(int(kib / 2**20 / 2 / len(ex.gpu_list()) * share), 1))]
 
 
+def save_points(stack: str, points: list[Point]) -> None:
+    """A stack's points so far, where the report of this call and of later ones finds them."""
+    text = json.dumps([asdict(p) for p in points], indent=1)
+    for folder in (STATE, OUT):
+        (folder / f"peers-{stack}.json").write_text(text)
+
+
 def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     if argv[:1] == ["report"]:  # python3 tests/gpu/run_peers.py report DIR: the report again, here
@@ -692,8 +702,7 @@ def main(argv: list[str]) -> int:
             ex.log(f"{stack}: FAILED {type(e).__name__}: {e}")
             mine = [Point(stack, "-", 0, len(gpus), notes=[f"{type(e).__name__}: {e}"[:500]])]
         points += mine
-        (STATE / f"peers-{stack}.json").write_text(json.dumps([asdict(p) for p in mine], indent=1))
-        (OUT / f"peers-{stack}.json").write_text(json.dumps([asdict(p) for p in mine], indent=1))
+        save_points(stack, mine)
     write_report(STATE)
     failed = [p for p in points if p.workload == "-"]
     return 1 if failed or not points else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from dynamo_worker.protocol import BlockRemoved, BlockStored, InstanceRecord, KvEventBatch, LoadMetrics
@@ -121,6 +122,41 @@ def test_the_guards_margin_grows_with_the_natural_swing_of_request_counts():
     for requests, expected in ((17, "a"), (18, "b")):  # 7 more at a mean of 13.5 (margin 7.3), 8 at 14 (7.5)
         holder = KvCandidate("a", overlap_blocks=7, requests=requests, **ROOMY)
         assert kv_choose([holder, idle], 7, W, random.Random(0))[0].worker_id == expected, requests
+
+
+def test_a_request_no_cache_favours_goes_where_fewest_run_past_the_absolute_threshold():
+    """A new prompt goes to the worker running the fewest requests once the cheapest runs more than
+    the absolute threshold (2) more, though that one has no prefill queued and the natural swing at
+    this load (2 * sqrt(5.5)) is larger: nothing cached keeps it anywhere. With its prefix cached, the
+    same busy worker keeps it. Within the threshold, the cost decides."""
+    decoding = KvCandidate("a", decode_blocks=40, requests=7, **ROOMY)
+    prefilling = KvCandidate("b", prefill_blocks=8, requests=4, **ROOMY)
+    best, costs = kv_choose([decoding, prefilling], 8, W, random.Random(0))
+    assert costs["a"] < costs["b"] and best.worker_id == "b"
+    holder = KvCandidate("a", overlap_blocks=6, decode_blocks=40, requests=5, **ROOMY)
+    assert kv_choose([holder, prefilling], 8, W, random.Random(0))[0].worker_id == "a"
+    # a prefix every candidate holds favours none of them
+    everywhere = [replace(c, overlap_blocks=6) for c in (decoding, prefilling)]
+    assert kv_choose(everywhere, 8, W, random.Random(0))[0].worker_id == "b"
+    within = replace(decoding, requests=6)
+    assert kv_choose([within, prefilling], 8, W, random.Random(0))[0].worker_id == "a"
+
+
+def test_a_burst_of_new_prompts_spreads_evenly_while_one_worker_prefills_faster():
+    """64 new prompts arriving together on 4 workers, where one worker finishes each prefill at once
+    and the others not before the burst ends (its requests then cost only their decode share): that
+    worker gets at most 3 more than the others (the absolute threshold, 2, and the one that crosses it),
+    as the requests' decode steps are what a worker with more of them slows down."""
+    router = Router("kv", rng=random.Random(0))
+    workers = [record(w * 16) for w in "abcd"]
+    for w in workers:
+        router.add_worker(w)
+    for i in range(64):
+        flight = router.started(router.choose("m", workers, list(range(1000 * i, 1000 * i + 512))))
+        if flight.choice.worker.instance_id == "a" * 16:
+            flight.first_token()
+    counts = sorted(router.load_of(w.instance_id)["requests"] for w in workers)
+    assert counts[-1] - counts[0] <= W.balance_abs_threshold + 1, counts
 
 
 def test_balance_guard_moves_into_a_full_cache_only_past_four_times_the_margin():

@@ -58,6 +58,19 @@ few requests from moment to moment however well the load is spread (128 clients 
 each, give or take 6), and a fixed margin of 2 read that noise as imbalance and moved returning turns
 off their conversation's worker (below).
 
+A request that no candidate's cache favours (the cheapest one's cache part of the cost, ``cache_cost``,
+is no lower than the least loaded ones': a new prompt, or a prefix every worker holds) has no cached
+prefix to keep it anywhere, so the natural-swing margin and the ratio, which protect a cached prefix
+from load noise, do not apply to it: once the cheapest runs more than ``balance_abs_threshold``
+requests more than the idlest, it goes to the cheapest of the least loaded. Within that threshold the
+cost decides, so at low load it still avoids a prefill queue. Why: its cost differs between workers
+only by their prefill queues, which empty within a prefill's time, so in a burst the worker whose
+prefill finished first looked cheapest to every arrival until its next one, and took more. On 4 H200s,
+64 chat clients whose requests came back together (2048/512 tokens) ran 19, 17, 17 and 11 requests on
+the four workers through the whole second wave, where SGLang's gateway ran 17, 17, 15 and 15, and
+every step of the busiest one was slower (7% fewer tokens/s at that point; 2026-11-28,
+``tests/gpu/README.md``).
+
 Disaggregated requests: the prefill worker is chosen by the cost above (its share of a request ends
 when its leg ends: a prefill worker holds nothing of a request once its KV has moved), the decode worker
 by ``decode_cost``: the KV blocks it holds (ours exact, others' from its reports), weighed
@@ -126,6 +139,7 @@ __all__ = [
     "KvWeights",
     "RouterMode",
     "balance_margin",
+    "cache_cost",
     "decode_cost",
     "decode_rank",
     "kv_choose",
@@ -184,11 +198,19 @@ def saved_blocks(candidate: KvCandidate, weights: KvWeights) -> float:
 
 
 def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
+    return (
+        cache_cost(candidate, prompt_blocks, weights)
+        + candidate.prefill_blocks
+        + weights.decode_weight * candidate.decode_blocks
+    )
+
+
+def cache_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
+    """The part of the cost that depends on what the candidate holds, not on how busy it is: the
+    weighted prefill its caches leave to do, and copying the request's adapter into its batch slots."""
     new = max(prompt_blocks - saved_blocks(candidate, weights), 0.0) + 1
     return (
         weights.overlap_weight * new
-        + candidate.prefill_blocks
-        + weights.decode_weight * candidate.decode_blocks
         + (0.0 if candidate.lora_resident else weights.lora_swap_blocks)
         + (weights.lora_wait_blocks if candidate.lora_slots_full else 0.0)
     )
@@ -234,8 +256,12 @@ def kv_choose(
     chosen = _cheapest(candidates, costs, rng)
     if len(candidates) > 1:
         least = min(c.requests for c in candidates)
-        margin = balance_margin(sum(c.requests for c in candidates) / len(candidates), weights)
         idle = [c for c in candidates if c.requests == least]
+        if chosen.requests - least > weights.balance_abs_threshold and cache_cost(
+            chosen, prompt_blocks, weights
+        ) >= min(cache_cost(c, prompt_blocks, weights) for c in idle):  # nothing cached to stay for
+            return _cheapest(idle, costs, rng), costs
+        margin = balance_margin(sum(c.requests for c in candidates) / len(candidates), weights)
         roomy = [c for c in idle if _has_room(c, prompt_blocks)]
         if roomy and _overloaded(chosen, least, margin, weights):
             chosen = _cheapest(roomy, costs, rng)
