@@ -29,12 +29,8 @@ build_mounts
 
 # --- the operator image from images/operator/Dockerfile ----------------------------------------------
 log "building $IMAGE on $BASE_IMAGE"
-build_stage "$REPO_ROOT/images/operator/Dockerfile" build "$IMAGE-build"
-"${BUILDAH[@]}" bud --isolation chroot --pull=never --layers "${BUILD_MOUNTS[@]}" \
-  --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-  --file "$REPO_ROOT/images/operator/Dockerfile" \
-  --ignorefile "$REPO_ROOT/images/operator/Dockerfile.dockerignore" \
-  --tag "$IMAGE" "$REPO_ROOT" >&2
+bud "$REPO_ROOT/images/operator/Dockerfile" "$IMAGE-build" --target build  # the stage it copies from
+bud "$REPO_ROOT/images/operator/Dockerfile" "$IMAGE"
 phase "image build"
 
 # --- run it ------------------------------------------------------------------------------------------

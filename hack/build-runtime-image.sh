@@ -46,12 +46,10 @@ fi
 
 # --- the runtime image from images/runtime/Dockerfile ------------------------------------------------
 log "building $IMAGE (target $FLAVOUR) on $BASE_IMAGE"
-build_stage "$REPO_ROOT/images/runtime/Dockerfile" build-cpu "$IMAGE-build"
-"${BUILDAH[@]}" bud --isolation chroot --pull=never --layers "${BUILD_MOUNTS[@]}" \
-  --build-arg "BASE_IMAGE=$BASE_IMAGE" --target "$FLAVOUR" \
-  --file "$REPO_ROOT/images/runtime/Dockerfile" \
-  --ignorefile "$REPO_ROOT/images/runtime/Dockerfile.dockerignore" \
-  --tag "$IMAGE" "$REPO_ROOT" >&2
+if [ "$FLAVOUR" = cpu ]; then  # the stage the cpu image copies from (the cuda image has none)
+  bud "$REPO_ROOT/images/runtime/Dockerfile" "$IMAGE-build" --target build-cpu
+fi
+bud "$REPO_ROOT/images/runtime/Dockerfile" "$IMAGE" --target "$FLAVOUR"
 phase "image build"
 
 # --- run a disaggregated graph from it ---------------------------------------------------------------

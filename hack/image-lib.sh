@@ -11,7 +11,7 @@
 #   BUILD_LOCK_WAIT_S  how long a build waits for another one on the same cache (default 1800)
 #
 # After a build that ran, the layers no named image uses any more are removed (prune_stale_layers), so
-# the cache holds the base, the images and their build stages, not every source ever built.
+# the cache holds the base, the images and their build stages (named by bud), not every source ever built.
 
 CACHE="${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamo-sglang}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -104,20 +104,23 @@ lock_storage() {
   fi
 }
 
-# build_stage DOCKERFILE STAGE TAG: builds the Dockerfile's STAGE (with the same cache as the image) and
-# names it TAG, so the layers the image is built from are never dangling and prune_stale_layers keeps
-# them for the next build.
-build_stage() {
+# bud DOCKERFILE TAG [ARG...]: builds DOCKERFILE (with its .dockerignore) from the checkout on BASE_IMAGE,
+# with this cache's layers and mounts, and names the result TAG; ARGs go to buildah bud (e.g. --target).
+# A build stage the image copies from is built and named this way too, so its layers are never
+# dangling and prune_stale_layers keeps them for the next build.
+bud() {
+  local dockerfile=$1 tag=$2
+  shift 2
   "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers "${BUILD_MOUNTS[@]}" \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" --target "$2" \
-    --file "$1" --ignorefile "$1.dockerignore" \
-    --tag "$3" "$REPO_ROOT" >&2
+    --build-arg "BASE_IMAGE=$BASE_IMAGE" "$@" \
+    --file "$dockerfile" --ignorefile "$dockerfile.dockerignore" \
+    --tag "$tag" "$REPO_ROOT" >&2
 }
 
 # Removes the layers of earlier builds that no named image uses any more (those of sources since
 # changed). With vfs storage every layer is a full copy of the filesystem, so without this the store
 # grows by about 2 GB with each changed source. The images this script built, their build stages
-# (build_stage) and the base are named, so what the next build reuses stays. A failure here only warns.
+# (bud) and the base are named, so what the next build reuses stays. A failure here only warns.
 prune_stale_layers() {
   local ids before after round
   before=$(du -sm "$CACHE/buildah/storage" | cut -f1)

@@ -198,11 +198,12 @@ def saved_blocks(candidate: KvCandidate, weights: KvWeights) -> float:
 
 
 def kv_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
-    return (
-        cache_cost(candidate, prompt_blocks, weights)
-        + candidate.prefill_blocks
-        + weights.decode_weight * candidate.decode_blocks
-    )
+    return cache_cost(candidate, prompt_blocks, weights) + _load_cost(candidate, weights)
+
+
+def _load_cost(candidate: KvCandidate, weights: KvWeights) -> float:
+    """The part of the cost that depends on how busy the candidate is: its queued prefill and decoders."""
+    return candidate.prefill_blocks + weights.decode_weight * candidate.decode_blocks
 
 
 def cache_cost(candidate: KvCandidate, prompt_blocks: int, weights: KvWeights) -> float:
@@ -252,14 +253,14 @@ def kv_choose(
     Under the balance guard, the cheapest among the least loaded."""
     if not candidates:
         raise ValueError("no candidates to choose from")
-    costs = {c.key: kv_cost(c, prompt_blocks, weights) for c in candidates}
+    cached = {c.key: cache_cost(c, prompt_blocks, weights) for c in candidates}
+    costs = {c.key: cached[c.key] + _load_cost(c, weights) for c in candidates}
     chosen = _cheapest(candidates, costs, rng)
     if len(candidates) > 1:
         least = min(c.requests for c in candidates)
         idle = [c for c in candidates if c.requests == least]
-        if chosen.requests - least > weights.balance_abs_threshold and cache_cost(
-            chosen, prompt_blocks, weights
-        ) >= min(cache_cost(c, prompt_blocks, weights) for c in idle):  # nothing cached to stay for
+        no_cache_to_keep = cached[chosen.key] >= min(cached[c.key] for c in idle)
+        if no_cache_to_keep and chosen.requests - least > weights.balance_abs_threshold:
             return _cheapest(idle, costs, rng), costs
         margin = balance_margin(sum(c.requests for c in candidates) / len(candidates), weights)
         roomy = [c for c in idle if _has_room(c, prompt_blocks)]
