@@ -3,16 +3,19 @@ concurrently with one bootstrap room and streams the decode leg; when the prefil
 leg is cancelled and the client gets an error in bounded time; with only decode workers left a request
 waits for a prefill worker, and gets a 503 naming the missing prefill workers when none comes (never a
 silent decode-only request); a killed prefill or
-decode worker that discovery still lists is skipped for another worker of its role."""
+decode worker that discovery still lists is skipped for another worker of its role; the decode leg is
+written before the prefill leg."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 
 import openai
 import pytest
+from dynamo_worker.runtime import request_plane
 
 from tests.support.wait import wait_until_async
 
@@ -159,3 +162,30 @@ async def test_dead_prefill_worker_still_in_discovery_is_skipped(mockers, fronte
         for _ in range(4):
             r = await c.completions.create(model=MODEL, prompt="hi", max_tokens=3)
             assert r.choices[0].finish_reason in ("length", "stop")
+
+
+async def test_decode_leg_is_sent_before_the_prefill_leg(
+    mockers, frontend_factory, wait_workers, wait_warm, monkeypatch
+):
+    """SGLang's prefill engine holds a request in its bootstrap queue until the decode engine's handshake
+    for it arrives, so the decode leg is written to its worker first. Observed with a spy on the real
+    request plane's write (the in-process frontend's connection), the workers and transfers real."""
+    p, d = mockers("prefill"), mockers("decode")
+    fe = await frontend_factory()
+    await wait_workers(fe, 2, mockers=[p, d])
+    await wait_warm(fe, 1)
+    written: list[str] = []
+    real_open = request_plane._ClientConnection.open
+
+    def spy(self, request: bytes):
+        written.append(json.loads(request)["request_id"])
+        return real_open(self, request)
+
+    monkeypatch.setattr(request_plane._ClientConnection, "open", spy)
+    async with client(fe) as c:
+        for _ in range(3):
+            answer = await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+            assert answer.usage.completion_tokens == 4
+    assert len(written) == 6, written
+    for decode_id, prefill_id in zip(written[::2], written[1::2], strict=True):
+        assert prefill_id == f"{decode_id}-prefill", written

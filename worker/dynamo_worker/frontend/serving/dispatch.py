@@ -8,8 +8,9 @@ adapter, the model's workers that hold it (its entry is the adapter's view, ``mo
   (``models.pairing.routable_pair``: the newest revision with a warm combination; ``serving.warmup``
   warms each new one), a random 63-bit
   ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
-  ``bootstrap_info`` (the prefill worker's bootstrap host/port): waiting for the prefill before starting
-  the decode can deadlock SGLang's KV handshake. The decode leg is streamed back; the prefill leg
+  ``bootstrap_info`` (the prefill worker's bootstrap host/port), the decode leg first (the prefill
+  engine waits for its handshake): waiting for the prefill before starting the decode can deadlock
+  SGLang's KV handshake. The decode leg is streamed back; the prefill leg
   (``max_tokens=1``) only has to finish cleanly. If either leg fails, the other is cancelled and the
   client gets the error; every wait is bounded by the request-plane timeouts, and the KV handoff (both
   legs sent -> the decode leg's first token) by ``kv_transfer_timeout_s``: past it both legs are
@@ -403,10 +404,14 @@ class Dispatcher:
             decode.instance_id,
             info.bootstrap_room,
         )
+        decode_stream = self._stream(decode, decode_request)
+        # The decode leg goes out first: SGLang's prefill engine holds the request in its bootstrap queue
+        # until the decode engine's handshake arrives, so a decode leg sent second delays the prefill (sent
+        # second, it reached its engine a median 1 ms after the prefill leg; the gateway's, 0 ms).
+        pending: asyncio.Task[GenerateChunk] | None = asyncio.ensure_future(anext(decode_stream))
         prefill_task = asyncio.create_task(
             self._prefill_leg(prefill, prefill_request, prefill_ended), name=f"prefill-{request.request_id}"
         )
-        decode_stream = self._stream(decode, decode_request)
         first = True  # no decode chunk yet: a worker that cannot be reached may be replaced
         finished = False
         handoff_deadline = asyncio.get_running_loop().time() + self.kv_transfer_timeout_s
@@ -419,9 +424,11 @@ class Dispatcher:
                                 raise prefill_task.exception()  # type: ignore[misc]
                             # The prefill leg is over (it ends at the decode's first token or before):
                             # read the decode stream directly, without a task per chunk.
-                            chunk = await anext(decode_stream)
+                            chunk = await (pending or anext(decode_stream))
                         else:
-                            chunk = await _next_or_leg_failure(decode_stream, prefill_task)
+                            next_chunk = pending or asyncio.ensure_future(anext(decode_stream))
+                            chunk = await _next_or_leg_failure(next_chunk, prefill_task)
+                        pending = None
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
@@ -439,6 +446,9 @@ class Dispatcher:
                 if finished:
                     break
         finally:
+            if pending is not None and not pending.done():  # the prefill leg failed before its first chunk
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(pending)
             await decode_stream.aclose()
             if finished and not prefill_task.done():
                 _let_end(prefill_task)
@@ -540,10 +550,10 @@ def _let_end(prefill: asyncio.Task[None]) -> None:
 
 
 async def _next_or_leg_failure(
-    stream: AsyncGenerator[GenerateChunk, None], leg: asyncio.Task[None]
+    next_chunk: asyncio.Task[GenerateChunk], leg: asyncio.Task[None]
 ) -> GenerateChunk:
-    """The next chunk of ``stream``, or the failure of ``leg`` if it fails first."""
-    next_chunk = asyncio.ensure_future(anext(stream))
+    """``next_chunk`` (a stream's next chunk, being fetched), or the failure of ``leg`` if it fails first;
+    ``next_chunk`` is cancelled if it is not the answer."""
     try:
         await asyncio.wait({next_chunk, leg}, return_when=asyncio.FIRST_COMPLETED)
         if leg.done() and leg.exception() is not None and not next_chunk.done():
