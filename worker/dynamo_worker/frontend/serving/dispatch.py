@@ -406,8 +406,7 @@ class Dispatcher:
         )
         decode_stream = self._stream(decode, decode_request)
         # The decode leg goes out first: SGLang's prefill engine holds the request in its bootstrap queue
-        # until the decode engine's handshake arrives, so a decode leg sent second delays the prefill (sent
-        # second, it reached its engine a median 1 ms after the prefill leg; the gateway's, 0 ms).
+        # until the decode engine's handshake arrives (docs/disaggregated-routing.md has the measurement).
         pending: asyncio.Task[GenerateChunk] | None = asyncio.ensure_future(anext(decode_stream))
         prefill_task = asyncio.create_task(
             self._prefill_leg(prefill, prefill_request, prefill_ended), name=f"prefill-{request.request_id}"
@@ -446,7 +445,7 @@ class Dispatcher:
                 if finished:
                     break
         finally:
-            if pending is not None and not pending.done():  # the prefill leg failed before its first chunk
+            if pending is not None and not pending.done():  # left before the decode leg's first chunk
                 with contextlib.suppress(Exception):
                     await cancel_and_wait(pending)
             await decode_stream.aclose()
