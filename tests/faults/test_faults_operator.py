@@ -105,7 +105,7 @@ def test_conflict_on_status_is_retried(kc: Kubectl, kube_cluster, k8s_namespace,
     proxy = ConflictProxy(kube_cluster.server, pki, conflicts=2).start()
     kubeconfig = tmp_path / "kubeconfig-via-proxy"
     kubeconfig.write_text(kubeconfig_text(proxy.url, pki))
-    op = OperatorProcess(kubeconfig, k8s_namespace, tmp_path / "operator.log")
+    op = OperatorProcess(kubeconfig, k8s_namespace, tmp_path / "operator.log", cluster=kube_cluster)
     try:
         op.start()
         started = time.monotonic()

@@ -128,7 +128,7 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
 
         kubeconfig = token_kubeconfig(kube_cluster, ns, sa, tmp_path / "operator-kubeconfig")
         op = OperatorProcess(
-            kubeconfig, ns, tmp_path / "operator.log", tuple(operator_flags(deployment))
+            kubeconfig, ns, tmp_path / "operator.log", tuple(operator_flags(deployment)), cluster=kube_cluster
         ).start()
 
         # The chart's validating webhook, pointed at this operator: a graph that cannot run is refused.

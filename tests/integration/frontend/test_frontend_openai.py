@@ -153,6 +153,26 @@ async def test_stop_token_ids(served, tiny_model):
     assert r.usage.completion_tokens < 30
 
 
+@pytest.mark.parametrize(
+    ("kind", "body", "param"),
+    [
+        ("chat", {"stop_token_ids": [5, 2**64]}, "stop_token_ids[1]"),
+        ("completion", {"stop_token_ids": [2**70]}, "stop_token_ids[0]"),
+        ("chat", {"top_k": 2**64}, "top_k"),
+        ("completion", {"prompt": [1, 2**64]}, "prompt[1]"),
+    ],
+)
+async def test_ids_and_integers_past_the_engines_range_are_a_400_naming_the_field(served, kind, body, param):
+    """Found by the fuzz pass: a stop token id of 2**64 reached the request plane's encoder (a 500)."""
+    _fe, c = served
+    with pytest.raises(openai.BadRequestError) as e:
+        if kind == "chat":
+            await c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, extra_body=body)
+        else:
+            await c.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body=body)
+    assert e.value.body["param"] == param
+
+
 async def test_unknown_model_is_404(served):
     _fe, c = served
     with pytest.raises(openai.NotFoundError) as e:

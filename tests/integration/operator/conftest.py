@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.support import wait
-from tests.support.cluster import LocalCluster
+from tests.support.cluster import ClusterError, LocalCluster
 from tests.support.manifests import graph_of
 from tests.support.ports import free_ports
 from tests.support.procs import popen
@@ -185,6 +185,8 @@ class OperatorProcess:
     proc: subprocess.Popen | None = None
     port: int = 0
     webhook_port: int = 0
+    # Given, start() also waits until this cluster's API server converts through the new operator.
+    cluster: LocalCluster | None = field(default=None, repr=False)
     _log: Any = field(default=None, repr=False)
 
     def start(self, timeout: float = 30.0) -> OperatorProcess:
@@ -222,7 +224,36 @@ class OperatorProcess:
         wait.wait_until(
             live, "the operator to be live", timeout_s=timeout, interval_s=0.2, explain=self.log_tail
         )
+        if self.cluster is not None:
+            self._wait_converting(self.cluster, timeout)
         return self
+
+    def _wait_converting(self, cluster: LocalCluster, timeout: float) -> None:
+        """Wait until a v1alpha1 graph converts (a server-side dry run goes through the conversion
+        webhook). The operator points the CRD at itself before it is live, but the API server takes the
+        change up from its own watch a moment later: until then it calls the previous operator's address,
+        which a loaded machine has shown to a test's first apply (connection refused)."""
+        probe = example("agg.yaml")
+        probe["metadata"]["name"] = "conversion-probe"
+        last: list[str] = []
+
+        def converts() -> bool:
+            try:
+                cluster.kubectl(
+                    "-n", self.namespace, "create", "--dry-run=server", "-f", "-", input=json.dumps(probe)
+                )
+            except ClusterError as exc:
+                last[:] = [str(exc)]
+                return False
+            return True
+
+        wait.wait_until(
+            converts,
+            "the API server to convert through the new operator's webhook",
+            timeout_s=timeout,
+            interval_s=0.2,
+            explain=lambda: f"{last[0] if last else ''}\n{self.log_tail()}",
+        )
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:
@@ -256,7 +287,8 @@ def operator_factory(
     started: list[OperatorProcess] = []
 
     def start(*extra_args: str) -> OperatorProcess:
-        op = OperatorProcess(kube_cluster.kubeconfig, k8s_namespace, tmp_path / "operator.log", extra_args)
+        log = tmp_path / "operator.log"
+        op = OperatorProcess(kube_cluster.kubeconfig, k8s_namespace, log, extra_args, cluster=kube_cluster)
         started.append(op)
         return op.start()
 

@@ -269,7 +269,8 @@ class Preprocessor:
         # prompt tokenized in a thread leaves the event loop free.
         return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
-    def check_ids(self, ids: Sequence[int]) -> None:
+    def check_ids(self, ids: Sequence[int], param: str = "prompt") -> None:
+        """Raise ``InvalidRequest`` naming ``param[i]`` for the first id outside the vocabulary."""
         vocab = self._vocab_size
         if not ids or max(ids) < vocab:  # the common case at C speed: a long prompt costs microseconds
             return
@@ -277,7 +278,7 @@ class Preprocessor:
             if t >= vocab:
                 raise InvalidRequest(
                     f"Token id {t} is outside the model's vocabulary (size {vocab}).",
-                    param=f"prompt[{i}]",
+                    param=f"{param}[{i}]",
                     code="invalid_value",
                 )
 

@@ -500,6 +500,7 @@ def build_job(
     max_tokens = _max_tokens(req, len(ids), pre.context_length, prompt_param, default_max)
     sampling = _sampling(req)
     stop_ids = list(req.stop_token_ids or [])
+    pre.check_ids(stop_ids, "stop_token_ids")
     stop_strings = req.stop_strings()
     request_id = uuid.uuid4().hex
     generate = GenerateRequest(
