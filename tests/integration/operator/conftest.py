@@ -48,6 +48,17 @@ def condition_of(obj: dict | None, type_: str = "Ready") -> dict | None:
     return next((c for c in conds if c["type"] == type_), None)
 
 
+def _last_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (None: not given)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def example(name: str) -> dict:
     """An example's graph as a dict (a fresh copy each call; DynamoModels beside it are left out)."""
     return copy.deepcopy(graph_of(EXAMPLES / name))
@@ -185,7 +196,7 @@ class OperatorProcess:
     proc: subprocess.Popen | None = None
     port: int = 0
     webhook_port: int = 0
-    # Given, start() also waits until this cluster's API server converts through the new operator.
+    # Given, start() also waits until this cluster's API server calls the new operator's webhooks.
     cluster: LocalCluster | None = field(default=None, repr=False)
     _log: Any = field(default=None, repr=False)
 
@@ -225,34 +236,49 @@ class OperatorProcess:
             live, "the operator to be live", timeout_s=timeout, interval_s=0.2, explain=self.log_tail
         )
         if self.cluster is not None:
-            self._wait_converting(self.cluster, timeout)
+            validating = bool(_last_value(cmd, "--validating-webhook"))
+            self._wait_webhooks_served(self.cluster, validating)
         return self
 
-    def _wait_converting(self, cluster: LocalCluster, timeout: float) -> None:
-        """Wait until a v1alpha1 graph converts (a server-side dry run goes through the conversion
-        webhook). The operator points the CRD at itself before it is live, but the API server takes the
-        change up from its own watch a moment later: until then it calls the previous operator's address,
-        which a loaded machine has shown to a test's first apply (connection refused)."""
-        probe = example("agg.yaml")
-        probe["metadata"]["name"] = "conversion-probe"
-        last: list[str] = []
+    def _wait_webhooks_served(self, cluster: LocalCluster, validating: bool, timeout: float = 30.0) -> None:
+        """Wait until the API server calls this operator's webhooks: a v1alpha1 graph converts, and with
+        a validating webhook, a graph that cannot run is refused (server-side dry runs, which go through
+        both). The operator points the CRD and its webhook configuration at itself before it is live, but
+        the API server takes such changes up from its own watch a moment later: until then it calls the
+        previous operator's address (a loaded CI machine showed a test's first apply a closed port) and
+        admits what the new one would refuse."""
+        graph = example("agg.yaml")
+        graph["metadata"]["name"] = "webhook-probe"
+        too_wide = example("disagg.yaml")
+        too_wide["metadata"]["name"] = "webhook-probe-too-wide"
+        args = too_wide["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
+        args[args.index("--tp") + 1] = "2"  # two GPUs' engine on a pod of one
+        last = [""]
 
-        def converts() -> bool:
+        def dry_run(manifest: dict) -> str:
+            """The API server's refusal of ``manifest`` ("" when it would be stored)."""
             try:
                 cluster.kubectl(
-                    "-n", self.namespace, "create", "--dry-run=server", "-f", "-", input=json.dumps(probe)
+                    "-n", self.namespace, "create", "--dry-run=server", "-f", "-", input=json.dumps(manifest)
                 )
             except ClusterError as exc:
-                last[:] = [str(exc)]
-                return False
-            return True
+                return str(exc)
+            return ""
+
+        def served() -> bool:
+            last[0] = dry_run(graph)
+            if last[0] or not validating:
+                return not last[0]
+            refusal = dry_run(too_wide)
+            last[0] = refusal or "the too-wide graph was admitted: the validating webhook is not called yet"
+            return 'admission webhook "validate.dynamographdeployments.nvidia.com" denied' in refusal
 
         wait.wait_until(
-            converts,
-            "the API server to convert through the new operator's webhook",
+            served,
+            "the API server to call the new operator's webhooks",
             timeout_s=timeout,
             interval_s=0.2,
-            explain=lambda: f"{last[0] if last else ''}\n{self.log_tail()}",
+            explain=lambda: f"{last[0]}\n{self.log_tail()}",
         )
 
     def stop(self, timeout: float = 20.0) -> None:
