@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.integration.chart.helm import CHART, find, helm
-from tests.integration.operator.conftest import OperatorProcess, wait_until
+from tests.integration.operator.conftest import OperatorProcess, too_wide_disagg, wait_until
 from tests.support.cluster import REPO, LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -132,10 +132,7 @@ def test_install_serve_disagg_and_uninstall(kube_cluster: LocalCluster, k8s_name
         ).start()
 
         # The chart's validating webhook, pointed at this operator: a graph that cannot run is refused.
-        broken = yaml.safe_load((REPO / "examples" / "disagg.yaml").read_text())
-        broken["metadata"]["name"] = "too-wide"
-        args = broken["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
-        args[args.index("--tp") + 1] = "2"  # two GPUs' engine on a pod of one
+        broken = too_wide_disagg("too-wide")
         refused = subprocess.run(
             [str(bins / "kubectl"), "apply", "-n", ns, "-f", "-"],
             input=json.dumps(broken), capture_output=True, text=True, env=env, timeout=60,

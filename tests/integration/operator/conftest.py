@@ -64,6 +64,16 @@ def example(name: str) -> dict:
     return copy.deepcopy(graph_of(EXAMPLES / name))
 
 
+def too_wide_disagg(name: str) -> dict:
+    """examples/disagg.yaml named ``name``, its decode engine two GPUs wide on a pod of one: a graph the
+    validating webhook refuses."""
+    graph = example("disagg.yaml")
+    graph["metadata"]["name"] = name
+    args = graph["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
+    args[args.index("--tp") + 1] = "2"
+    return graph
+
+
 DGD_V1ALPHA1 = "dynamographdeployments.v1alpha1.nvidia.com"
 
 
@@ -249,10 +259,7 @@ class OperatorProcess:
         admits what the new one would refuse."""
         graph = example("agg.yaml")
         graph["metadata"]["name"] = "webhook-probe"
-        too_wide = example("disagg.yaml")
-        too_wide["metadata"]["name"] = "webhook-probe-too-wide"
-        args = too_wide["spec"]["services"]["decode"]["extraPodSpec"]["mainContainer"]["args"]
-        args[args.index("--tp") + 1] = "2"  # two GPUs' engine on a pod of one
+        too_wide = too_wide_disagg("webhook-probe-too-wide")
         last = [""]
 
         def dry_run(manifest: dict) -> str:
