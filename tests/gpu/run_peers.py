@@ -35,7 +35,10 @@ request: (last - first token) / (n - 1)), the cached share of prompt tokens and 
 from host memory (ours: the frontend's ``dynamo_frontend_cached_tokens_host``; SGLang: its
 ``meta_info.cached_tokens_details``), errors. Ours is driven through ``/v1/completions`` with token-id
 prompts, the gateway through SGLang's ``/generate`` with ``input_ids``; both stream and both count the
-server's own usage.
+server's own usage. Both get the same sampling: ``TEMPERATURE`` (default 0, greedy, as every other GPU
+script sends; each point records it). Points measured before 2026-11-29 sent ours no temperature, so
+ours sampled at the OpenAI default of 1 (a softmax and a draw over the vocabulary every decode step) while the
+gateway's engines decoded greedily.
 
 Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical cache
 (``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
@@ -103,6 +106,7 @@ LONG_KV_FACTOR = float(os.environ.get("LONG_KV_FACTOR", 3.5))  # its KV in all /
 LONG_MIN_CONC = 8  # longmultiturn's many conversations need clients enough to finish a point in time
 REQ_PER_CONC = int(os.environ.get("REQ_PER_CONC", 3))  # requests per point: conc x this ...
 MIN_REQ = int(os.environ.get("MIN_REQ", 8))  # ... and at least this many
+TEMPERATURE = float(os.environ.get("TEMPERATURE", 0))  # both stacks' requests: the same sampling
 # A device call lasts at most 10 minutes: STACK_BUDGET_S seconds after a stack begins to start, no new point
 # of it begins (the points measured so far are kept and reported, with a note on the sweep cut short).
 STACK_BUDGET_S = float(os.environ.get("STACK_BUDGET_S", "inf"))
@@ -183,6 +187,7 @@ class Point:
     errors: int = 0
     notes: list[str] = field(default_factory=list)
     cached_share_host: float | None = None  # of the prompt tokens, those loaded from host memory (when told)
+    temperature: float | None = None  # what every request asked (None: before 2026-11-29, see above)
 
     @property
     def within_slo(self) -> bool:
@@ -226,7 +231,7 @@ def ours_request(session, base: str, osl: int, model: str):
 
     async def one(prompt: list[int]) -> tuple[float, list[float], int, int, int | None]:
         body = {"model": model, "prompt": prompt, "max_tokens": osl, "stream": True, "ignore_eos": True,
-                "stream_options": {"include_usage": True}}  # fmt: skip
+                "temperature": TEMPERATURE, "stream_options": {"include_usage": True}}  # fmt: skip
         t0, stamps, n, cached = time.perf_counter(), [], 0, 0
         async with session.post(f"{base}/completions", json=body) as r:
             if r.status != 200:
@@ -266,8 +271,8 @@ def smg_request(session, base: str, osl: int, model: str):
     host memory or storage per ``meta_info.cached_tokens_details``)."""
 
     async def one(prompt: list[int]) -> tuple[float, list[float], int, int, int | None]:
-        body = {"input_ids": prompt, "stream": True,
-                "sampling_params": {"max_new_tokens": osl, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+        sampling = {"max_new_tokens": osl, "temperature": TEMPERATURE, "ignore_eos": True}
+        body = {"input_ids": prompt, "stream": True, "sampling_params": sampling}
         t0, stamps, n, cached, host = time.perf_counter(), [], 0, 0, 0
         async with session.post(f"{base}/generate", json=body) as r:
             if r.status != 200:
@@ -337,7 +342,7 @@ async def measure(stack: str, gpus: int, w: Workload, conc: int, one, host_total
     share = lambda x: x / prompt_tokens[0] if prompt_tokens[0] else 0.0  # noqa: E731
     point = Point(stack, w.name, conc, gpus, sum(len(c) for c in convs), seconds, tokens[0] / seconds / gpus,
                   pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9), share(cached[0]), errors[0],
-                  cached_share_host=share(host[0]))  # fmt: skip
+                  cached_share_host=share(host[0]), temperature=TEMPERATURE)  # fmt: skip
     ex.log(f"{fmt(point)}")
     return point
 

@@ -270,23 +270,63 @@ async def test_diagnose_calls_a_queue_busy(tmp_path):
     assert ok and "5 queued for compute" in why, why
 
 
-async def test_warmup_runs_before_registration_and_a_failed_one_stops_startup(tmp_path):
+@pytest.mark.parametrize("mode", ["null", "prefill", "decode"])
+async def test_warmup_serves_prompts_of_every_kernel_shape_to_the_end_before_registration(tmp_path, mode):
+    """After one greedy one-token request alone, a user's first request loaded SGLang's kernels (5-6 times
+    the steady TTFT on an H200, the sampler's above all): the warm-up serves a greedy page-aligned prompt
+    alone, then two sampled ones at once (an unaligned one, a cached prefix extended), each to its last
+    token, through the fake bootstrap host when disaggregated."""
     made: list[FakeSglangEngine] = []
     engine = SglangEngine(
-        plan(tmp_path, "prefill"), engine_factory=lambda a: made.append(FakeSglangEngine(a)) or made[-1]
+        plan(tmp_path, mode), engine_factory=lambda a: made.append(FakeSglangEngine(a)) or made[-1]
     )
     try:
         await engine.start()
-        warmup = made[0].calls[0]
-        assert warmup["bootstrap_host"] == FAKE_BOOTSTRAP_HOST and warmup["rid"].startswith("canary-")
+        warmups = [c for c in made[0].calls if c["rid"].startswith("engine-warmup-")]
+        assert [len(c["input_ids"]) for c in warmups] == [64, 37, 83]
+        assert warmups[2]["input_ids"][:64] == warmups[0]["input_ids"]  # extends the first one's prefix
+        tokens = 1 if mode == "prefill" else 8
+        assert all(c["sampling_params"]["max_new_tokens"] == tokens for c in warmups)
+        assert all(
+            c.get("bootstrap_host") == (None if mode == "null" else FAKE_BOOTSTRAP_HOST) for c in warmups
+        )
+        assert made[0].calls[: len(warmups)] == warmups  # before anything else, registration included
+        temperatures = [c["sampling_params"].get("temperature") for c in warmups]
+        assert temperatures == [0.0, 1.0, 0.7] and warmups[2]["sampling_params"]["top_p"] == 0.9
+        assert made[0].tokenizer_manager.aborted == []  # every one ran to its end
     finally:
         await engine.stop()
 
+
+async def test_warmup_prompts_fit_a_short_context(tmp_path):
+    def short(args: Any) -> FakeSglangEngine:
+        fake = FakeSglangEngine(args, max_input_len=40)
+        fake.tokenizer_manager.context_len = 40
+        made.append(fake)
+        return fake
+
+    made: list[FakeSglangEngine] = []
+    engine = SglangEngine(plan(tmp_path), engine_factory=short)
+    try:
+        await engine.start()
+        assert [len(c["input_ids"]) for c in made[0].calls[:3]] == [31, 31, 31]  # 40 - 8 tokens - 1
+    finally:
+        await engine.stop()
+
+
+async def test_a_warmup_that_fails_or_runs_out_stops_startup_naming_the_flag(tmp_path):
     gate = asyncio.Event()
     p = plan(tmp_path)
     p.settings = FAST.model_copy(update={"warmup_timeout_s": 0.3})
     engine = SglangEngine(p, engine_factory=lambda a: FakeSglangEngine(a, first_token_gate=gate))
-    with pytest.raises(EngineStartError, match="--warmup-timeout-s"):
+    with pytest.raises(EngineStartError, match=r"did not finish within 0\.3s.*--warmup-timeout-s"):
+        await engine.start()
+    await engine.stop()
+
+    engine = SglangEngine(
+        plan(tmp_path), engine_factory=lambda a: FakeSglangEngine(a, abort_message="CUDA error")
+    )
+    with pytest.raises(EngineStartError, match=r"warmup requests: .*CUDA error"):
         await engine.start()
     await engine.stop()
 

@@ -102,9 +102,9 @@ class SglangSettings(Settings):
     warmup_timeout_s: float = Field(
         300.0,
         ge=0,
-        description="Bound on the request the worker sends SGLang itself before it registers: the first "
-        "forward pass compiles kernels (seconds on a new pod), which the first user request would "
-        "otherwise wait for. 0: no warmup.",
+        description="Bound on the requests the worker sends SGLang itself before it registers (prompts "
+        "alone and batched, greedy and sampled): the first forward passes load and compile kernels "
+        "(seconds on a new pod), which the first user requests would otherwise wait for. 0: no warmup.",
     )
     load_interval_s: float = Field(
         0.05,

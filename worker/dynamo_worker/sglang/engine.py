@@ -38,13 +38,13 @@ name the adapter of a block from 0.5.23 (``lora_name``); 0.5.17's do not, which 
 Under ``--load-format dummy`` SGLang can load no adapter (``args.lora_blocked``): ``lora_limits`` says
 so, and ``/v1/loras`` refuses every load before SGLang sees it.
 
-Before the worker registers, one request warms SGLang up (``--warmup-timeout-s``): the first forward
-pass compiles kernels, seconds on a new pod, which the first user request would otherwise pay for. Then a
-canary request every ``--canary-interval-s`` proves the scheduler answers. A canary that gets no answer
-in ``--canary-timeout-s`` is explained from SGLang's own queues (``diagnose``): busy (requests running
-or queued for compute: /health stays 200), a stuck KV transfer (nothing runs, yet requests wait in the
-bootstrap or transfer queues) or a blocked scheduler (not even a load query answers); the last two turn
-/health to 503.
+Before the worker registers, requests of its own warm SGLang up (``--warmup-timeout-s``, ``warm_up``): the
+first forward passes load and compile kernels, seconds on a new pod, which the first user requests would
+otherwise pay for. Then a canary request every ``--canary-interval-s`` proves the scheduler answers. A
+canary that gets no answer in ``--canary-timeout-s`` is explained from SGLang's own queues
+(``diagnose``): busy (requests running or queued for compute: /health stays 200), a stuck KV transfer
+(nothing runs, yet requests wait in the bootstrap or transfer queues) or a blocked scheduler (not even a
+load query answers); the last two turn /health to 503.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class SglangEngine(Engine):
         cfg = resolved_args(self.server_args)
         self._page_size = cfg.page_size
         totals = await self._capacity(cfg.dp_ranks)
-        await self._warm_up()
+        await self._warm_up(totals.get("context_length") or None)
         self._serving = True
         info = EngineInfo(
             model_name=cfg.served_model_name,
@@ -485,20 +485,26 @@ class SglangEngine(Engine):
             return await embedding_canary(self._engine, timeout_s)
         return await canary(self._engine, self.role, self.plan.fake_bootstrap_host, timeout_s)
 
-    async def _warm_up(self) -> None:
+    async def _warm_up(self, context_length: int | None) -> None:
         timeout_s = self.plan.settings.warmup_timeout_s
         if timeout_s == 0:
             return
         started = time.monotonic()
-        problem = await self._probe(timeout_s)
+        if self.plan.server_args.is_embedding:
+            problem = await self._probe(timeout_s)
+        else:
+            problem = await warm_up(
+                self._engine, self.role, self.plan.fake_bootstrap_host, timeout_s, context_length
+            )
         if problem is not None:
             raise EngineStartError(
-                f"SGLang did not serve its warmup request: {problem}; check the GPU and the engine's log "
-                "above, or raise --warmup-timeout-s if the first forward pass is this slow here"
+                f"SGLang did not serve its warmup requests: {problem}; check the GPU and the engine's log "
+                "above, or raise --warmup-timeout-s if the first forward passes are this slow here"
             )
         log.info(
-            "Warmed up SGLang seconds=%.1f (the first forward pass compiles kernels)",
+            "Warmed up SGLang seconds=%.1f requests=%d (the first forward passes compile kernels)",
             time.monotonic() - started,
+            len(WARMUP_PROMPTS),
         )
 
     async def _canary_loop(self) -> None:
@@ -552,6 +558,59 @@ async def canary(engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: f
     finally:
         if not done:
             engine.tokenizer_manager.abort_request(rid)
+
+
+# The warm-up's requests: a prompt as (token id, count) runs, and SGLang sampling parameters. Kernels
+# load or compile on their first use, so the warm-up sends what users send: prompts alone and two at once,
+# lengths that are and are not multiples of 16, a cached prefix extended, and sampled requests (the
+# OpenAI default is temperature 1). The sampler decided it on an H200 (2026-11-29, tests/gpu/README.md):
+# after greedy warm-ups, one token or these three prompts, a user's first chat took 5-6 times the steady
+# TTFT; with two of them sampled, 1.15 times.
+WARMUP_PROMPTS: tuple[tuple[tuple[tuple[int, int], ...], dict[str, float]], ...] = (
+    (((1, 64),), {}),
+    (((2, 37),), {"temperature": 1.0}),
+    (((1, 64), (3, 19)), {"temperature": 0.7, "top_p": 0.9, "top_k": 40}),
+)
+WARMUP_TOKENS = 8  # decode steps of each (a prefill leg computes one token)
+
+
+async def warm_up(
+    engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: float, context_length: int | None
+) -> str | None:
+    """Serve ``WARMUP_PROMPTS`` to the end (disaggregated roles through the fake bootstrap host, like the
+    canary), within ``timeout_s`` in all; None when SGLang served them, else why not. Prompts are cut
+    to fit a short ``context_length``."""
+    tokens = 1 if role == "prefill" else WARMUP_TOKENS
+    room = max(1, (context_length or 1 << 20) - tokens - 1)
+    prompts = [([tok for tok, n in runs for _ in range(n)][:room], how) for runs, how in WARMUP_PROMPTS]
+
+    async def serve(ids: list[int], sampling: dict[str, float]) -> None:
+        rid = f"engine-warmup-{uuid.uuid4().hex}"
+        kwargs = handler.canary_kwargs(role, rid, fake_bootstrap_host, ids, tokens, sampling)
+        reason: Any = None
+        try:
+            outputs = await handler.call_async_generate(engine, kwargs)
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    reason = (out.get("meta_info") or {}).get("finish_reason")
+                    if reason is not None:
+                        break
+        finally:
+            if reason is None:
+                engine.tokenizer_manager.abort_request(rid)
+        kind, _ = handler.finish_from_meta({"finish_reason": reason})
+        if kind not in ("stop", "length"):  # an abort, or the stream ended without a finish
+            raise RuntimeError(f"SGLang ended a warm-up request with {reason!r}")
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            await serve(*prompts[0])
+            await asyncio.gather(*(serve(*prompt) for prompt in prompts[1:]))
+    except TimeoutError:
+        return f"they did not finish within {timeout_s:g}s"
+    except Exception as e:  # SGLang refused one: the engine cannot serve what users will send
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _sum(loads: Sequence[Any], path: str) -> int:

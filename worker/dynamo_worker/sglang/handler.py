@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from dynamo_worker.protocol import (
@@ -140,13 +140,23 @@ def generate_kwargs(
     )
 
 
-def canary_kwargs(role: Role, rid: str, fake_bootstrap_host: str) -> dict[str, Any]:
-    """A one-token request that proves the scheduler answers. Disaggregated roles address the fake
-    bootstrap host, for which SGLang skips the KV transfer (as its own ``/health_generate`` does)."""
+def canary_kwargs(
+    role: Role,
+    rid: str,
+    fake_bootstrap_host: str,
+    input_ids: Sequence[int] = (0,),
+    max_new_tokens: int = 1,
+    sampling: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A request of the engine's own: by default one token in and one out, greedy, which proves the
+    scheduler answers (the canary); the warm-up sends longer ones, some sampled (``sampling``: SGLang
+    sampling parameters). Disaggregated roles address the fake bootstrap host, for which SGLang skips
+    the KV transfer (as its own ``/health_generate`` does)."""
     disagg = role != "agg"
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, **(sampling or {})}
     return _call_kwargs(
-        input_ids=[0],
-        sampling_params={"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
+        input_ids=list(input_ids),
+        sampling_params=params,
         stream=True,
         rid=rid,
         bootstrap_host=fake_bootstrap_host if disagg else None,
