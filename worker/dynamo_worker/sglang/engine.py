@@ -59,7 +59,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -560,16 +560,17 @@ async def canary(engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: f
             engine.tokenizer_manager.abort_request(rid)
 
 
-# The warm-up's requests: a prompt as (token id, count) runs, and SGLang sampling parameters. Kernels
-# load or compile on their first use, so the warm-up sends what users send: prompts alone and two at once,
-# lengths that are and are not multiples of 16, a cached prefix extended, and sampled requests (the
-# OpenAI default is temperature 1). The sampler decided it on an H200 (2026-11-29, tests/gpu/README.md):
-# after greedy warm-ups, one token or these three prompts, a user's first chat took 5-6 times the steady
-# TTFT; with two of them sampled, 1.15 times.
-WARMUP_PROMPTS: tuple[tuple[tuple[tuple[int, int], ...], dict[str, float]], ...] = (
-    (((1, 64),), {}),
-    (((2, 37),), {"temperature": 1.0}),
-    (((1, 64), (3, 19)), {"temperature": 0.7, "top_p": 0.9, "top_k": 40}),
+# The warm-up's requests: prompt ids and SGLang sampling parameters. Kernels load or compile on their
+# first use, so the warm-up sends what users send: prompts alone and two at once, lengths that are and are
+# not multiples of 16, a cached prefix extended, and sampled requests (the OpenAI default is temperature
+# 1). The sampler decided it on an H200 (2026-11-29, tests/gpu/README.md): after greedy warm-ups, one
+# token or these three prompts, a user's first chat took 5-6 times the steady TTFT; with two of them
+# sampled, 1.15 times.
+_WARMUP_PREFIX = [1] * 64
+WARMUP_PROMPTS: tuple[tuple[list[int], dict[str, float]], ...] = (
+    (_WARMUP_PREFIX, {}),
+    ([2] * 37, {"temperature": 1.0}),
+    (_WARMUP_PREFIX + [3] * 19, {"temperature": 0.7, "top_p": 0.9, "top_k": 40}),
 )
 WARMUP_TOKENS = 8  # decode steps of each (a prefill leg computes one token)
 
@@ -582,25 +583,25 @@ async def warm_up(
     to fit a short ``context_length``."""
     tokens = 1 if role == "prefill" else WARMUP_TOKENS
     room = max(1, (context_length or 1 << 20) - tokens - 1)
-    prompts = [([tok for tok, n in runs for _ in range(n)][:room], how) for runs, how in WARMUP_PROMPTS]
+    prompts = [(ids[:room], how) for ids, how in WARMUP_PROMPTS]
 
     async def serve(ids: list[int], sampling: dict[str, float]) -> None:
         rid = f"engine-warmup-{uuid.uuid4().hex}"
         kwargs = handler.canary_kwargs(role, rid, fake_bootstrap_host, ids, tokens, sampling)
-        reason: Any = None
+        meta: Mapping[str, Any] = {}
         try:
             outputs = await handler.call_async_generate(engine, kwargs)
             async with contextlib.aclosing(outputs):
                 async for out in outputs:
-                    reason = (out.get("meta_info") or {}).get("finish_reason")
-                    if reason is not None:
+                    meta = out.get("meta_info") or {}
+                    if meta.get("finish_reason") is not None:
                         break
         finally:
-            if reason is None:
+            if meta.get("finish_reason") is None:
                 engine.tokenizer_manager.abort_request(rid)
-        kind, _ = handler.finish_from_meta({"finish_reason": reason})
+        kind, _ = handler.finish_from_meta(meta)
         if kind not in ("stop", "length"):  # an abort, or the stream ended without a finish
-            raise RuntimeError(f"SGLang ended a warm-up request with {reason!r}")
+            raise RuntimeError(f"SGLang ended a warm-up request with {meta.get('finish_reason')!r}")
 
     try:
         async with asyncio.timeout(timeout_s):
