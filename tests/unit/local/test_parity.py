@@ -63,8 +63,13 @@ def graphs(draw) -> dict:
         }
     }
     for i, role in enumerate(roles):
+        gpus = draw(st.sampled_from([1, 2, 4]))
+        nodes = draw(st.sampled_from([1, 2, 3]))
+        # a split SGLang can make (validation's ParallelismMismatch): every GPU of several nodes, or at
+        # most one node's; drawn valid, as filtering out three graphs in four failed the health check
+        tp = nodes * gpus if nodes > 1 else draw(st.sampled_from([t for t in (1, 2, 4) if t <= gpus]))
         args = ["--model-path", "org/m", "--served-model-name", "org/m", "--page-size", page]
-        args += ["--tp", draw(st.sampled_from(["1", "2", "8"]))]
+        args += ["--tp", str(tp)]
         if role != "agg":
             args += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
             args += ["--disaggregation-bootstrap-port", draw(st.sampled_from(["12345", "23456"]))]
@@ -72,7 +77,7 @@ def graphs(draw) -> dict:
         service: dict = {
             "componentType": "worker",
             "replicas": draw(st.integers(0 if i else 1, 2)),
-            "resources": {"limits": {"gpu": draw(st.sampled_from(["1", "2", "4"]))}},
+            "resources": {"limits": {"gpu": str(gpus)}},
             "envs": envs(draw),
             "extraPodSpec": {
                 "mainContainer": container(
@@ -82,8 +87,8 @@ def graphs(draw) -> dict:
         }
         if role != "agg":
             service["subComponentType"] = role
-        if draw(st.booleans()):
-            service["multinode"] = {"nodeCount": draw(st.integers(2, 3))}
+        if nodes > 1:
+            service["multinode"] = {"nodeCount": nodes}
         services[f"{role}{i}"] = service
     return {
         "apiVersion": "nvidia.com/v1alpha1",
