@@ -3,8 +3,8 @@ official openai client, no retries): a model's requests beyond its workers' slot
 a 429 at once and a waiter past its deadline (``x-llm-d-inference-ttl``) a 503 with ``Retry-After``
 at that deadline; a model whose last worker left stays in ``/v1/models``, its requests are held and
 served once a worker registers again (or answered 503 "scaling up" at their deadline); a graph's model
-(``--graph-models``) is listed and held for before any worker ever registered; the queue metrics say
-all of it."""
+(``--graph-models``) is listed and held for before any worker ever registered, and its frontend is not
+ready while it loads the model card of its first worker; the queue metrics say all of it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 import aiohttp
 import openai
 import pytest
+from dynamo_worker.frontend.models.registry import Preprocessor
 
 from tests.support.wait import wait_until_async
 
@@ -136,3 +137,50 @@ async def test_a_graph_model_is_listed_and_held_for_before_any_worker(mockers, f
         mockers("null")
         out = await asyncio.wait_for(held, 60)
         assert out.choices[0].message.content is not None
+
+
+async def test_a_graph_model_is_not_ready_while_its_first_card_loads_so_a_request_at_ready_is_not_held(
+    mockers, frontend_factory, monkeypatch
+):
+    """``/health`` is what dynamo-run's Ready and a pod's readiness read. A graph model keeps it 200
+    before any worker, but from its first worker's registration until its tokenizer has loaded a
+    request would be held: that window is 503, with the reason. The load is slowed by a second here (a
+    sleep before the real ``Preprocessor.from_dir``), as a large tokenizer is on a GPU host (0.3-0.45 s
+    for the 128k-word one of tests/gpu, which held a fresh aggregated graph's first chat 0.3 s)."""
+    load = Preprocessor.from_dir
+
+    def slow_load(*args, **kwargs):
+        time.sleep(1.0)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(Preprocessor, "from_dir", slow_load)
+    fe = await frontend_factory(graph_models=MODEL)
+    assert (await health(fe))[0] == 200  # listed, and held for, before any worker
+    m = mockers("null")
+    await wait_until_async(
+        lambda: fe.registry.get(MODEL) is not None and fe.registry.get(MODEL).workers,
+        "the frontend to see the worker",
+        timeout_s=60,
+    )
+    status, body = await health(fe)
+    assert status == 503, body
+    assert body["reason"].startswith(f"loading the model card (tokenizer, chat template) of {MODEL}")
+    assert "--model-load-timeout-s" in body["reason"]
+    await wait_until_async(lambda: health_status(fe, 200), "/health ready once the card loaded", timeout_s=30)
+    async with client(fe) as c:
+        out = await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    assert out.choices[0].message.content is not None
+    assert await metric(fe, "dynamo_frontend_queue_wait_seconds_count", model=MODEL) == 1
+    assert await metric(fe, "dynamo_frontend_queue_wait_seconds_sum", model=MODEL) == 0.0, "it was held"
+    assert m.proc.poll() is None
+
+
+async def health(fe) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http, http.get(fe.url + "/health") as r:
+        return r.status, await r.json()
+
+
+async def health_status(fe, want: int) -> bool:
+    return (await health(fe))[0] == want

@@ -186,6 +186,17 @@ def test_health_is_503_with_the_reason_until_a_model_is_served():
     assert status == 200 and orjson.loads(dump(body)) == {"status": "healthy", "models": ["tiny"]}
 
 
+def test_health_is_503_while_a_model_loads_its_first_card_and_says_so_before_the_pair_warm_ups():
+    status, body = health(["tiny"], "ns-a", starting=["tiny"], loading=["tiny"])
+    assert status == 503 and body.models == ["tiny"]
+    assert body.reason == (
+        "loading the model card (tokenizer, chat template) of tiny from its workers (bounded by "
+        "--model-load-timeout-s)"
+    )
+    status, body = health(["tiny"], "ns-a", starting=["tiny"])
+    assert status == 503 and "--pair-warmup-timeout-s" in (body.reason or "")
+
+
 @pytest.fixture(scope="module")
 def entry(model_dir) -> ModelEntry:
     return ModelEntry("tiny", preprocessor=Preprocessor.from_dir(model_dir))  # context length 256

@@ -61,7 +61,8 @@ class InfoEndpoints:
         return json_response(dump(card))
 
     async def health(self, _: web.Request) -> web.Response:
-        status, body = health(self.registry.listed(), self.registry.namespace, self.starting())
+        registry = self.registry
+        status, body = health(registry.listed(), registry.namespace, self.starting(), registry.loading())
         return json_response(dump(body), status=status)
 
     async def live(self, _: web.Request) -> web.Response:

@@ -605,6 +605,11 @@ class ModelRegistry:
             return True
         return entry.left_at is not None and self._clock() - entry.left_at < self.retention_s
 
+    def loading(self) -> list[str]:
+        """Models whose first model card is loading (their tokenizer, chat template) while workers
+        serve them: their requests are held until it has loaded (``/health`` waits for it)."""
+        return sorted(n for n, e in self._models.items() if n in self._loads and e.preprocessor is None)
+
     def listed(self) -> list[str]:
         """Models ``/v1/models`` lists (and ``/health`` is ready with one): served or kept."""
         return sorted({*self.served(), *(n for n in self._models if self.keeps(n)), *self.graph_models})

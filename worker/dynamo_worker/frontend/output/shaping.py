@@ -410,10 +410,19 @@ def model_list(cards: list[ListedModel]) -> ModelList:
     return ModelList(data=cards)
 
 
-def health(served: list[str], namespace: str, starting: Sequence[str] = ()) -> tuple[int, Health]:
+def health(
+    served: list[str], namespace: str, starting: Sequence[str] = (), loading: Sequence[str] = ()
+) -> tuple[int, Health]:
     """(HTTP status, body) of ``/health``: healthy while some model is listed (served, or kept while it
-    scales up: ``models.registry``) and none is ``starting`` (its first prefill/decode pairs are being
-    warmed up, bounded: ``serving.warmup``)."""
+    scales up: ``models.registry``) and none is ``loading`` its first model card from the workers that
+    just registered, nor ``starting`` (its first prefill/decode pairs are being warmed up, bounded:
+    ``serving.warmup``). Both would hold a user's first request."""
+    if loading:
+        reason = (
+            f"loading the model card (tokenizer, chat template) of {', '.join(loading)} from its workers "
+            "(bounded by --model-load-timeout-s)"
+        )
+        return 503, Health(status="unhealthy", models=served, reason=reason)
     if starting:
         reason = (
             f"opening the KV transfer connections of the first prefill/decode pairs of {', '.join(starting)} "
