@@ -27,11 +27,12 @@ must exit 0 and leave no process of its tree behind.
 ``fresh``: N times, a fresh dynamo-run of the example whose first request (a chat, then a completion
 on odd starts: both orders), streamed and sent the moment dynamo-run says Ready, must answer within
 ``FIRST_S``, its time to first token within ``FIRST_RATIO`` (2) times the graph's steady state (the
-median TTFT of ``STEADY_N`` (5) more such requests after it): a new prefill/decode pair must have opened
-its KV transfer connection before Ready (the frontend's warm-up), not on the user's first request. A
-first request that has not answered after ``STALL_S`` gets every process of the tree's Python stacks
-dumped (``py-spy dump``, when it is installed) into ``$OUT/stacks-*.txt``, which is how a wedge is
-explained rather than only counted.
+median TTFT of ``STEADY_N`` (5) more such requests after it), and the frontend must not have held it
+(``held ms``: its wait in the admission queue, from ``/metrics``): a new prefill/decode pair must have
+opened its KV transfer connection and the frontend must have loaded the model card before Ready, not on
+the user's first request. A first request that has not answered after ``STALL_S`` gets every process of
+the tree's Python stacks dumped (``py-spy dump``, when it is installed) into ``$OUT/stacks-*.txt``,
+which is how a wedge is explained rather than only counted.
 
 ``ENGINE=mocker`` runs the same script without a GPU or SGLang (the suite does, small sizes).
 Everything printed and every log lands in ``$OUT``; the summary is printed last and the exit status is
@@ -610,6 +611,7 @@ def fresh_starts(n: int, name: str, gpus: str) -> list[dict]:
             row.update(ready_s=round(graph.ready_s, 1), first_s=first.seconds and round(first.seconds, 2))
             row.update(why=first.why, first_ttft_ms=first.ttft_s and round(1000 * first.ttft_s))
             if first.ttft_s is not None:
+                row.update(first_held_ms=round(1000 * queue_wait_s(graph)))
                 steady = steady_ttft(graph, kind)
                 row.update(steady_ttft_ms=round(1000 * steady), ratio=round(first.ttft_s / steady, 2))
         finally:
@@ -618,6 +620,19 @@ def fresh_starts(n: int, name: str, gpus: str) -> list[dict]:
         log(f"fresh start {row}")
         starts.append(row)
     return starts
+
+
+def queue_wait_s(graph: Graph) -> float:
+    """Seconds the frontend has held requests of the graph's model in its admission queue so far (the
+    sum of ``dynamo_frontend_queue_wait_seconds``): after the first request, that one's wait, which is
+    none when Ready means the model can be served (no worker, model card or pair still to come)."""
+    with urllib.request.urlopen(graph.base.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+        text = resp.read().decode(errors="replace")
+    model = re.escape(graph.model)
+    found = re.search(rf'^dynamo_frontend_queue_wait_seconds_sum\{{model="{model}"\}} (\S+)$', text, re.M)
+    if found is None:
+        raise RuntimeError(f"the frontend's /metrics has no queue wait of {graph.model} after a request")
+    return float(found[1])
 
 
 def why_not_ready(message: str) -> str:
@@ -733,25 +748,27 @@ def main(argv: list[str]) -> int:
         answered = sum(r.get("first_s") is not None for r in rows)
         clean = sum(r.get("exit_code") == 0 and r.get("left") == 0 for r in rows)
         quick = sum(r.get("ratio") is not None and r["ratio"] <= FIRST_RATIO for r in rows)
+        held = sum(bool(r.get("first_held_ms")) for r in rows)
         lines = [
-            f"{'start':>5} {'first':10} {'ready s':>8} {'first s':>8} {'TTFT ms':>8} {'steady ms':>9} "
-            f"{'ratio':>5} {'exit':>4} {'left':>4}  why"
+            f"{'start':>5} {'first':10} {'ready s':>8} {'first s':>8} {'TTFT ms':>8} {'held ms':>7} "
+            f"{'steady ms':>9} {'ratio':>5} {'exit':>4} {'left':>4}  why"
         ]
         lines += [
             f"{r['start']:5d} {r['first']:10} {r.get('ready_s') or '-':>8} {r.get('first_s') or '-':>8} "
-            f"{r.get('first_ttft_ms') or '-':>8} {r.get('steady_ttft_ms') or '-':>9} "
+            f"{r.get('first_ttft_ms') or '-':>8} {r.get('first_held_ms', '-')!s:>7} "
+            f"{r.get('steady_ttft_ms') or '-':>9} "
             f"{r.get('ratio') or '-':>5} "
             f"{r.get('exit_code', '-')!s:>4} {r.get('left', '-')!s:>4}  {r.get('why', '')[:80]}"
             for r in rows
         ]
         lines.append(
             f"first request answered: {answered}/{n}; its TTFT within {FIRST_RATIO:g}x steady state: "
-            f"{quick}/{n}; clean exits: {clean}/{n}"
+            f"{quick}/{n}; held by the frontend: {held}/{n}; clean exits: {clean}/{n}"
         )
         text = "\n".join(lines)
         (OUT / f"fresh-{name}.txt").write_text(text + "\n")
         print(text)
-        return 0 if answered == n and clean == n and quick == n else 1
+        return 0 if answered == n and clean == n and quick == n and not held else 1
     if mode == "stuck":
         row = stuck_engine("disagg", ",".join(gpus[:2]))
         (OUT / "stuck.json").write_text(json.dumps(row, indent=1))

@@ -1,10 +1,11 @@
 """The user-path proof (tests/gpu/run_examples.py) on the mocker: fresh starts of examples/disagg.yaml
-through dynamo-run whose very first request (a chat, then a completion) must answer about as fast as
-the steady state (the new pair's KV connection opened before Ready, and not without the frontend's
-warm-up), with a clean Ctrl-C each time; and the prefill engine stopped (SIGSTOP) mid-request, whose
-client must get 504 at the frontend's --kv-transfer-timeout-s and whose pair must serve again once the
-engine continues. The GPU is replaced by the mocker (no GPU here): this keeps the script working between
-the runs on the lent GPU machines, and runs the fresh-start and stuck-engine checks in the normal suite."""
+through dynamo-run whose very first request (a chat, then a completion) must answer about as fast as the
+steady state (the new pair's KV connection opened before Ready, and not without the frontend's warm-up)
+and without waiting in the frontend's queue (its model card loaded before Ready), with a clean Ctrl-C
+each time; and the prefill engine stopped (SIGSTOP) mid-request, whose client must get 504 at the
+frontend's --kv-transfer-timeout-s and whose pair must serve again once the engine continues. The GPU is
+replaced by the mocker (no GPU here): this keeps the script working between the runs on the lent GPU
+machines, and runs the fresh-start and stuck-engine checks in the normal suite."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ def test_every_fresh_start_answers_its_first_request_as_fast_as_the_steady_state
     assert [r["first"] for r in rows] == ["chat", "completion"]
     assert all(r["why"] == "ok" and r["exit_code"] == 0 and r["left"] == 0 for r in rows), rows
     assert all(r["ratio"] <= 5 and r["steady_ttft_ms"] > 0 for r in rows), rows
+    assert all(r["first_held_ms"] == 0 for r in rows), rows  # Ready: card loaded, pair warm
     assert proc.stdout.rstrip().endswith(
-        "first request answered: 2/2; its TTFT within 5x steady state: 2/2; clean exits: 2/2"
+        "first request answered: 2/2; its TTFT within 5x steady state: 2/2; held by the frontend: 0/2; "
+        "clean exits: 2/2"
     )
 
 
