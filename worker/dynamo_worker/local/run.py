@@ -40,7 +40,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 
 from dynamo_api.models import DynamoGraphDeployment
 
@@ -50,6 +49,7 @@ from dynamo_worker.local.manifest import ManifestError, load_manifest, load_mode
 from dynamo_worker.local.plan import Plan, PlanError, machine_env, plan_graph
 from dynamo_worker.local.restart_backoff import RestartBackoff
 from dynamo_worker.local.settings import RunSettings
+from dynamo_worker.local.signals import handled
 from dynamo_worker.local.supervisor import Child, Console, Supervisor, SupervisorError
 from dynamo_worker.runtime.children import die_with_parent
 from dynamo_worker.runtime.nats_server import NatsServer, NatsServerError, free_port
@@ -138,10 +138,12 @@ class _Run:
         self.backoffs: dict[str, RestartBackoff] = {}  # per pod, or per multinode group
         self.restarts_due: dict[str, float] = {}  # pod or group -> when to start it again (monotonic)
 
-    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+    def on_signal(self, sig: signal.Signals) -> None:
+        """SIGINT or SIGTERM, on the signal thread (``local.signals``): the first stops the run, a second
+        kills every process at once."""
         self.signals += 1
         if self.signals == 1:
-            log.info("Stopping on %s (again to kill at once)", signal.Signals(signum).name)
+            log.info("Stopping on %s (again to kill at once)", sig.name)
             self.stopping.set()
         elif self.supervisor is not None:
             log.warning("Killing every process now")
@@ -345,14 +347,10 @@ class _Run:
 def run(manifest: Path, settings: RunSettings, console: Console) -> int:
     """Serve ``manifest`` until SIGINT/SIGTERM or a fatal failure; the exit status."""
     state = _Run(manifest, settings, console)
-    previous = {s: signal.signal(s, state.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handled((signal.SIGINT, signal.SIGTERM), state.on_signal):
         prepared = state.prepare()
         if prepared is None:
             return EXIT_INVALID
         if state.stopping.is_set():  # Ctrl-C while reading the manifest or making the tiny model
             return EXIT_OK
         return state.serve(*prepared)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
