@@ -64,6 +64,7 @@ from run_examples import (  # the helpers of the user-path script, beside this o
     Graph,
     cmdline,
     descendants,
+    frontend_metric,
     gpu_list,
     log,
     user_manifest,
@@ -148,16 +149,6 @@ def frontend_workers(graph: Graph) -> int:
     ):
         return workers_seen(r.read().decode(errors="replace")) or 0
     return 0
-
-
-def frontend_metric(graph: Graph, name: str) -> float:
-    with (
-        contextlib.suppress(OSError),
-        urllib.request.urlopen(f"http://127.0.0.1:{graph.port}/metrics", timeout=5) as r,
-    ):
-        text = r.read().decode(errors="replace")
-        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-    return 0.0
 
 
 def full_capacity_after(

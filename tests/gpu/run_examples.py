@@ -622,17 +622,24 @@ def fresh_starts(n: int, name: str, gpus: str) -> list[dict]:
     return starts
 
 
+def frontend_metric(graph: Graph, name: str) -> float:
+    """The sum of ``name`` over its label sets on the frontend's ``/metrics`` (0 when it has none)."""
+    with (
+        contextlib.suppress(OSError),
+        urllib.request.urlopen(f"http://127.0.0.1:{graph.port}/metrics", timeout=5) as r,
+    ):
+        text = r.read().decode(errors="replace")
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return 0.0
+
+
 def queue_wait_s(graph: Graph) -> float:
-    """Seconds the frontend has held requests of the graph's model in its admission queue so far (the
-    sum of ``dynamo_frontend_queue_wait_seconds``): after the first request, that one's wait, which is
-    none when Ready means the model can be served (no worker, model card or pair still to come)."""
-    with urllib.request.urlopen(graph.base.removesuffix("/v1") + "/metrics", timeout=10) as resp:
-        text = resp.read().decode(errors="replace")
-    model = re.escape(graph.model)
-    found = re.search(rf'^dynamo_frontend_queue_wait_seconds_sum\{{model="{model}"\}} (\S+)$', text, re.M)
-    if found is None:
-        raise RuntimeError(f"the frontend's /metrics has no queue wait of {graph.model} after a request")
-    return float(found[1])
+    """Seconds the frontend has held the graph's requests in its admission queue so far (the sum of
+    ``dynamo_frontend_queue_wait_seconds``): after the first request, that one's wait, which is none
+    when Ready means the model can be served (no worker, model card or pair still to come)."""
+    if frontend_metric(graph, "dynamo_frontend_queue_wait_seconds_count") < 1:
+        raise RuntimeError("the frontend's /metrics counts no queue wait after a request")
+    return frontend_metric(graph, "dynamo_frontend_queue_wait_seconds_sum")
 
 
 def why_not_ready(message: str) -> str:
