@@ -232,6 +232,9 @@ class LocalCluster:
         ])  # fmt: skip
         self._wait_http("kube-controller-manager", f"https://127.0.0.1:{p['kcm']}/healthz", insecure=True)
         self._wait_http("kube-scheduler", f"https://127.0.0.1:{p['sched']}/healthz", insecure=True)
+        # kwok exits when its server's port is taken ("address already in use"), and no node of ours
+        # then turns Ready: its health says so, with its log, where the node wait would only time out.
+        self._wait_http("kwok", f"http://127.0.0.1:{p['kwok']}/healthz")
         self._create_nodes()
 
     def _create_nodes(self) -> None:
@@ -251,7 +254,13 @@ class LocalCluster:
                 "status": {"allocatable": NODE_RESOURCES, "capacity": NODE_RESOURCES},
             }  # fmt: skip
             self.kubectl("apply", "-f", "-", input=json.dumps(node))
-        self.kubectl("wait", "--for=condition=Ready", "node", *GPU_NODES, "--timeout=60s")
+        try:
+            self.kubectl("wait", "--for=condition=Ready", "node", *GPU_NODES, "--timeout=60s")
+        except ClusterError as e:
+            kwok = self.procs["kwok"]
+            state = "running" if kwok.poll() is None else f"exited with code {kwok.returncode}"
+            tail = self.log_tail("kwok")
+            raise ClusterError(f"{e}\nkwok, which makes them Ready, {state}:\n{tail}") from None
 
     def start_gang_scheduler(self, scheduler_name: str) -> subprocess.Popen:
         """scheduler-plugins' kube-scheduler with the coscheduling plugin, as a second scheduler named
