@@ -33,12 +33,13 @@ is reported at those SLOs and beside them at a tight ITL SLO (``TIGHT_ITL_SLO_MS
 disaggregation should pay. Recorded per point: output tokens/s per GPU, TTFT p50/p90, ITL p50/p90 (per
 request: (last - first token) / (n - 1)), the cached share of prompt tokens and of it the share loaded
 from host memory (ours: the frontend's ``dynamo_frontend_cached_tokens_host``; SGLang: its
-``meta_info.cached_tokens_details``), errors. Ours is driven through ``/v1/completions`` with token-id
-prompts, the gateway through SGLang's ``/generate`` with ``input_ids``; both stream and both count the
-server's own usage. Both get the same sampling: ``TEMPERATURE`` (default 0, greedy, as every other GPU
-script sends; each point records it). Points measured before 2026-11-29 sent ours no temperature, so
-ours sampled at the OpenAI default of 1 (a softmax and a draw over the vocabulary every decode step) while the
-gateway's engines decoded greedily.
+``meta_info.cached_tokens_details``), the most of them any router could find cached (``cacheable_share``:
+what the point's earlier prompts shared with each, the table's ``max``), errors. Ours is driven through
+``/v1/completions`` with token-id prompts, the gateway through SGLang's ``/generate`` with ``input_ids``;
+both stream and both count the server's own usage. Both get the same sampling: ``TEMPERATURE`` (default 0,
+greedy, as every other GPU script sends; each point records it). Points measured before 2026-11-29 sent
+ours no temperature, so ours sampled at the OpenAI default of 1 (a softmax and a draw over the vocabulary
+every decode step) while the gateway's engines decoded greedily.
 
 Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical cache
 (``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
@@ -111,6 +112,7 @@ TEMPERATURE = float(os.environ.get("TEMPERATURE", 0))  # both stacks' requests: 
 # of it begins (the points measured so far are kept and reported, with a note on the sweep cut short).
 STACK_BUDGET_S = float(os.environ.get("STACK_BUDGET_S", "inf"))
 CONTEXT = 16384  # rag's 8192 + 256 needs more than the 8192 of the model's config
+PAGE_SIZE = 16  # every engine's --page-size: the gateway's get it here, ours from the examples' manifests
 STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
 
 
@@ -187,6 +189,8 @@ class Point:
     errors: int = 0
     notes: list[str] = field(default_factory=list)
     cached_share_host: float | None = None  # of the prompt tokens, those loaded from host memory (when told)
+    # the most of them any router finds cached (``cacheable_share``; None: points before 2026-12-01)
+    cacheable_share: float | None = None
     temperature: float | None = None  # what every request asked (None: before 2026-11-29, see above)
 
     @property
@@ -223,6 +227,25 @@ def conversations(w: Workload, count: int, seed: int) -> list[list[list[int]]]:
             history += ids(w.osl)  # the previous answer, resent by the client
         out.append(turns)
     return out
+
+
+def cacheable_share(convs: list[list[list[int]]], page: int = PAGE_SIZE) -> float:
+    """The share of these prompt tokens that a cache holding every earlier prompt would find: the
+    leading whole pages of each prompt that an earlier one began with (a turn's previous turn, the
+    shared system prompt). The most any router can find cached, as if one engine of unbounded memory
+    served them all: the answers the clients resend are stand-ins, not what the engine generated, so a
+    turn finds its previous prompt cached and not that prompt's answer."""
+    seen: set[int] = set()  # a chained hash for every page-aligned prefix sent so far
+    total = found = 0
+    for prompt in (p for turns in convs for p in turns):  # a conversation's turns in order
+        chain, hit = 0, True
+        for end in range(page, len(prompt) + 1, page):
+            chain = hash((chain, tuple(prompt[end - page : end])))
+            hit = hit and chain in seen
+            found += page if hit else 0
+            seen.add(chain)
+        total += len(prompt)
+    return found / total if total else 0.0
 
 
 def ours_request(session, base: str, osl: int, model: str):
@@ -342,7 +365,8 @@ async def measure(stack: str, gpus: int, w: Workload, conc: int, one, host_total
     share = lambda x: x / prompt_tokens[0] if prompt_tokens[0] else 0.0  # noqa: E731
     point = Point(stack, w.name, conc, gpus, sum(len(c) for c in convs), seconds, tokens[0] / seconds / gpus,
                   pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9), share(cached[0]), errors[0],
-                  cached_share_host=share(host[0]), temperature=TEMPERATURE)  # fmt: skip
+                  cached_share_host=share(host[0]), temperature=TEMPERATURE,
+                  cacheable_share=cacheable_share(convs))  # fmt: skip
     ex.log(f"{fmt(point)}")
     return point
 
@@ -456,7 +480,7 @@ def smg_server(flags: list[str]) -> list[str]:
 def smg_stack(procs: Processes, pd: bool, gpus: list[str], prefill: int) -> str:
     """SGLang's servers (one per GPU; see ``smg_server``) and the gateway in front of them; the gateway's
     base URL."""
-    flags = [*ex.USER_FLAGS, *ex.EXTRA_FLAGS, "--page-size", "16", "--context-length", str(CONTEXT),
+    flags = [*ex.USER_FLAGS, *ex.EXTRA_FLAGS, "--page-size", str(PAGE_SIZE), "--context-length", str(CONTEXT),
              "--host", "127.0.0.1", "--model-path", str(ex.MODEL_DIR),
              "--served-model-name", MODEL]  # fmt: skip
     servers = []
@@ -540,10 +564,11 @@ def run_stack(stack: str, gpus: list[str], prefill: int) -> list[Point]:
 
 
 def fmt(p: Point) -> str:
-    host = "     -" if p.cached_share_host is None else f"{p.cached_share_host:6.2f}"
+    share = lambda x: "     -" if x is None else f"{x:6.2f}"  # noqa: E731
     return (f"{p.stack:14} {p.workload:13} {p.conc:4d} {p.requests:4d} {p.out_tok_s_per_gpu:8.0f} "
             f"{p.ttft_p50:8.0f} {p.ttft_p90:8.0f} {p.itl_p50:6.1f} {p.itl_p90:6.1f} {p.cached_share:6.2f} "
-            f"{host} {p.errors:3d}{'' if p.within_slo else '  past SLO'}")  # fmt: skip
+            f"{share(p.cacheable_share)} {share(p.cached_share_host)} {p.errors:3d}"
+            f"{'' if p.within_slo else '  past SLO'}")  # fmt: skip
 
 
 def goodput(points: list[Point], stack: str, workload: str, itl_ms: float = ITL_SLO_MS) -> float:
@@ -567,8 +592,9 @@ PAIRS = (
 
 def report(points: list[Point]) -> str:
     lines = [f"{'stack':14} {'workload':13} {'conc':>4} {'req':>4} {'tok/s/GPU':>8} {'TTFT50':>8} "
-             f"{'TTFT90':>8} {'ITL50':>6} {'ITL90':>6} {'cached':>6} {'host':>6} {'err':>3}   (ms; host: "
-             "the share of prompt tokens loaded from host memory)"]  # fmt: skip
+             f"{'TTFT90':>8} {'ITL50':>6} {'ITL90':>6} {'cached':>6} {'max':>6} {'host':>6} {'err':>3}   "
+             "(ms; cached: the share of prompt tokens found cached, max: the most any router could find, "
+             "host: the share loaded from host memory)"]  # fmt: skip
     lines += [fmt(p) for p in points]
     long_gpus = sorted({p.gpus for p in points if p.workload == "longmultiturn"})
     lines += [long_sizing(g) for g in long_gpus]

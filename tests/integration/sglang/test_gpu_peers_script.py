@@ -37,6 +37,10 @@ def test_peer_comparison_runs_our_stacks_on_the_mocker(tmp_path):
     assert all(p["errors"] == 0 and p["out_tok_s_per_gpu"] > 0 for p in points), points
     multiturn = [p for p in points if p["workload"] == "multiturn"]
     assert all(p["cached_share"] > 0.3 for p in multiturn), "turns resend their conversation: cache hits"
+    assert all(p["cached_share"] <= p["cacheable_share"] for p in points), (
+        "no stack finds more cached than its prompts shared with earlier ones"
+    )
+    assert all(p["cacheable_share"] == 0 for p in points if p["workload"] == "chat"), "chat shares nothing"
     long = [p for p in points if p["workload"] == "longmultiturn"]
     assert all(0 < p["cached_share_host"] <= p["cached_share"] for p in long), (
         "turns come back from host memory"
