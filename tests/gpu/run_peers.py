@@ -112,7 +112,7 @@ TEMPERATURE = float(os.environ.get("TEMPERATURE", 0))  # both stacks' requests: 
 # of it begins (the points measured so far are kept and reported, with a note on the sweep cut short).
 STACK_BUDGET_S = float(os.environ.get("STACK_BUDGET_S", "inf"))
 CONTEXT = 16384  # rag's 8192 + 256 needs more than the 8192 of the model's config
-PAGE_SIZE = 16  # every engine's --page-size: the gateway's get it here, ours from the examples' manifests
+PAGE_SIZE = 16  # every engine's --page-size: the gateway's engines get it here, ours from the examples
 STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
 
 

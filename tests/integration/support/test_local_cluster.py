@@ -25,6 +25,7 @@ def test_a_cluster_whose_kwok_port_is_taken_starts_again_on_fresh_ports(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     picks: list[list[int]] = []
+    real_free_ports = cluster.free_ports
 
     def kwok_port_taken_first(count: int) -> list[int]:
         ports = real_free_ports(count)
@@ -33,7 +34,6 @@ def test_a_cluster_whose_kwok_port_is_taken_starts_again_on_fresh_ports(
         picks.append(ports)
         return ports
 
-    real_free_ports = cluster.free_ports
     monkeypatch.setattr(cluster, "free_ports", kwok_port_taken_first)
     try:
         with LocalCluster(tmp_path / "cluster", die_with_parent=True) as local:
