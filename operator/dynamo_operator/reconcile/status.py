@@ -212,11 +212,18 @@ def pod_problem(pod: dict[str, Any]) -> str | None:
         return f"pod {name} failed: {_bounded(status.get('reason') or 'Failed', status.get('message'))}"
     containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
     for cs in containers:
+        container = cs.get("name", "?")
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        if last.get("reason") == "OOMKilled" and not cs.get("ready"):
+            restarts = cs.get("restartCount", 0)
+            return (
+                f"pod {name} container {container} was OOMKilled at its memory limit (restarted {restarts} "
+                f"times; raise the service's resources.limits.memory)"
+            )
         waiting = (cs.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason")
         if reason in STUCK_WAITING:
             detail = _bounded(reason, waiting.get("message"))
-            container = cs.get("name", "?")
             return f"pod {name} container {container} is waiting: {detail} ({STUCK_WAITING[reason]})"
     return None
 

@@ -210,6 +210,17 @@ def test_stuck_containers_name_the_kubelet_reason_and_the_fix():
     assert "is waiting: CrashLoopBackOff (see `kubectl logs --previous`" in pod_problem(crash)
 
 
+def test_a_container_oom_killed_at_its_limit_is_named_until_it_is_ready_again():
+    oom = pod("p", phase="Running", waiting={"reason": "CrashLoopBackOff"})
+    oom["status"]["containerStatuses"][0] |= {"restartCount": 2, "lastState": {"terminated": {"reason": "OOMKilled"}}}
+    assert pod_problem(oom) == (
+        "pod p container main was OOMKilled at its memory limit (restarted 2 times; raise the service's "
+        "resources.limits.memory)"
+    )
+    oom["status"]["containerStatuses"][0] |= {"ready": True, "state": {"running": {}}}
+    assert pod_problem(oom) is None
+
+
 def test_pods_that_are_merely_starting_or_going_are_not_stuck():
     assert pod_problem(pod("p", waiting={"reason": "ContainerCreating"})) is None
     assert pod_problem(pod("p", conditions=[{"type": "PodScheduled", "status": "True"}])) is None
