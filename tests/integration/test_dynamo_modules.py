@@ -162,3 +162,17 @@ def test_dynamo_planner_runs_our_planner_with_dynamo_config(tmp_path: Path):
     refused = planner("--config", json.dumps({"environment": "kubernetes", "backend": "vllm"}))
     assert refused.returncode == 2
     assert "--config backend='vllm' is not supported here; use one of sglang, mocker" in refused.stderr
+
+
+def test_our_sglang_module_runs_the_engine_the_image_names():
+    """``python3 -m dynamo_worker.sglang`` (what our examples run) under the CPU image's
+    ``DYN_SGLANG_ENGINE=mocker`` runs the mocker, as ``dynamo.sglang`` does: the CPU image serves our
+    examples too. A value that is no engine is refused, naming the choices."""
+    env = {**os.environ, contract.ENV_SGLANG_ENGINE: "mocker"}
+    r = subprocess.run([sys.executable, "-m", "dynamo_worker.sglang", "--help"], env=env, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and "dynamo_worker.mocker" in r.stdout + r.stderr
+    env[contract.ENV_SGLANG_ENGINE] = "vllm"
+    r = subprocess.run([sys.executable, "-m", "dynamo_worker.sglang", "--help"], env=env, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "DYN_SGLANG_ENGINE='vllm' is not an engine" in r.stderr

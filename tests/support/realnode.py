@@ -193,6 +193,7 @@ class RealNodeCluster(LocalCluster):
                 str(pki / "admin.crt"),
                 "--kubelet-client-key",
                 str(pki / "admin.key"),
+                "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere
                 "--service-account-issuer",
                 "https://kubernetes.default.svc.cluster.local",
                 "--service-account-key-file",
@@ -564,16 +565,9 @@ def _shell(a: argparse.Namespace) -> int:
         return 1
     env = inside_env(a.dir, Path((a.dir / "bins").read_text()))
     env["PS1"] = "(dynamo-real) \\w$ "
-    cmd = [
-        "nsenter",
-        "-t",
-        str(pid),
-        "--net",
-        "--mount",
-        "--",
-        "bash",
-        *([] if sys.stdin.isatty() else ["-s"]),
-    ]
+    # --wd: entering the mount namespace would start the shell in /, not where it was asked for.
+    cmd = ["nsenter", "-t", str(pid), "--net", "--mount", f"--wd={os.getcwd()}", "--", "bash"]
+    cmd += [] if sys.stdin.isatty() else ["-s"]
     return subprocess.run(cmd, env=env).returncode
 
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from dynamo_api import contract, modules
 
 from dynamo_worker.runtime.group import run_lifeline
 from dynamo_worker.runtime.listening import PortUnavailable
@@ -105,6 +108,11 @@ def main(argv: Sequence[str] | None = None, sglang: SglangCli | None = None) -> 
     """Run the worker; 2 (with the problem and its fix on stderr, before anything starts) for a
     command line it cannot run. ``sglang``: the installed SGLang's parts (default: import them)."""
     args = list(argv if argv is not None else sys.argv[1:])
+    if os.environ.get(contract.ENV_SGLANG_ENGINE, "").strip() not in ("", "sglang"):
+        # The engine the image names (the CPU image: DYN_SGLANG_ENGINE=mocker), as for dynamo.sglang.
+        from dynamo_worker import aliases
+
+        return aliases.main(modules.DYNAMO_SGLANG_MODULE, args)
     role = _multimodal_role(args)
     if role == "encode":
         from dynamo_worker.sglang import encode
