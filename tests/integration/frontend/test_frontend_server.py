@@ -57,10 +57,8 @@ async def api(model_dir):
         return Preprocessor.from_dir(model_dir)
 
     registry = ModelRegistry(router, load, "ns", load_timeout_s=10)
-    client = RequestClient(connect_timeout=2, first_chunk_timeout=5, idle_timeout=5)
-    dispatcher = Dispatcher(
-        router, client, connect_timeout_s=2, first_token_timeout_s=5, inter_token_timeout_s=5
-    )
+    client = RequestClient(connect_timeout_s=2, first_token_timeout_s=5, inter_token_timeout_s=5)
+    dispatcher = Dispatcher(router, client)
     server = OpenAIServer(registry, dispatcher, FrontendMetrics(), max_inflight=4)
     http = TestClient(TestServer(server.app(), host="127.0.0.1"))
     await http.start_server()

@@ -96,7 +96,7 @@ async def test_a_killed_scheduler_hands_back_the_stream_and_the_engine_restarts(
         request_id="r", model="m", token_ids=list(range(1, 20)), stop=StopConditions(max_tokens=5000)
     )
     try:
-        async with RequestClient(first_chunk_timeout=WAIT_S, idle_timeout=WAIT_S) as client:
+        async with RequestClient(first_token_timeout_s=WAIT_S, inter_token_timeout_s=WAIT_S) as client:
             chunks = 0
             async with asyncio.timeout(WAIT_S):
                 async for chunk in client.generate(worker.record.address, request):

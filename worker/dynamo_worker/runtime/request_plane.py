@@ -55,6 +55,9 @@ from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, To
 from dynamo_worker.runtime.listening import binding, log_listening
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_FIRST_TOKEN_TIMEOUT_S",
+    "DEFAULT_INTER_TOKEN_TIMEOUT_S",
     "MAGIC",
     "RequestClient",
     "RequestMetrics",
@@ -69,6 +72,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAGIC = b"DYNAMO-REQUEST-PLANE/1\n"
+# The client's bounds (the frontend's --connect-timeout-s, --first-token-timeout-s, --inter-token-timeout-s)
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_FIRST_TOKEN_TIMEOUT_S = 300.0
+DEFAULT_INTER_TOKEN_TIMEOUT_S = 60.0
 MAX_LINE_BYTES = 64 * 1024 * 1024  # one message: a 1M-token prompt as JSON ints fits easily
 _HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC")
 _NOT_HTTP = (
@@ -738,14 +745,14 @@ class RequestClient:
     def __init__(
         self,
         *,
-        connect_timeout: float = 5.0,
-        first_chunk_timeout: float = 600.0,
-        idle_timeout: float = 120.0,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        first_token_timeout_s: float = DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+        inter_token_timeout_s: float = DEFAULT_INTER_TOKEN_TIMEOUT_S,
         keepalive_s: float = 30.0,
     ) -> None:
-        self.connect_timeout = connect_timeout
-        self.first_chunk_timeout = first_chunk_timeout
-        self.idle_timeout = idle_timeout
+        self.connect_timeout_s = connect_timeout_s
+        self.first_token_timeout_s = first_token_timeout_s
+        self.inter_token_timeout_s = inter_token_timeout_s
         self.keepalive_s = keepalive_s
         self._connections: dict[str, _ClientConnection] = {}
         self._connecting: dict[str, asyncio.Future[_ClientConnection]] = {}
@@ -772,27 +779,27 @@ class RequestClient:
         if self._connections.get(conn.address) is conn:
             del self._connections[conn.address]
 
-    async def _connection(self, address: str, connect_timeout: float) -> _ClientConnection:
+    async def _connection(self, address: str, connect_timeout_s: float) -> _ClientConnection:
         conn = self._connections.get(address)
         if conn is not None and not conn.lost:
             return conn
         pending = self._connecting.get(address)
         if pending is None:  # one connect per worker, however many requests wait for it
-            pending = asyncio.ensure_future(self._connect(address, connect_timeout))
+            pending = asyncio.ensure_future(self._connect(address, connect_timeout_s))
             self._connecting[address] = pending
             pending.add_done_callback(lambda _: self._connecting.pop(address, None))
         return await asyncio.shield(pending)
 
-    async def _connect(self, address: str, connect_timeout: float) -> _ClientConnection:
+    async def _connect(self, address: str, connect_timeout_s: float) -> _ClientConnection:
         loop = asyncio.get_running_loop()
         try:
             host, port = _host_port(address)
-            async with asyncio.timeout(connect_timeout):
+            async with asyncio.timeout(connect_timeout_s):
                 _, conn = await loop.create_connection(
                     lambda: _ClientConnection(address, self.keepalive_s, self._forget), host, port
                 )
         except TimeoutError:
-            raise WorkerUnreachable(address, f"could not connect within {connect_timeout:.1f}s") from None
+            raise WorkerUnreachable(address, f"could not connect within {connect_timeout_s:.1f}s") from None
         except (OSError, ValueError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
             raise WorkerUnreachable(address, f"could not connect: {reason}") from None
@@ -804,19 +811,22 @@ class RequestClient:
         address: str,
         request: GenerateRequest,
         *,
-        connect_timeout: float | None = None,
-        first_chunk_timeout: float | None = None,
-        idle_timeout: float | None = None,
+        connect_timeout_s: float | None = None,
+        first_token_timeout_s: float | None = None,
+        inter_token_timeout_s: float | None = None,
     ) -> AsyncGenerator[GenerateChunk, None]:
         """Stream ``request`` to the worker at ``address`` (host:port). Ends after the final chunk.
         Closing the iterator early (or cancelling its task) cancels the request on the worker."""
-        connect_timeout = self.connect_timeout if connect_timeout is None else connect_timeout
-        first_chunk_timeout = self.first_chunk_timeout if first_chunk_timeout is None else first_chunk_timeout
-        idle_timeout = self.idle_timeout if idle_timeout is None else idle_timeout
+        if connect_timeout_s is None:
+            connect_timeout_s = self.connect_timeout_s
+        if first_token_timeout_s is None:
+            first_token_timeout_s = self.first_token_timeout_s
+        if inter_token_timeout_s is None:
+            inter_token_timeout_s = self.inter_token_timeout_s
         loop = asyncio.get_running_loop()
-        until = loop.time() + first_chunk_timeout
-        message = f"worker sent no first chunk within {first_chunk_timeout:.1f}s"
-        conn = await self._connection(address, connect_timeout)
+        until = loop.time() + first_token_timeout_s
+        message = f"worker sent no first chunk within {first_token_timeout_s:.1f}s"
+        conn = await self._connection(address, connect_timeout_s)
         sid, stream = conn.open(orjson.dumps(request.model_dump(exclude_defaults=True)))
         finished = False
         try:
@@ -827,8 +837,8 @@ class RequestClient:
                     yield chunk
                     if finished:
                         return
-                until = loop.time() + idle_timeout  # the caller's time between takes is not counted
-                message = f"worker sent no next chunk within {idle_timeout:.1f}s"
+                until = loop.time() + inter_token_timeout_s  # the caller's time between takes is not counted
+                message = f"worker sent no next chunk within {inter_token_timeout_s:.1f}s"
         finally:
             conn.close_stream(sid, cancel=not finished and not stream.refused)
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dynamo_worker.runtime import aio
 from dynamo_worker.runtime.group import run_lifeline
 from dynamo_worker.runtime.listening import PortUnavailable
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None, sglang: SglangCli | None = None) -> 
         log.info(note)
     if plan.server_args.node_rank > 0:
         return asyncio.run(run_follower(plan))
-    return asyncio.run(run_worker(SglangEngine(plan), plan.runtime))
+    return aio.run(run_worker(SglangEngine(plan), plan.runtime))
 
 
 if __name__ == "__main__":

@@ -83,7 +83,6 @@ __all__ = [
     "plan_chat",
     "prepare_chat",
     "prompt_tokens",
-    "served_features",
     "with_plan",
 ]
 
@@ -105,7 +104,7 @@ async def prepare_chat(
     images = image_urls(req)
     if images and multimodal is None:
         raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
-    plan = plan_chat(req, served_features(pre))
+    plan = plan_chat(req, pre.features)
     kwargs = plan.template_kwargs if plan is not None else {}
     if images:  # processor -> encode worker -> language worker (requests.chat_images)
         assert multimodal is not None
@@ -300,11 +299,6 @@ class FeaturePlan:
     def shapes_answer(self) -> bool:
         """Whether the answer is served differently (else the plan did its part in the chat template)."""
         return self.structured is not None or self.logprobs is not None or self.answer is not None
-
-
-def served_features(preprocessor: Any) -> ServingFeatures:
-    """What the model's workers serve (its model card's ``ServingFeatures``)."""
-    return getattr(preprocessor, "features", None) or ServingFeatures()
 
 
 def check_endpoint(features: ServingFeatures, endpoint: str, model: str) -> None:

@@ -19,7 +19,6 @@ from dynamo_worker.frontend.requests.chat import (
     check_endpoint,
     constraint,
     extension_grammars,
-    served_features,
     with_plan,
 )
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
@@ -33,7 +32,7 @@ async def prepare_completion(registry: ModelRegistry, req: CompletionRequest) ->
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
-    plan = plan_completion(req, served_features(pre))
+    plan = plan_completion(req, pre.features)
     prompt = req.prompt_text_or_ids()
     if isinstance(prompt, str):
         ids = await encode_off_loop(len(prompt), pre.encode_prompt, prompt)

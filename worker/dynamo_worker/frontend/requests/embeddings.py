@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
 from dynamo_worker.frontend.protocol import NvExt
-from dynamo_worker.frontend.requests.chat import EmbeddingPlan, Job, check_endpoint, served_features
+from dynamo_worker.frontend.requests.chat import EmbeddingPlan, Job, check_endpoint
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, ServingFeatures, StopConditions
 
 __all__ = ["EmbeddingRequest", "prepare_embeddings"]
@@ -100,7 +100,7 @@ async def prepare_embeddings(registry: ModelRegistry, req: EmbeddingRequest) -> 
         )
     pre = entry.preprocessor
     assert pre is not None
-    features = served_features(pre)
+    features = pre.features
     check_endpoint(features, "embedding", req.model)
     dimensions = req.dimensions
     if dimensions is not None:

@@ -115,7 +115,6 @@ from dynamo_worker.runtime.request_plane import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_MIGRATION_LIMIT",
     "ChunkSource",
     "Dispatcher",
     "MigratingDispatcher",
@@ -210,9 +209,6 @@ class Dispatcher:
         router: Router,
         client: RequestClient,
         *,
-        connect_timeout_s: float,
-        first_token_timeout_s: float,
-        inter_token_timeout_s: float,
         kv_transfer_timeout_s: float = 60.0,
         quarantine: Quarantine | None = None,
         warm: WarmPairs | None = None,
@@ -222,11 +218,6 @@ class Dispatcher:
         self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.quarantine = quarantine if quarantine is not None else Quarantine()
         self.warm = warm  # warm prefill/decode pairs (serving.warmup); None: warm-ups off, any pair
-        self._timeouts = {
-            "connect_timeout": connect_timeout_s,
-            "first_chunk_timeout": first_token_timeout_s,
-            "idle_timeout": inter_token_timeout_s,
-        }
 
     def route(
         self, entry: ModelEntry, token_ids: Sequence[int], exclude: frozenset[str] = frozenset()
@@ -335,7 +326,7 @@ class Dispatcher:
     def _stream(
         self, worker: InstanceRecord, request: GenerateRequest
     ) -> AsyncGenerator[GenerateChunk, None]:
-        return self.client.generate(worker.address, for_worker(request, worker), **self._timeouts)
+        return self.client.generate(worker.address, for_worker(request, worker))
 
     async def _agg(
         self, worker: InstanceRecord, request: GenerateRequest, role: str = "aggregated"
@@ -589,7 +580,6 @@ class _Retryable(DynamoError):
 
 # --- migration ------------------------------------------------------------------------------------
 
-DEFAULT_MIGRATION_LIMIT = 1
 RECHECK_S = 1.0  # a continuation waiting for a worker looks again at least this often
 # 503s that say no worker of the role can take the request now (``Dispatcher.route``)
 _NO_WORKER = frozenset({"no_workers", "no_prefill_workers", "no_decode_workers", "no_matching_revision"})
@@ -626,7 +616,7 @@ class MigratingDispatcher:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
+        migration_limit: int,  # --migration-limit (frontend.settings)
         on_migration: Callable[[str], None] | None = None,
         *,
         wait_s: float = 0.0,
@@ -638,9 +628,6 @@ class MigratingDispatcher:
         self.migrations = 0  # requests continued on another worker, since start (for /metrics)
         self.wait_s = wait_s  # how long a continuation waits for a worker of its role
         self._workers_changed = workers_changed
-
-    def __getattr__(self, name: str) -> object:  # router, quarantine, route, ...: the dispatcher's
-        return getattr(self.dispatcher, name)
 
     async def generate(
         self, entry: ModelEntry, request: GenerateRequest
