@@ -25,9 +25,6 @@ SPLITTING = {
     "worker/dynamo_worker/mocker/engine.py",
     "worker/dynamo_worker/runtime/request_plane.py",
     "worker/dynamo_worker/sglang/engine.py",
-    "worker/dynamo_worker/frontend/models/registry.py",
-    "worker/dynamo_worker/frontend/serving/dispatch.py",
-    "worker/dynamo_worker/frontend/http/server.py",
 }
 
 

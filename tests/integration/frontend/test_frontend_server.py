@@ -17,7 +17,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from dynamo_worker.frontend.http.server import MAX_BODY_BYTES, OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.models.registry import ModelRegistry, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, InstanceRecord
 from dynamo_worker.router import Router

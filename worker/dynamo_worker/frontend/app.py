@@ -22,19 +22,16 @@ from pathlib import Path
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from dynamo_worker.frontend.http.server import Admission, OpenAIServer
+from dynamo_worker.frontend.http.server import OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.pairing import WarmPairs
-from dynamo_worker.frontend.models.registry import (
-    ModelFiles,
-    ModelRegistry,
-    Preprocessor,
-    UnpairedCounts,
-    WorkerCounts,
-)
+from dynamo_worker.frontend.models.preprocessor import ModelFiles, Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
 from dynamo_worker.frontend.requests.chat_images import ImageFetcher, MultimodalProcessor
-from dynamo_worker.frontend.serving.dispatch import Dispatcher, MigratingDispatcher
+from dynamo_worker.frontend.serving.admission import Admission
+from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.frontend.serving.image_generation import ImagesApi
+from dynamo_worker.frontend.serving.migration import MigratingDispatcher
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.frontend.serving.warmup import PairWarmer
 from dynamo_worker.frontend.settings import FrontendSettings

@@ -20,7 +20,7 @@ the client thinks, so the client gets a 400 naming the place instead of an engin
 Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``regex``, ``ebnf`` (and ``json_schema`` as text for completions) for constrained
 decoding, ``chat_template_kwargs`` and ``separate_reasoning`` for chat. ``nvext`` (NVIDIA Dynamo's
-extension object, ``NvExt``) carries what the wait queue reads (``http.server.Admission``):
+extension object, ``NvExt``) carries what the wait queue reads (``serving.admission``):
 ``agent_hints.priority`` and ``request_ttl``; its other fields are accepted and ignored.
 
 Responses. Field order is declaration order, and it is OpenAI's (``id``, ``object``, ``created``,
@@ -279,7 +279,7 @@ class AgentHints(_RequestBody):
 
 
 class NvExt(_RequestBody):
-    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``http.server.Admission``)."""
+    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``serving.admission``)."""
 
     agent_hints: AgentHints | None = None
     # How long the request may wait for a worker: seconds, or a Go duration ("2s", "1m30s").

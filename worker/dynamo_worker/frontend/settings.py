@@ -173,7 +173,7 @@ class FrontendSettings(Settings):
         "accepted, with --api-key's too (several keys: rotate without downtime).",
         json_schema_extra={"env": contract.ENV_API_KEY_FILE, "metavar": "FILE"},
     )
-    # --- admission: wait queue and scale from zero (http.server.Admission, models.registry) ------
+    # --- admission: wait queue and scale from zero (serving.admission, models.registry) ----------
     max_queued_requests: int = Field(
         256,
         ge=0,

@@ -1,7 +1,7 @@
 """``POST /v1/completions`` up to the job, from the parsed and validated body
-(``protocol.parse_request``; the server holds it for a slot in between, ``http.server.Admission``):
+(``protocol.parse_request``; the server holds it for a slot in between, ``serving.admission``):
 look the model up (404 unknown, 503 nobody serving it), plan the features it uses (a grammar, logprobs),
-tokenize the prompt (or check the ids sent) and check the context length (``requests.chat.build_job``).
+tokenize the prompt (or check the ids sent) and check the context length (``requests.job.build_job``).
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
+from dynamo_worker.frontend.models.preprocessor import encode_off_loop
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import CompletionRequest, check_schema
-from dynamo_worker.frontend.requests.chat import (
+from dynamo_worker.frontend.requests.job import (
     FeaturePlan,
     Grammar,
     Job,
