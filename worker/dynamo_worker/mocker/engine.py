@@ -74,7 +74,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,7 @@ from dynamo_worker.mocker.bootstrap import (
 )
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
+from dynamo_worker.mocker.scheduler import _Seq, hands_over
 from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
@@ -177,85 +178,6 @@ def resolve_model_dir(settings: MockerSettings) -> Path:
     path = ensure_tiny_model(Path(tempfile.gettempdir()) / TINY_MODEL_DIR)
     log.info("Using the tiny model folder path=%s (no model folder given)", path)
     return path
-
-
-class _Outbox:
-    """What the scheduler produced for one request that its reader has not taken yet: the token ids
-    (with their logprobs, when asked) and at most one final chunk. The reader takes all ready tokens
-    as one chunk, so a stream whose reader fell behind catches up with one write instead of one per
-    token (nothing waits to be merged); tokens are kept as ids, not as a chunk per token."""
-
-    __slots__ = ("final", "ids", "logprobs", "waiter")
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.logprobs: list[TokenLogprob] | None = None  # aligned with ids, when the request asked
-        self.final: GenerateChunk | None = None  # the last chunk; after the ids
-        self.waiter: asyncio.Future[None] | None = None  # the reader, waiting for something to take
-
-    def put(self, token: int, logprobs: list[TokenLogprob] | None, hand_over: bool = True) -> None:
-        """Add a token; ``hand_over``: wake the reader (False: keep it for a later hand-over)."""
-        self.ids.append(token)
-        if logprobs is not None:
-            if self.logprobs is None:
-                self.logprobs = []
-            self.logprobs += logprobs
-        if hand_over:
-            self._wake()
-
-    def put_final(self, chunk: GenerateChunk) -> None:
-        self.final = chunk
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def take(self) -> GenerateChunk:
-        """The ready tokens as one chunk, else the final chunk; waits for either."""
-        while not self.ids and self.final is None:
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        if self.ids:
-            chunk = GenerateChunk(token_ids=self.ids, logprobs=self.logprobs)
-            self.ids, self.logprobs = [], None
-            return chunk
-        assert self.final is not None
-        return self.final
-
-
-@dataclass(eq=False)
-class _Seq:
-    key: str
-    request: GenerateRequest
-    tokens: list[int]  # tokens that need KV: the prompt (+ generated ones after a preemption)
-    max_new: int
-    digest: int  # the token state after the prompt (``tokens.prompt_digest``)
-    out: _Outbox = field(default_factory=_Outbox)
-    kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
-    preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
-    cached_tokens: int | None = None
-    host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory
-    generated: list[int] = field(default_factory=list)
-    finished: bool = False
-    rank: int = 0  # data-parallel rank whose KV cache holds it
-    script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
-    queued_tokens: int = 0  # uncached prompt tokens while it waits for a prefill (load reports)
-    state: int | None = None  # the token state after the prompt and ``generated`` (digest at first)
-
-    @property
-    def lora(self) -> str | None:
-        return self.request.lora_name
-
-
-def hands_over(generated: int, interval: int | None) -> bool:
-    """Whether the step that made the ``generated``-th token hands the ready tokens over, as SGLang's
-    scheduler decides for a streamed request with ``stream_interval``: the first token, then every
-    ``interval`` more (the last one goes with the final chunk in any case)."""
-    return interval is None or interval == 1 or generated % interval == 1
 
 
 def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
