@@ -91,7 +91,7 @@ from dynamo_worker.mocker.bootstrap import (
 )
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
-from dynamo_worker.mocker.scheduler import _Seq, hands_over
+from dynamo_worker.mocker.scheduler import Refuse, Seq, admit, batch_step, hands_over, next_token
 from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
@@ -208,8 +208,8 @@ class MockerEngine(Engine):
         self._listen_host = listen_host
         self._advertise_host = advertise_host
         self._sink: EngineEventSink = NullEventSink()
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []
+        self._waiting: deque[Seq] = deque()
+        self._running: list[Seq] = []
         self._wakeup = asyncio.Event()
         self._keys = itertools.count()
         self._task: asyncio.Task[None] | None = None
@@ -521,7 +521,7 @@ class MockerEngine(Engine):
 
     # --- the KV handoff (SGLang's bootstrap, prealloc and transfer queues) -------------------------
 
-    async def _handoff(self, seq: _Seq) -> GenerateChunk | None:
+    async def _handoff(self, seq: Seq) -> GenerateChunk | None:
         """A disaggregated leg's part of the KV handoff before it is queued (``_receive`` for a decode
         leg, ``_await_handshake`` for a prefill leg); the error chunk that ends it, if it failed."""
         try:
@@ -536,7 +536,7 @@ class MockerEngine(Engine):
             return _error("bootstrap_failed", str(e))
         return None
 
-    async def _await_handshake(self, seq: _Seq) -> None:
+    async def _await_handshake(self, seq: Seq) -> None:
         """Prefill leg: wait in the bootstrap queue for the decode leg's handshake (SGLang prefills a
         request only once its decode worker has reserved the memory for its KV)."""
         info = seq.request.bootstrap_info
@@ -550,7 +550,7 @@ class MockerEngine(Engine):
             self._queues["bootstrap"] -= 1
             self._bootstrap_tokens -= len(seq.tokens)
 
-    async def _receive(self, seq: _Seq) -> None:
+    async def _receive(self, seq: Seq) -> None:
         """Decode leg: reserve KV memory for the prompt (prealloc queue), shake hands with the prefill
         leg and wait for its result, then receive the KV (transfer queue; the first transfer from a
         prefill engine also opens the connection, ``--kv-first-transfer-s``)."""
@@ -580,7 +580,7 @@ class MockerEngine(Engine):
         seq.kv_ready, seq.preset_first, seq.cached_tokens = True, result.first_token, result.cached_tokens
         seq.host_cached_tokens = result.host_cached_tokens
 
-    async def _reserve(self, seq: _Seq, deadline: float) -> None:
+    async def _reserve(self, seq: Seq, deadline: float) -> None:
         """Allocate the prompt's KV blocks, waiting (until ``deadline``) while the cache is full."""
         kv = self.kvs[seq.rank]
         while True:
@@ -599,12 +599,12 @@ class MockerEngine(Engine):
                 async with asyncio.timeout(left):
                     await self._freed.wait()
 
-    def _uncached(self, seq: _Seq) -> int:
+    def _uncached(self, seq: Seq) -> int:
         return len(seq.tokens) - self.kvs[seq.rank].cached_prefix_tokens(seq.tokens, seq.lora)
 
     # --- requests --------------------------------------------------------------------------------
 
-    def _new_seq(self, request: GenerateRequest) -> _Seq:
+    def _new_seq(self, request: GenerateRequest) -> Seq:
         """The scheduler's record of ``request``: its tokens depend on the prompt, the seed and the
         adapter, and it goes to its data-parallel rank (or the ranks in turn)."""
         prompt = list(request.token_ids)
@@ -613,7 +613,7 @@ class MockerEngine(Engine):
             seed ^= lora_seed(request.lora_name)
         digest = prompt_digest(prompt, seed)
         rank = request.data_parallel_rank
-        return _Seq(
+        return Seq(
             key=f"{request.request_id}#{next(self._keys)}",
             request=request,
             tokens=prompt,
@@ -723,7 +723,7 @@ class MockerEngine(Engine):
             return [self.sampler.token(len(text), i) for i in range(len(text.split()))]
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    async def _hand_over(self, seq: _Seq, chunk: GenerateChunk, started: float) -> GenerateChunk:
+    async def _hand_over(self, seq: Seq, chunk: GenerateChunk, started: float) -> GenerateChunk:
         """Prefill leg: publish the result for the decode leg and wait until it is fetched."""
         info = seq.request.bootstrap_info
         assert info is not None and self.bootstrap is not None
@@ -764,14 +764,14 @@ class MockerEngine(Engine):
             now = loop.time()
             start = now if ended is None else min(now, ended)
             prefill_s, prefilled = self._admit()
-            if prefilled and not self.settings.enable_mixed_chunk:
-                # SGLang's default schedule: a prefill batch runs on its own and the running batch gets
-                # no token until no waiting request can be admitted (prefill first, decode stalls).
-                advancing, step_s = prefilled, prefill_s
-            else:  # --enable-mixed-chunk: the step's prefills ride along with one decode step
-                decoding = len(self._running) - len(prefilled)
+            mixed = self.settings.enable_mixed_chunk
+            decode_s = 0.0
+            if mixed or not prefilled:
                 kv_tokens = sum(self.kvs[s.rank].seq_tokens(s.key) for s in self._running)
-                advancing, step_s = self._running, prefill_s + self.timing.decode_step_s(decoding, kv_tokens)
+                decode_s = self.timing.decode_step_s(len(self._running) - len(prefilled), kv_tokens)
+            advancing, step_s = batch_step(
+                self._running, prefilled, prefill_s, mixed_chunk=mixed, decode_s=decode_s
+            )
             self._publish_load()
             ended = start + step_s
             await asyncio.sleep(max(0.0, ended - loop.time()))
@@ -780,69 +780,39 @@ class MockerEngine(Engine):
                     self._advance(seq)
             self._publish_load()
 
-    def _admit(self) -> tuple[float, list[_Seq]]:
-        """Move waiting requests into the batch. Returns the prefill time and the requests prefilled."""
-        budget = self.settings.prefill_budget
+    def _admit(self) -> tuple[float, list[Seq]]:
+        """Move waiting requests into the batch (``scheduler.admit``). Returns the prefill time and the
+        requests prefilled."""
         prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
         loaded = 0  # tokens loaded back from host memory (HiCache host hits)
-        prefilled: list[_Seq] = []
-        admitted = 0
-        adapters = {s.lora for s in self._running} if self.loras is not None else None
-        passed: list[_Seq] = []  # waiting for a batch slot of their adapter; later ones may go first
-        while self._waiting and len(self._running) < self.settings.max_running_requests:
-            seq = self._waiting[0]
-            if seq.finished:
-                self._waiting.popleft()
+        prefilled: list[Seq] = []
+        s = self.settings
+        decisions = admit(
+            self._waiting,
+            self._running,
+            self.kvs,
+            self.loras,
+            prefill_budget=s.prefill_budget,
+            max_running=s.max_running_requests,
+        )
+        for decision in decisions:
+            seq = decision.seq
+            if isinstance(decision, Refuse):
+                self._fail(
+                    seq, "invalid_request", "the KV cache cannot hold this request; raise --num-kv-blocks"
+                )
                 continue
-            if (
-                adapters is not None
-                and self.loras is not None
-                and not self.loras.can_join(adapters, seq.lora)
-            ):
-                passed.append(self._waiting.popleft())
-                continue
-            kv = self.kvs[seq.rank]
-            if seq.kv_ready and kv.has_seq(seq.key):  # a decode leg's KV, reserved when it arrived
-                self._waiting.popleft()
-                admitted += 1
-                self._join(seq, adapters)
-                continue
-            new_tokens = (
-                0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens, seq.lora)
-            )
-            if admitted and new_tokens > budget:
-                break
-            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
-            if alloc is None:
-                if not self._running:
-                    self._waiting.popleft()
-                    self._fail(
-                        seq, "invalid_request", "the KV cache cannot hold this request; raise --num-kv-blocks"
-                    )
-                    continue
-                break
-            self._waiting.popleft()
-            admitted += 1
-            self._kv_events(alloc.events, seq.rank)
-            if seq.cached_tokens is None:
-                seq.cached_tokens = alloc.cached_tokens
-                seq.host_cached_tokens = alloc.host_cached_tokens
-            self._join(seq, adapters)
-            if not seq.kv_ready:
-                uncached = len(seq.tokens) - alloc.cached_tokens
-                prefills.append((uncached, alloc.cached_tokens))
-                loaded += alloc.host_cached_tokens
+            self._kv_events(decision.events, seq.rank)
+            self._join(seq)
+            if decision.prefill is not None:
+                prefills.append(decision.prefill)
+                loaded += decision.loaded
                 prefilled.append(seq)
-                budget -= uncached
-        self._waiting.extendleft(reversed(passed))
         step_s = self.timing.prefill_batch_s(prefills) + self.timing.load_back_s(loaded)
         return step_s + self._lora_swap_s(), prefilled
 
-    def _join(self, seq: _Seq, adapters: set[str | None] | None) -> None:
-        """``seq`` joins the running batch (its adapter takes a batch slot); a transferred first token
-        goes out at once."""
-        if adapters is not None:
-            adapters.add(seq.lora)
+    def _join(self, seq: Seq) -> None:
+        """``seq`` joins the running batch; a transferred first token goes out at once."""
         self._running.append(seq)
         if seq.kv_ready and seq.preset_first is not None and not seq.generated:
             self._advance(seq)
@@ -854,30 +824,11 @@ class MockerEngine(Engine):
         copied = self.loras.bring_in({s.lora for s in self._running})
         return copied * self.settings.lora_swap_ms / 1e3 / self.settings.speedup
 
-    def _advance(self, seq: _Seq) -> None:
+    def _advance(self, seq: Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""
-        req, pos = seq.request, len(seq.generated)
         state = seq.digest if seq.state is None else seq.state
-        if pos == 0 and seq.preset_first is not None:
-            token = seq.preset_first
-        elif seq.script is not None:
-            if pos >= len(seq.script):
-                self._finish(seq, [], "stop")
-                return
-            token = seq.script[pos]
-        else:
-            token = self.sampler.token(state, 0)
-            p = self.settings.eos_probability
-            if (
-                p > 0
-                and req.eos_token_ids
-                and not req.stop.ignore_eos
-                and pos >= req.stop.min_tokens
-                and self.sampler.chance(state, 0) < p
-            ):
-                token = req.eos_token_ids[0]
-        eos = not req.stop.ignore_eos and token in req.eos_token_ids
-        if pos >= req.stop.min_tokens and (token in req.stop.stop_token_ids or eos):
+        token = next_token(seq, state, self.sampler, self.settings.eos_probability)
+        if token is None:
             self._finish(seq, [], "stop")
             return
         seq.generated.append(token)
@@ -893,7 +844,7 @@ class MockerEngine(Engine):
             self._kv_events(events, seq.rank)
         seq.out.put(token, logprobs, hands_over(len(seq.generated), seq.request.stream_interval))
 
-    def _logprobs(self, seq: _Seq, state: int, token: int) -> list[TokenLogprob] | None:
+    def _logprobs(self, seq: Seq, state: int, token: int) -> list[TokenLogprob] | None:
         k = seq.request.logprobs
         if k is None:
             return None
@@ -901,7 +852,7 @@ class MockerEngine(Engine):
         return [token_logprobs(token, alternatives, self.sampler.chance(state, 0), k)]
 
     def _finish(
-        self, seq: _Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None
+        self, seq: Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None
     ) -> None:
         seq.finished = True
         self._release(seq)
@@ -916,19 +867,19 @@ class MockerEngine(Engine):
             GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage, logprobs=logprobs)
         )
 
-    def _fail(self, seq: _Seq, error_type: ErrorType, message: str) -> None:
+    def _fail(self, seq: Seq, error_type: ErrorType, message: str) -> None:
         seq.finished = True
         self._release(seq)
         seq.out.put_final(_error(error_type, message))
 
-    def _preempt(self, seq: _Seq) -> None:
+    def _preempt(self, seq: Seq) -> None:
         log.info("Preempted request request_id=%s (KV cache full)", seq.request.request_id)
         self._release(seq)
         seq.tokens = [*seq.request.token_ids, *seq.generated]
         seq.kv_ready = False
         self._waiting.appendleft(seq)
 
-    def _release(self, seq: _Seq) -> None:
+    def _release(self, seq: Seq) -> None:
         self.kvs[seq.rank].free(seq.key)
         self._freed.set()
         if seq in self._running:
@@ -936,7 +887,7 @@ class MockerEngine(Engine):
         if seq.lora is not None and self._lora_drained is not None:
             self._lora_drained.set()
 
-    def _drop(self, seq: _Seq) -> None:
+    def _drop(self, seq: Seq) -> None:
         """The client went away: forget the request and free its blocks now."""
         seq.finished = True
         self._release(seq)

@@ -69,7 +69,7 @@ class _HostCopy:
 
 @dataclass
 class _SeqBlocks:
-    """The KV blocks one sequence holds in the manager (the engine's ``_Seq`` is the request itself)."""
+    """The KV blocks one sequence holds in the manager (the engine's ``Seq`` is the request itself)."""
 
     hashes: list[int]  # full blocks, in order (each holds one reference)
     tokens: list[int]  # every token with KV in this sequence

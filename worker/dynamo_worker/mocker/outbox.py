@@ -1,4 +1,4 @@
-"""What the scheduler produced for one request that its reader has not taken yet (``_Outbox``)."""
+"""What the scheduler produced for one request that its reader has not taken yet (``Outbox``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import asyncio
 
 from dynamo_worker.protocol import GenerateChunk, TokenLogprob
 
+__all__ = ["Outbox"]
 
-class _Outbox:
+
+class Outbox:
     """What the scheduler produced for one request that its reader has not taken yet: the token ids
     (with their logprobs, when asked) and at most one final chunk. The reader takes all ready tokens
     as one chunk, so a stream whose reader fell behind catches up with one write instead of one per
