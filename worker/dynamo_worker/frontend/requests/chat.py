@@ -7,7 +7,25 @@ convert the messages (``chat_messages``), render the chat template and tokenize 
 ``requests.chat_images``), and check the context length (``build_job``). A request with images takes
 the same steps, so it is served or refused as the same request without them would be.
 
-The job and the feature checks every endpoint shares are ``requests.job``.
+Features: what a request asks for beyond plain text, checked against what its model serves (the model
+card's ``ServingFeatures``) and turned into the worker request and the answer's parsing (the
+``FeaturePlan``). Every problem a client can cause is a 400 naming the field and the fix: a chat
+request to an embedding model (or the reverse), tools for a model whose workers run no
+``--tool-call-parser``, structured output from workers started with ``--grammar-backend none``, two
+grammars at once.
+
+- ``response_format`` ``json_object`` -> the JSON schema ``{"type": "object"}``; ``json_schema`` -> its
+  schema; SGLang's ``structural_tag`` format, ``regex`` / ``ebnf`` (and ``json_schema`` text for
+  completions) as they are. All go to the worker as ``GenerateRequest.structured``, i.e. SGLang's
+  sampling parameters of those names.
+- ``tool_choice``: ``none`` drops the tools (not even shown to the template, as SGLang does); ``auto``
+  (the default with tools) parses calls with the model's tool-call parser; ``required`` and a named
+  function constrain decoding to JSON (``chat_output.tool_choice_schema``), so they need a grammar
+  backend but no parser.
+- ``reasoning_effort`` and ``chat_template_kwargs`` reach the chat template (gpt-oss reads the former).
+
+The features' checks here serve ``requests.completions`` and ``requests.embeddings`` too; the job
+every endpoint builds is ``requests.job``.
 """
 
 from __future__ import annotations
@@ -25,21 +43,13 @@ from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, su
 from dynamo_worker.frontend.protocol import (
     ChatCompletionRequest,
     ChatMessage,
+    CompletionRequest,
     ImageUrlPart,
     NamedToolChoice,
     ResponseFormat,
 )
 from dynamo_worker.frontend.requests.chat_images import PLACEHOLDER, MultimodalProcessor
-from dynamo_worker.frontend.requests.job import (
-    FeaturePlan,
-    Grammar,
-    Job,
-    build_job,
-    check_endpoint,
-    constraint,
-    extension_grammars,
-    with_plan,
-)
+from dynamo_worker.frontend.requests.job import FeaturePlan, Grammar, Job, build_job, with_plan
 from dynamo_worker.protocol import (
     ServingFeatures,
     StructuredOutput,
@@ -50,7 +60,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["chat_messages", "image_urls", "plan_chat", "prepare_chat"]
+__all__ = [
+    "chat_messages",
+    "check_endpoint",
+    "constraint",
+    "extension_grammars",
+    "image_urls",
+    "plan_chat",
+    "prepare_chat",
+]
 
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
 
@@ -241,3 +259,65 @@ def _content(m: ChatMessage, image_mark: str | None) -> str:
             image_mark if isinstance(p, ImageUrlPart) else p.text.replace(image_mark, "") for p in m.content
         )
     return (m.content or "").replace(image_mark, "")
+
+
+# --- features -------------------------------------------------------------------------------------
+
+
+def check_endpoint(features: ServingFeatures, endpoint: str, model: str) -> None:
+    if features.model_type == "embedding" and endpoint != "embedding":
+        raise InvalidRequest(
+            f"Model '{model}' is an embedding model; send its requests to POST /v1/embeddings.",
+            param="model",
+            code="wrong_endpoint",
+        )
+    if features.model_type != "embedding" and endpoint == "embedding":
+        raise InvalidRequest(
+            f"Model '{model}' generates text and serves no embeddings; use an embedding model (workers "
+            "started with --is-embedding) or POST /v1/chat/completions.",
+            param="model",
+            code="wrong_endpoint",
+        )
+
+
+def constraint(candidates: list[Grammar], features: ServingFeatures, model: str) -> StructuredOutput | None:
+    """The one grammar the request constrains its output to (``None``: none), refused when it asks
+    for several or when the model's workers run no grammar backend."""
+    grammar = _one_grammar(candidates)
+    if grammar is not None:
+        _check_grammar_backend(features, model, candidates[0][0])
+    return grammar
+
+
+def _check_grammar_backend(features: ServingFeatures, model: str, param: str) -> None:
+    if features.grammar_backend == "none":
+        raise InvalidRequest(
+            f"The workers of model '{model}' have no grammar backend (started with --grammar-backend none, "
+            "or with --skip-tokenizer-init, under which SGLang turns grammars off), so they cannot "
+            f"constrain decoding for '{param}'. Start them with --grammar-backend xgrammar and without "
+            f"--skip-tokenizer-init, or drop '{param}'.",
+            param=param,
+            code="grammar_backend_disabled",
+        )
+
+
+def _one_grammar(candidates: list[Grammar]) -> StructuredOutput | None:
+    if len(candidates) > 1:
+        names = [p for p, _ in candidates]
+        raise InvalidRequest(
+            f"Only one constraint on the output is possible at a time, but the request sets "
+            f"{', '.join(repr(n) for n in names)}; keep one of them.",
+            param=names[1],
+            code="invalid_value",
+        )
+    return candidates[0][1] if candidates else None
+
+
+def extension_grammars(req: ChatCompletionRequest | CompletionRequest) -> list[Grammar]:
+    """The grammars of the extensions beyond OpenAI's fields (``regex``, ``ebnf``)."""
+    found: list[Grammar] = []
+    if req.regex is not None:
+        found.append(("regex", StructuredOutput(regex=req.regex)))
+    if req.ebnf is not None:
+        found.append(("ebnf", StructuredOutput(ebnf=req.ebnf)))
+    return found

@@ -12,16 +12,8 @@ from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.models.preprocessor import encode_off_loop
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import CompletionRequest, check_schema
-from dynamo_worker.frontend.requests.job import (
-    FeaturePlan,
-    Grammar,
-    Job,
-    build_job,
-    check_endpoint,
-    constraint,
-    extension_grammars,
-    with_plan,
-)
+from dynamo_worker.frontend.requests.chat import check_endpoint, constraint, extension_grammars
+from dynamo_worker.frontend.requests.job import FeaturePlan, Grammar, Job, build_job, with_plan
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "plan_completion", "prepare_completion"]

@@ -26,7 +26,8 @@ from dynamo_worker.frontend.errors import InvalidRequest
 from dynamo_worker.frontend.models.preprocessor import encode_off_loop
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import NvExt
-from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job, check_endpoint
+from dynamo_worker.frontend.requests.chat import check_endpoint
+from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, ServingFeatures, StopConditions
 
 __all__ = ["EmbeddingRequest", "prepare_embeddings"]

@@ -1,22 +1,5 @@
-"""The ``Job`` a run serves, built alike by every generation endpoint (chat, completions, embeddings), and
-the feature checks they share.
-
-Features: what a request asks for beyond plain text, checked against what its model serves (the model
-card's ``ServingFeatures``) and turned into the worker request and the answer's parsing (the
-``FeaturePlan``). Every problem a client can cause is a 400 naming the field and the fix: a chat
-request to an embedding model (or the reverse), tools for a model whose workers run no
-``--tool-call-parser``, structured output from workers started with ``--grammar-backend none``, two
-grammars at once.
-
-- ``response_format`` ``json_object`` -> the JSON schema ``{"type": "object"}``; ``json_schema`` -> its
-  schema; SGLang's ``structural_tag`` format, ``regex`` / ``ebnf`` (and ``json_schema`` text for
-  completions) as they are. All go to the worker as ``GenerateRequest.structured``, i.e. SGLang's
-  sampling parameters of those names.
-- ``tool_choice``: ``none`` drops the tools (not even shown to the template, as SGLang does); ``auto``
-  (the default with tools) parses calls with the model's tool-call parser; ``required`` and a named
-  function constrain decoding to JSON (``chat_output.tool_choice_schema``), so they need a grammar
-  backend but no parser.
-- ``reasoning_effort`` and ``chat_template_kwargs`` reach the chat template (gpt-oss reads the former).
+"""The ``Job`` a run serves, built alike by every generation endpoint (chat, completions, embeddings),
+and the ``FeaturePlan`` that says what serving does differently for it.
 
 The job (``build_job``): the prompt is not empty, it leaves room in the context, ``max_tokens`` fits,
 and the sampling options are the worker's. Pure but for the tokenizing thread of a long prompt: a
@@ -36,7 +19,6 @@ from dynamo_worker.frontend.protocol import ChatCompletionRequest, CompletionReq
 from dynamo_worker.protocol import (
     GenerateRequest,
     SamplingOptions,
-    ServingFeatures,
     StopConditions,
     StructuredOutput,
     Usage,
@@ -54,9 +36,6 @@ __all__ = [
     "Job",
     "JobKind",
     "build_job",
-    "check_endpoint",
-    "constraint",
-    "extension_grammars",
     "prompt_tokens",
     "reads_whole",
     "whole_answer_interval",
@@ -85,65 +64,6 @@ class FeaturePlan:
     def shapes_answer(self) -> bool:
         """Whether the answer is served differently (else the plan did its part in the chat template)."""
         return self.structured is not None or self.logprobs is not None or self.answer is not None
-
-
-def check_endpoint(features: ServingFeatures, endpoint: str, model: str) -> None:
-    if features.model_type == "embedding" and endpoint != "embedding":
-        raise InvalidRequest(
-            f"Model '{model}' is an embedding model; send its requests to POST /v1/embeddings.",
-            param="model",
-            code="wrong_endpoint",
-        )
-    if features.model_type != "embedding" and endpoint == "embedding":
-        raise InvalidRequest(
-            f"Model '{model}' generates text and serves no embeddings; use an embedding model (workers "
-            "started with --is-embedding) or POST /v1/chat/completions.",
-            param="model",
-            code="wrong_endpoint",
-        )
-
-
-def constraint(candidates: list[Grammar], features: ServingFeatures, model: str) -> StructuredOutput | None:
-    """The one grammar the request constrains its output to (``None``: none), refused when it asks
-    for several or when the model's workers run no grammar backend."""
-    grammar = _one_grammar(candidates)
-    if grammar is not None:
-        _check_grammar_backend(features, model, candidates[0][0])
-    return grammar
-
-
-def _check_grammar_backend(features: ServingFeatures, model: str, param: str) -> None:
-    if features.grammar_backend == "none":
-        raise InvalidRequest(
-            f"The workers of model '{model}' have no grammar backend (started with --grammar-backend none, "
-            "or with --skip-tokenizer-init, under which SGLang turns grammars off), so they cannot "
-            f"constrain decoding for '{param}'. Start them with --grammar-backend xgrammar and without "
-            f"--skip-tokenizer-init, or drop '{param}'.",
-            param=param,
-            code="grammar_backend_disabled",
-        )
-
-
-def _one_grammar(candidates: list[Grammar]) -> StructuredOutput | None:
-    if len(candidates) > 1:
-        names = [p for p, _ in candidates]
-        raise InvalidRequest(
-            f"Only one constraint on the output is possible at a time, but the request sets "
-            f"{', '.join(repr(n) for n in names)}; keep one of them.",
-            param=names[1],
-            code="invalid_value",
-        )
-    return candidates[0][1] if candidates else None
-
-
-def extension_grammars(req: ChatCompletionRequest | CompletionRequest) -> list[Grammar]:
-    """The grammars of the extensions beyond OpenAI's fields (``regex``, ``ebnf``)."""
-    found: list[Grammar] = []
-    if req.regex is not None:
-        found.append(("regex", StructuredOutput(regex=req.regex)))
-    if req.ebnf is not None:
-        found.append(("ebnf", StructuredOutput(ebnf=req.ebnf)))
-    return found
 
 
 # --- the job --------------------------------------------------------------------------------------
