@@ -81,17 +81,14 @@ from typing import Any
 import aiohttp
 
 from dynamo_worker.mocker.bootstrap import (
-    BootstrapRefused,
     BootstrapServer,
-    BootstrapTimeout,
-    PeerConnections,
-    PrefillResult,
-    fetch_prefill,
     kv_layout,
 )
+from dynamo_worker.mocker.handoff import KvHandoff
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
 from dynamo_worker.mocker.scheduler import Refuse, Seq, admit, batch_step, hands_over, next_token
+from dynamo_worker.mocker.scheduler import error_chunk as _error
 from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
@@ -105,7 +102,6 @@ from dynamo_worker.protocol import (
     ServingFeatures,
     TokenLogprob,
     Usage,
-    WorkerError,
     embedding_chunks,
     image_pad_id,
     lora_seed,
@@ -190,10 +186,6 @@ def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
     return reply
 
 
-def _error(error_type: ErrorType, message: str) -> GenerateChunk:
-    return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
-
-
 class MockerEngine(Engine):
     def __init__(
         self,
@@ -213,14 +205,15 @@ class MockerEngine(Engine):
         self._wakeup = asyncio.Event()
         self._keys = itertools.count()
         self._task: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
         self._last_load: LoadSnapshot | None = None
-        self._queues = {"bootstrap": 0, "prealloc": 0, "transfer": 0}  # the KV handoff's queues
-        self._bootstrap_tokens = 0
-        self._freed = asyncio.Event()  # KV blocks were released (a decode leg may reserve now)
-        self._peers = PeerConnections(settings.kv_first_transfer_s / settings.speedup)
-        self.bootstrap: BootstrapServer | None = None
-        self._layout = ""  # kv_layout(), once started
+        self.handoff = KvHandoff(
+            settings,
+            kvs=lambda: self.kvs,
+            timing=lambda: self.timing,
+            sampler=lambda: self.sampler,
+            publish_load=self._publish_load,
+            kv_events=self._kv_events,
+        )
         self.kvs = self._new_caches()
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
@@ -295,15 +288,19 @@ class MockerEngine(Engine):
         name = s.served_model_name or s.model_path or model_dir.name
         if name == TINY_MODEL_DIR:
             name = TINY_MODEL_NAME
-        self._layout = kv_layout(name, s.page_size)
+        self.handoff.layout = kv_layout(name, s.page_size)
         if self.loras is not None:
             await self._start_loras()
         bootstrap_port = None
         if self.role == "prefill":
-            self.bootstrap = BootstrapServer(self._listen_host, self._bootstrap_port, layout=self._layout)
-            bootstrap_port = self._bootstrap_port = await self.bootstrap.start()
+            self.handoff.bootstrap = BootstrapServer(
+                self._listen_host, self._bootstrap_port, layout=self.handoff.layout
+            )
+            bootstrap_port = self._bootstrap_port = await self.handoff.bootstrap.start()
         if self.role == "decode":
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
+            self.handoff.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0)
+            )
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
         log.info(
@@ -442,14 +439,6 @@ class MockerEngine(Engine):
             matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
         )
 
-    async def _stuck_transfer(self, request: GenerateRequest) -> None:
-        """While ``--kv-transfer-fault-file`` exists, a decode leg's KV transfer never completes: the leg
-        waits until it is cancelled, as an engine whose transfer is lost while both workers stay alive."""
-        fault = self.settings.kv_transfer_fault_file
-        if fault is not None and fault.exists():
-            log.warning("Simulated fault: the KV transfer of request_id=%s never ends", request.request_id)
-            await asyncio.Event().wait()
-
     async def health_check(self) -> None:
         if self._task is None:
             raise RuntimeError("mocker not started")
@@ -467,12 +456,12 @@ class MockerEngine(Engine):
             self._task = None
         for seq in [*self._waiting, *self._running]:
             self._fail(seq, "shutting_down", "worker shut down before the request finished")
-        if self.bootstrap is not None:
-            await self.bootstrap.stop()
-            self.bootstrap = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self.handoff.bootstrap is not None:
+            await self.handoff.bootstrap.stop()
+            self.handoff.bootstrap = None
+        if self.handoff.session is not None:
+            await self.handoff.session.close()
+            self.handoff.session = None
         if self.scheduler is not None:
             await self.scheduler.stop()
 
@@ -494,7 +483,7 @@ class MockerEngine(Engine):
             return
         seq.script = scripted
         try:
-            refused = await self._handoff(seq)
+            refused = await self.handoff.before_queue(seq)
             if refused is not None:
                 yield refused
                 return
@@ -510,7 +499,7 @@ class MockerEngine(Engine):
                     and chunk.finish_reason != "error"
                     and self.role == "prefill"
                 ):
-                    chunk = await self._hand_over(seq, chunk, started)
+                    chunk = await self.handoff.hand_over(seq, chunk, started)
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
@@ -520,84 +509,6 @@ class MockerEngine(Engine):
                 log.info("Aborted request request_id=%s", request.request_id)
 
     # --- the KV handoff (SGLang's bootstrap, prealloc and transfer queues) -------------------------
-
-    async def _handoff(self, seq: Seq) -> GenerateChunk | None:
-        """A disaggregated leg's part of the KV handoff before it is queued (``_receive`` for a decode
-        leg, ``_await_handshake`` for a prefill leg); the error chunk that ends it, if it failed."""
-        try:
-            if self.role == "decode":
-                await self._receive(seq)
-            elif self.role == "prefill":
-                await self._await_handshake(seq)
-        except BootstrapTimeout as e:
-            log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
-            return _error("bootstrap_timeout", str(e))
-        except BootstrapRefused as e:
-            return _error("bootstrap_failed", str(e))
-        return None
-
-    async def _await_handshake(self, seq: Seq) -> None:
-        """Prefill leg: wait in the bootstrap queue for the decode leg's handshake (SGLang prefills a
-        request only once its decode worker has reserved the memory for its KV)."""
-        info = seq.request.bootstrap_info
-        assert info is not None and self.bootstrap is not None
-        self._queues["bootstrap"] += 1
-        self._bootstrap_tokens += len(seq.tokens)
-        self._publish_load()
-        try:
-            await self.bootstrap.decode_arrived(info.bootstrap_room, self.settings.bootstrap_timeout_s)
-        finally:
-            self._queues["bootstrap"] -= 1
-            self._bootstrap_tokens -= len(seq.tokens)
-
-    async def _receive(self, seq: Seq) -> None:
-        """Decode leg: reserve KV memory for the prompt (prealloc queue), shake hands with the prefill
-        leg and wait for its result, then receive the KV (transfer queue; the first transfer from a
-        prefill engine also opens the connection, ``--kv-first-transfer-s``)."""
-        request = seq.request
-        assert request.bootstrap_info is not None and self._session is not None
-        deadline = time.monotonic() + self.settings.bootstrap_timeout_s
-        self._queues["prealloc"] += 1
-        self._publish_load()
-        try:
-            await self._reserve(seq, deadline)
-        finally:
-            self._queues["prealloc"] -= 1
-        self._queues["transfer"] += 1
-        self._publish_load()
-        try:
-            result = await fetch_prefill(
-                self._session,
-                request.bootstrap_info,
-                max(deadline - time.monotonic(), 0.5),
-                self._layout,
-            )
-            await self._peers.ready(result.engine)
-            await asyncio.sleep(self.timing.kv_transfer_s(len(seq.tokens)))
-            await self._stuck_transfer(request)
-        finally:
-            self._queues["transfer"] -= 1
-        seq.kv_ready, seq.preset_first, seq.cached_tokens = True, result.first_token, result.cached_tokens
-        seq.host_cached_tokens = result.host_cached_tokens
-
-    async def _reserve(self, seq: Seq, deadline: float) -> None:
-        """Allocate the prompt's KV blocks, waiting (until ``deadline``) while the cache is full."""
-        kv = self.kvs[seq.rank]
-        while True:
-            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
-            if alloc is not None:
-                self._kv_events(alloc.events, seq.rank)
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BootstrapTimeout(
-                    f"the decode worker's KV cache had no room for {len(seq.tokens)} tokens within "
-                    f"{self.settings.bootstrap_timeout_s:.0f}s (--num-kv-blocks)"
-                )
-            self._freed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await self._freed.wait()
 
     def _uncached(self, seq: Seq) -> int:
         return len(seq.tokens) - self.kvs[seq.rank].cached_prefix_tokens(seq.tokens, seq.lora)
@@ -650,13 +561,13 @@ class MockerEngine(Engine):
                 return _error("invalid_request", f"images[{i}]: its token_ids are not its pad id {pad}")
         if self.role != "agg" and request.bootstrap_info is None:
             return _error("invalid_request", f"a {self.role} worker needs bootstrap_info in the request")
-        if self.role == "prefill" and self.bootstrap is not None:
+        if self.role == "prefill" and self.handoff.bootstrap is not None:
             port = request.bootstrap_info.bootstrap_port  # type: ignore[union-attr]
-            if port != self.bootstrap.port:
+            if port != self.handoff.bootstrap.port:
                 return _error(
                     "invalid_request",
                     f"bootstrap_port {port} is not this prefill worker's bootstrap port "
-                    f"{self.bootstrap.port}",
+                    f"{self.handoff.bootstrap.port}",
                 )
         return None
 
@@ -722,31 +633,6 @@ class MockerEngine(Engine):
         if self._tokenizer is None:
             return [self.sampler.token(len(text), i) for i in range(len(text.split()))]
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
-
-    async def _hand_over(self, seq: Seq, chunk: GenerateChunk, started: float) -> GenerateChunk:
-        """Prefill leg: publish the result for the decode leg and wait until it is fetched."""
-        info = seq.request.bootstrap_info
-        assert info is not None and self.bootstrap is not None
-        first = chunk.token_ids[0] if chunk.token_ids else self.sampler.token(seq.digest, 0)
-        result = PrefillResult(
-            first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens
-        )
-        left = max(self.settings.bootstrap_timeout_s - (time.monotonic() - started), 0.5)
-        self._queues["transfer"] += 1
-        self._publish_load()
-        try:
-            await self.bootstrap.prefill_done(info.bootstrap_room, result, left)
-        except BootstrapTimeout as e:
-            log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
-            return _error("bootstrap_timeout", str(e))
-        except BootstrapRefused as e:
-            return _error("bootstrap_failed", str(e))
-        except RuntimeError as e:
-            return _error("invalid_request", str(e))
-        finally:
-            self._queues["transfer"] -= 1
-            self._publish_load()
-        return chunk
 
     # --- scheduler -------------------------------------------------------------------------------
 
@@ -881,7 +767,7 @@ class MockerEngine(Engine):
 
     def _release(self, seq: Seq) -> None:
         self.kvs[seq.rank].free(seq.key)
-        self._freed.set()
+        self.handoff.freed.set()
         if seq in self._running:
             self._running.remove(seq)
         if seq.lora is not None and self._lora_drained is not None:
@@ -907,7 +793,7 @@ class MockerEngine(Engine):
         """Report the load as SGLang does (``sglang.engine.snapshot``): ``waiting`` counts the handoff
         queues too, queued prefill tokens are the waiting requests' uncached ones (and a prefill
         worker's bootstrap queue, whole)."""
-        q = self._queues
+        q = self.handoff.queues
         snap = LoadSnapshot(
             active_blocks=sum(kv.active_blocks for kv in self.kvs),
             total_blocks=sum(kv.total_blocks for kv in self.kvs),
@@ -917,7 +803,7 @@ class MockerEngine(Engine):
             + q["transfer"] * (self.role == "decode"),
             running=len(self._running),
             waiting_prefill_tokens=sum(s.queued_tokens for s in self._waiting if not s.finished)
-            + self._bootstrap_tokens,
+            + self.handoff.bootstrap_tokens,
             bootstrap_queue=q["bootstrap"],
             prealloc_queue=q["prealloc"],
             transfer_queue=q["transfer"],

@@ -13,9 +13,9 @@ from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
 from dynamo_worker.mocker.outbox import Outbox
 from dynamo_worker.mocker.tokens import TokenSampler
-from dynamo_worker.protocol import GenerateRequest, KvEvent
+from dynamo_worker.protocol import ErrorType, GenerateChunk, GenerateRequest, KvEvent, WorkerError
 
-__all__ = ["Join", "Refuse", "Seq", "admit", "batch_step", "hands_over", "next_token"]
+__all__ = ["Join", "Refuse", "Seq", "admit", "batch_step", "error_chunk", "hands_over", "next_token"]
 
 
 @dataclass(eq=False)
@@ -168,3 +168,8 @@ def batch_step(
     if prefilled and not mixed_chunk:
         return prefilled, prefill_s
     return running, prefill_s + decode_s
+
+
+def error_chunk(error_type: ErrorType, message: str) -> GenerateChunk:
+    """The chunk that ends a request with an error."""
+    return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
