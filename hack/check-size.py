@@ -22,7 +22,6 @@ ALLOWED = {
 }
 # Modules issue 50 splits, each leaving this list with the commit that splits it.
 SPLITTING = {
-    "worker/dynamo_worker/mocker/engine.py",
     "worker/dynamo_worker/sglang/engine.py",
 }
 

@@ -1,66 +1,13 @@
 """The mocker engine: a simulated SGLang engine behind the same ``Engine`` interface as the real one.
 
-One scheduler task runs continuous batching. Each step it admits waiting requests in arrival order
-while there is a free running slot (``--max-running-requests``), room in the KV cache, and token budget
-(``--max-prefill-tokens`` of uncached prompt tokens; the first admission of a step is always allowed);
-then it sleeps for the step's simulated duration (``timing.TimingModel``: the admitted prefills plus
-one decode step of the running batch) and gives every running request one token. A request whose next
-token needs a KV block when none is free is preempted: its blocks are released and it goes back to the
-front of the queue, to be recomputed (mostly from the prefix cache).
-
-Roles:
-- ``agg``: prefill and decode here.
-- ``prefill``: waits in its bootstrap queue for the decode leg of the same ``bootstrap_room`` to shake
-  hands (as SGLang's prefill waits for its decode worker to reserve the KV memory), computes the
-  prompt, returns one token (like SGLang's prefill with max_new_tokens=1) once that decode leg has
-  fetched the result from this worker's bootstrap server; fails with ``bootstrap_timeout`` when no
-  decode leg comes.
-- ``decode``: reserves the prompt's KV blocks (its prealloc queue: it waits while the cache is full, and
-  so does the prefill leg), shakes hands and fetches the prefill result from ``bootstrap_info`` (failing
-  with ``bootstrap_timeout`` when it never comes), waits the simulated KV transfer (the first from a
-  prefill engine also opens the connection: ``--kv-first-transfer-s``), then decodes, starting with
-  the prefill's token. It publishes no KV events (SGLang's decode radix cache is off by default).
-The load it reports is SGLang's (``sglang.engine.snapshot``): queued requests and prefill tokens,
-running requests, KV in use, and the handoff's bootstrap, prealloc and transfer queues.
-
-Tokens: see ``tokens``; each depends on ``sampling.seed`` (else ``--random-seed``) and the sequence before
-it only (prompt and the tokens emitted so far, like a greedy model; temperature, top-p etc. change
-nothing), so a migrated stream's continuation is the uninterrupted stream's, token for token. A
-``stop_token_ids`` hit (after ``min_tokens``) ends with "stop" and is not returned; eos is emitted only
-with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_token_ids``; never with
-``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
-for a decode leg, its prefill's hits), of which ``cached_tokens_host`` were loaded back from the
-simulated HiCache host tier (``--enable-hierarchical-cache``; see ``kv_manager``), which the step that
-admits the request pays for (``timing.TimingModel.load_back_s``).
-Closing the request's iterator (the client went away) frees its blocks at once. A request with
-``stream_interval`` gets its tokens as SGLang's scheduler hands them over (``hands_over``): the first at
-once, then every ``stream_interval`` steps, the rest with the final chunk.
-
-Engine death: with ``scheduler_process`` (as ``python -m dynamo_worker.mocker`` runs it), ``start`` also
-starts a child process, the stand-in for SGLang's scheduler process (``scheduler_process``), which
-``processes()`` names; SIGKILL it and the worker treats the engine as dead, exactly as with SGLang
-(``runtime.recovery``). ``stop`` ends it. ``start`` after ``stop`` begins again with an empty KV cache and
-queue (an in-place restart), its bootstrap server on the same port.
-
-LoRA (``--enable-lora`` or ``--lora-paths``, SGLang's flags): adapters load and unload through the
-worker's ``/v1/loras`` (``--lora-load-ms`` each) and serve requests that name them as SGLang would
-(``mocker.lora``): a prefix-cache namespace per adapter (``kv_manager``), ``lora_name`` on its KV events,
-a batch of at most ``--max-loras-per-batch`` distinct adapters (the base model counting as one; a request
-whose adapter does not fit waits while later ones go), ``--lora-swap-ms`` per adapter a step copies into
-the GPU slots, and tokens that depend on the adapter too, so an answer tells which adapter served it.
-With ``--load-format dummy`` it can load no adapter, as SGLang cannot (``lora_checks.dummy_weights_block``):
-``--lora-paths`` is refused, and ``--enable-lora`` serves the base model and refuses every load.
-
-Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
-own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
-to its ``data_parallel_rank``, or to the ranks in turn when it names none. The ranks step together (one
-scheduler), as SGLang's dp-attention ranks do.
-
-Beyond plain tokens (``scripted``): ``--script`` replies, JSON instances for ``json_schema``
-constraints (``--grammar-backend none`` refuses them, as SGLang's engine does; regex, ebnf and
-structural tags are refused as beyond the simulation), logprobs when asked, and with
-``--is-embedding`` an embedding worker that answers ``embed`` requests (one forward pass per batch,
-timed like a prefill) and refuses generation.
+One scheduler task runs continuous batching: each step it admits waiting requests (``scheduler.admit``),
+sleeps the step's simulated duration (``timing.TimingModel``) and gives the batch's requests a token
+each (``scheduler.next_token``); a request that needs a KV block when none is free is preempted and
+recomputed. Roles ``agg``, ``prefill`` and ``decode`` (the KV handoff: ``handoff``), data parallelism
+(``--dp-size``: a KV cache per rank), LoRA adapters (``lora``), the HiCache host tier (``kv_manager``),
+scripted replies and embeddings (``scripted``), and engine death (``scheduler_process``). It reports
+SGLang's load (``sglang.engine.snapshot``). Tokens depend on the seed and the sequence before them only,
+so a migrated stream goes on token for token. What each simulates, and how: docs/mocker.md.
 """
 
 from __future__ import annotations
@@ -70,12 +17,9 @@ import contextlib
 import itertools
 import json
 import logging
-import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -84,9 +28,18 @@ from dynamo_worker.mocker.bootstrap import (
     BootstrapServer,
     kv_layout,
 )
+from dynamo_worker.mocker.checks import check_kind, check_lora, check_request, start_loras
 from dynamo_worker.mocker.handoff import KvHandoff
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
+from dynamo_worker.mocker.model_dir import (
+    TINY_MODEL_DIR,
+    _kv_bytes_from_config,
+    _read_config,
+    resolve_model_dir,
+    serving_features,
+    size_host_tier,
+)
 from dynamo_worker.mocker.scheduler import Refuse, Seq, admit, batch_step, hands_over, next_token
 from dynamo_worker.mocker.scheduler import error_chunk as _error
 from dynamo_worker.mocker.scheduler_process import SchedulerProcess
@@ -99,11 +52,9 @@ from dynamo_worker.protocol import (
     GenerateChunk,
     GenerateRequest,
     KvEvent,
-    ServingFeatures,
     TokenLogprob,
     Usage,
     embedding_chunks,
-    image_pad_id,
     lora_seed,
 )
 from dynamo_worker.runtime.aio import cancel_and_wait
@@ -116,64 +67,17 @@ from dynamo_worker.runtime.engine import (
     NullEventSink,
 )
 from dynamo_worker.runtime.lora_checks import (
-    DUMMY_WEIGHTS_LOG,
-    LoraError,
     LoraLimits,
     StartupAdapter,
-    check_fits,
-    dummy_weights_block,
-    effective_limits,
-    normalize_targets,
-    parse_lora_paths,
-    read_adapter_config,
 )
-from dynamo_worker.runtime.worker import WorkerStartError
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
-from dynamo_worker.tinymodel import ensure_tiny_model
 
-__all__ = ["MockerEngine", "resolve_model_dir"]
+__all__ = ["MockerEngine"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_KV_BYTES_PER_TOKEN = 131_072
-TINY_MODEL_DIR = "dynamo-tiny-model"
-
-
-def _read_config(model_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _kv_bytes_from_config(config: dict[str, Any]) -> int | None:
-    """2 (K and V) x layers x kv heads x head dim x 2 bytes (bf16), when config.json tells."""
-    try:
-        layers = int(config["num_hidden_layers"])
-        heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
-        head_dim = int(
-            config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"])
-        )
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    return 2 * layers * heads * head_dim * 2
-
-
-def resolve_model_dir(settings: MockerSettings) -> Path:
-    """The folder with the tokenizer: --model-dir, else --model-path / --tokenizer-path when they are
-    folders, else the tiny model (created in the temp dir)."""
-    for candidate in (settings.model_dir, settings.model_path, settings.tokenizer_path):
-        if candidate is not None and Path(candidate).is_dir():
-            return Path(candidate)
-    if settings.model_dir is not None:
-        raise FileNotFoundError(
-            f"--model-dir {settings.model_dir} is not a folder; create it or drop the flag"
-        )
-    path = ensure_tiny_model(Path(tempfile.gettempdir()) / TINY_MODEL_DIR)
-    log.info("Using the tiny model folder path=%s (no model folder given)", path)
-    return path
 
 
 def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
@@ -277,7 +181,7 @@ class MockerEngine(Engine):
         )
         kv_bytes = s.kv_bytes_per_token or _kv_bytes_from_config(config) or DEFAULT_KV_BYTES_PER_TOKEN
         self.timing = s.timing(kv_bytes)
-        self._size_host_tier(kv_bytes)
+        size_host_tier(self.kvs, s, kv_bytes, self.timing)
         self.sampler = await asyncio.to_thread(TokenSampler.from_model_dir, model_dir, s.vocab_size)
         if (model_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -290,7 +194,7 @@ class MockerEngine(Engine):
             name = TINY_MODEL_NAME
         self.handoff.layout = kv_layout(name, s.page_size)
         if self.loras is not None:
-            await self._start_loras()
+            self._lora_limits, self._startup_loras = await start_loras(s, self.loras)
         bootstrap_port = None
         if self.role == "prefill":
             self.handoff.bootstrap = BootstrapServer(
@@ -324,64 +228,11 @@ class MockerEngine(Engine):
             dp_size=s.dp_size,
             model_dir=model_dir,
             context_length=self.context_length,
-            features=self._features(config),
+            features=serving_features(s, config, self.embedding_dim),
             nnodes=s.nnodes,
         )
 
-    def _size_host_tier(self, kv_bytes: int) -> None:
-        """HiCache's host memory per rank, now that the KV bytes per token are known (--hicache-size)."""
-        s = self.settings
-        host = s.host_blocks(kv_bytes)
-        for kv in self.kvs:
-            kv.host_blocks = host
-        if not host:
-            return
-        log.info(
-            "Simulating HiCache host_kv_blocks=%d (%.1f GB) write_policy=write_through "
-            "load_back_us_per_block=%.0f",
-            host,
-            host * s.page_size * kv_bytes / 1e9,
-            self.timing.load_back_s(s.page_size) * 1e6,
-        )
-        if host <= s.gpu_blocks:
-            log.warning(
-                "HiCache host KV cache (%d blocks) is not larger than the GPU's (%d blocks): host memory "
-                "holds copies of the GPU's blocks first, so few evicted blocks stay there; raise "
-                "--hicache-ratio above 1 (SGLang warns alike)",
-                host,
-                s.gpu_blocks,
-            )
-
     # --- LoRA ----------------------------------------------------------------------------------------
-
-    async def _start_loras(self) -> None:
-        """Check the flags and the ``--lora-paths`` adapters as SGLang does when it starts, and hold them."""
-        assert self.loras is not None
-        s = self.settings
-        try:
-            startup = parse_lora_paths(s.lora_paths)
-        except ValueError as e:
-            raise WorkerStartError(str(e)) from None
-        flags = LoraLimits(
-            max_loras_per_batch=s.max_loras_per_batch,
-            max_loaded_loras=s.max_loaded_loras,
-            max_lora_rank=s.max_lora_rank,
-            target_modules=normalize_targets(s.lora_target_modules) if s.lora_target_modules else None,
-        )
-        configs = []
-        for adapter in startup:
-            try:
-                config = await asyncio.to_thread(read_adapter_config, Path(adapter.path))
-                check_fits(adapter.name, config, flags)
-            except LoraError as e:
-                raise WorkerStartError(f"--lora-paths {adapter.name}={adapter.path}: {e.message}") from None
-            configs.append(config)
-            self.loras.load(adapter.name, adapter.pinned)
-        blocked = dummy_weights_block(True, s.load_format)
-        if blocked is not None:
-            log.error(DUMMY_WEIGHTS_LOG, blocked)
-        self._lora_limits = replace(effective_limits(flags, configs), cannot_load=blocked)
-        self._startup_loras = startup
 
     def lora_limits(self) -> LoraLimits | None:
         return self._lora_limits if self.loras is not None else None
@@ -405,39 +256,6 @@ class MockerEngine(Engine):
             self._lora_drained.clear()
             await self._lora_drained.wait()
         return self.loras.unload(name)
-
-    def _check_lora(self, request: GenerateRequest) -> GenerateChunk | None:
-        name = request.lora_name
-        if name is None:
-            return None
-        if self.loras is None:
-            return _error(
-                "invalid_request",
-                f"this worker serves no LoRA adapters, so not {name!r}; start it with --enable-lora",
-            )
-        if not self.loras.serves(name):
-            held = ", ".join(n for n in self.loras.held if self.loras.serves(n)) or "none"
-            return _error(
-                "invalid_request",
-                f"LoRA adapter {name!r} is not loaded on this worker (it serves: {held}); load it with "
-                "POST /v1/loras on the worker's system port",
-            )
-        self.loras.use(name)
-        return None
-
-    def _features(self, config: dict[str, Any]) -> ServingFeatures:
-        s = self.settings
-        matryoshka = config.get("matryoshka_dimensions")
-        return ServingFeatures(
-            model_type="embedding" if s.is_embedding else "generate",
-            tool_call_parser=s.tool_call_parser,
-            reasoning_parser=s.reasoning_parser,
-            # as SGLang: no grammars without its tokenizer (--skip-tokenizer-init)
-            grammar_backend="none" if s.skip_tokenizer_init else s.grammar_backend,
-            embedding_dim=self.embedding_dim if s.is_embedding else None,
-            is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
-            matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
-        )
 
     async def health_check(self) -> None:
         if self._task is None:
@@ -468,7 +286,21 @@ class MockerEngine(Engine):
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
         queued = False
-        problem = self._check(request) or self._check_kind(request) or self._check_lora(request)
+        bootstrap = self.handoff.bootstrap
+        problem = (
+            check_request(
+                request,
+                self.settings,
+                stopping=self.stopping,
+                context_length=self.context_length,
+                kv=self.kv,
+                bootstrap_port=bootstrap.port if bootstrap is not None else None,
+            )
+            or check_kind(
+                request, self.settings, embedding_dim=self.embedding_dim, context_length=self.context_length
+            )
+            or check_lora(request, self.loras)
+        )
         if problem is not None:
             yield problem
             return
@@ -534,62 +366,6 @@ class MockerEngine(Engine):
             digest=digest,
             rank=rank if rank is not None else next(self._next_rank) % len(self.kvs),
         )
-
-    def _check(self, request: GenerateRequest) -> GenerateChunk | None:
-        n = len(request.token_ids)
-        if self.stopping:
-            return _error("shutting_down", "worker is shutting down")
-        if n >= self.context_length:
-            return _error(
-                "invalid_request",
-                f"prompt has {n} tokens; the context length is {self.context_length}: shorten the prompt",
-            )
-        if self.kv.blocks_needed(n + 1) > self.kv.total_blocks:
-            return _error(
-                "invalid_request",
-                f"prompt needs {self.kv.blocks_needed(n + 1)} KV blocks but the cache has "
-                f"{self.kv.total_blocks}; raise --num-kv-blocks",
-            )
-        if request.data_parallel_rank is not None and request.data_parallel_rank >= self.settings.dp_size:
-            return _error(
-                "invalid_request", f"data_parallel_rank must be below dp_size={self.settings.dp_size}"
-            )
-        for i, span in enumerate(request.images):  # the pad ids stand for the image, as in SGLang
-            pad = image_pad_id(span.embedding.content_hash)
-            end = span.offset + span.embedding.num_tokens
-            if any(t != pad for t in request.token_ids[span.offset : end]):
-                return _error("invalid_request", f"images[{i}]: its token_ids are not its pad id {pad}")
-        if self.role != "agg" and request.bootstrap_info is None:
-            return _error("invalid_request", f"a {self.role} worker needs bootstrap_info in the request")
-        if self.role == "prefill" and self.handoff.bootstrap is not None:
-            port = request.bootstrap_info.bootstrap_port  # type: ignore[union-attr]
-            if port != self.handoff.bootstrap.port:
-                return _error(
-                    "invalid_request",
-                    f"bootstrap_port {port} is not this prefill worker's bootstrap port "
-                    f"{self.handoff.bootstrap.port}",
-                )
-        return None
-
-    def _check_kind(self, request: GenerateRequest) -> GenerateChunk | None:
-        if self.settings.is_embedding and request.embed is None:
-            return _error(
-                "invalid_request",
-                "this worker serves embeddings (--is-embedding); send generation to a generation model",
-            )
-        if request.embed is not None:
-            if not self.settings.is_embedding:
-                return _error("invalid_request", "this worker generates text; start it with --is-embedding")
-            dims = request.embed.dimensions
-            if dims is not None and dims > self.embedding_dim:
-                return _error("invalid_request", f"dimensions {dims} exceeds the size {self.embedding_dim}")
-            for ids in request.embed.inputs:
-                if len(ids) > self.context_length:
-                    return _error(
-                        "invalid_request",
-                        f"an input has {len(ids)} tokens; the context length is {self.context_length}",
-                    )
-        return None
 
     async def _embed(self, request: GenerateRequest) -> list[GenerateChunk]:
         assert request.embed is not None
