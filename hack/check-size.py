@@ -20,10 +20,6 @@ ALLOWED = {
     "worker/dynamo_worker/frontend/protocol.py": "the OpenAI wire models, one concept (SGLang's protocol.py)",
     "api/dynamo_api/conversion.py": "the v1alpha1 <-> v1beta1 conversion, one mapping read both ways",
 }
-# Modules issue 50 splits, each leaving this list with the commit that splits it.
-SPLITTING = {
-    "worker/dynamo_worker/sglang/engine.py",
-}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in ([p] if p.is_file() else p.rglob("*.py"))
         if ".venv" not in f.parts
     )
-    exempt = ALLOWED.keys() | SPLITTING
+    exempt = ALLOWED.keys()
     above = [
         (f, n)
         for f in files

@@ -23,7 +23,8 @@ from dynamo_worker.runtime.request_plane import RequestClient
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.runtime.worker import Worker
 from dynamo_worker.sglang.args import SglangSettings, WorkerPlan
-from dynamo_worker.sglang.engine import SglangEngine, process_name
+from dynamo_worker.sglang.engine import SglangEngine
+from dynamo_worker.sglang.processes import process_name
 from dynamo_worker.tinymodel import ensure_tiny_model
 
 from tests.support.sglang_fake import FAKE_BOOTSTRAP_HOST, FakeServerArgs, FakeSglangEngine

@@ -6,7 +6,7 @@ each (``scheduler.next_token``); a request that needs a KV block when none is fr
 recomputed. Roles ``agg``, ``prefill`` and ``decode`` (the KV handoff: ``handoff``), data parallelism
 (``--dp-size``: a KV cache per rank), LoRA adapters (``lora``), the HiCache host tier (``kv_manager``),
 scripted replies and embeddings (``scripted``), and engine death (``scheduler_process``). It reports
-SGLang's load (``sglang.engine.snapshot``). Tokens depend on the seed and the sequence before them only,
+SGLang's load (``sglang.load.snapshot``). Tokens depend on the seed and the sequence before them only,
 so a migrated stream goes on token for token. What each simulates, and how: docs/mocker.md.
 """
 
@@ -566,7 +566,7 @@ class MockerEngine(Engine):
             self._sink.kv_events(events, rank)
 
     def _publish_load(self) -> None:
-        """Report the load as SGLang does (``sglang.engine.snapshot``): ``waiting`` counts the handoff
+        """Report the load as SGLang does (``sglang.load.snapshot``): ``waiting`` counts the handoff
         queues too, queued prefill tokens are the waiting requests' uncached ones (and a prefill
         worker's bootstrap queue, whole)."""
         q = self.handoff.queues

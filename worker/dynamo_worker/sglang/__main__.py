@@ -25,7 +25,8 @@ from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.system_server import SystemServer
 from dynamo_worker.runtime.worker import run_worker
 from dynamo_worker.sglang.args import SglangCli, WorkerArgsError, WorkerPlan, parse_worker_args
-from dynamo_worker.sglang.engine import SglangEngine, kill_sglang_children, sglang_engine
+from dynamo_worker.sglang.engine import SglangEngine
+from dynamo_worker.sglang.processes import kill_sglang_children, sglang_engine
 
 log = logging.getLogger("dynamo_worker.sglang")
 
