@@ -5,41 +5,7 @@ Startup (``start``): SGLang's constructor blocks until the model is loaded, so i
 tokenizer manager then installs its own SIGTERM handler on our loop when it first runs; we start it
 eagerly and put the runtime's handler back, so graceful shutdown stays ours.
 
-Engine death (``runtime.recovery`` acts on it): the engine's processes are SGLang's schedulers (one per
-TP/PP rank, or its data-parallel controller and the schedulers under it) and its detokenizer,
-``_scheduler_init_result.all_child_pids``, named from the titles SGLang gives them
-(``sglang::scheduler_TP0``).
-SGLang 0.5.17 left alone would end this whole process when one dies: a child that fails (and its
-``SubprocessWatchdog``, once a second) sends us SIGQUIT, and the tokenizer manager's handler for it kills
-the process tree, this worker included, with no deregistration and no word to the frontend. So the worker
-takes SIGQUIT over (before SGLang starts, and again after its handle loop installs its own) and reports
-the engine's death instead; the runtime also watches the processes itself (a pidfd each, so within the
-loop turn, not the watchdog's second). ``stop`` then releases what the dead engine left in this process
-(its tokenizer manager's tasks on our loop, the prefill bootstrap server's port), so that ``start`` can
-build a new engine here.
-
-A prefill worker whose bootstrap port we chose (no ``--disaggregation-bootstrap-port``) checks that
-SGLang's bootstrap server really bound it; another process taking the port in between is a conflict,
-and the engine is restarted on a new free port (at most ``BOOTSTRAP_PORT_ATTEMPTS`` times), with a new
-``ServerArgs`` built from the same command line (SGLang's is read-only once constructed).
-
-What the worker registers comes from the running engine: the resolved ``ServerArgs`` values
-(``resolved.resolved_args``: served model name, page size, dp ranks, bootstrap port), total KV blocks
-(the scheduler's ``max_total_num_tokens`` / page size), max running requests and the bootstrap address.
-Load (SGLang's ``get_loads``) is polled for the event plane and re-exported as Prometheus gauges;
-KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` enables it.
-
-LoRA (SGLang's ``--enable-lora``, ``--lora-paths`` and the rest, passed through): the worker's
-``/v1/loras`` loads and unloads adapters with ``async_load_lora_adapter`` / ``async_unload_lora_adapter``
-(the leader's engine reaches every rank of its tensor-parallel group itself), and a request naming an
-adapter is generated with ``lora_path=<name>``. A request for an adapter this worker does not hold is
-refused here: SGLang would otherwise load an adapter it once held again on its own. SGLang's KV events
-name the adapter of a block from 0.5.23 (``lora_name``); 0.5.17's do not, which the worker says once.
-Under ``--load-format dummy`` SGLang can load no adapter (``args.lora_blocked``): ``lora_limits`` says
-so, and ``/v1/loras`` refuses every load before SGLang sees it.
-
-Warm-up, canaries and their diagnosis: ``probes``; load reports: ``load``; the processes: ``processes``.
-"""
+More: docs/module-notes.md (dynamo_worker.sglang.engine)."""
 
 from __future__ import annotations
 

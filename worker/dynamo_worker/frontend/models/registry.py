@@ -6,31 +6,7 @@ the worker's model card). The first worker of a model triggers one card fetch. A
 with a different model card (an updated tokenizer) makes the frontend load that card; requests use the
 previous one until it is loaded.
 
-A model is *kept* (listed by ``/v1/models``, and its requests held by ``serving.admission`` until a
-worker can take them) while it is served, and also when nobody serves it now but
-
-- it is one of the graph's models (``--graph-models``, which the operator sets from the graph's workers:
-  kept while the frontend, hence the graph, exists, also at 0 replicas and after a frontend restart), or
-- it was served, and its last worker left (cleanly or not) less than ``retention_s`` ago (a bare
-  frontend, or dynamo-run), or some of its workers are still there (e.g. a decode worker whose prefill
-  workers are restarting).
-
-The preprocessor stays cached, so a kept model is served as soon as a worker registers again. A model
-never heard of is a 404; one whose workers cannot serve it and that is not kept, a 503 naming why.
-
-Routing state follows discovery too: every added worker is added to the router, every removed one is
-dropped from it (with its KV blocks).
-
-LoRA adapters (``models.lora_adapters``): a name that is no served model but an adapter a model's workers
-hold (``<adapter>`` or ``<model>:<adapter>``) resolves to a view of that model with only the workers
-holding the adapter (``ModelEntry.lora_name`` set). Its requests are served like the model's, held
-while the adapter is known but no worker set can serve it yet (on prefill workers but not yet on a
-decode worker of the same revision: the operator is loading it), or while the model scales from zero
-(its adapters are remembered with it). An adapter that no worker holds while the model has workers
-is a 404 naming the adapters it has; one that can never be served (the other role runs without LoRA)
-a 503 at once.
-
-A model's tokenizer and chat template are ``models.preprocessor``."""
+More: docs/module-notes.md (dynamo_worker.frontend.models.registry)."""
 
 from __future__ import annotations
 

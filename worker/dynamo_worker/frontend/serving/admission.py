@@ -6,32 +6,7 @@ registered none). A request takes a slot from admission to its last byte (a migr
 it back when it ends. This frontend counts its own requests only: with several frontends, each may fill
 the workers' slots, and the rest waits in the engines.
 
-A request that finds no free slot, or finds its model kept but not served now (``models.registry``:
-scaling from zero, workers restarting, the gap of a rollout, its tokenizer loading), waits in the
-model's queue:
-
-- in order of priority (``nvext.agent_hints.priority`` in the body, or the ``x-dynamo-request-priority``
-  header, which wins: NVIDIA Dynamo's names; higher first; default 0), then of arrival;
-- at most ``max_queued`` per model: a request that finds the queue full is answered 429 ``queue_full``
-  at once (503 ``model_scaling_up`` while the model has no worker: unavailable, not busy), unless it
-  outranks the lowest-priority waiter, which then gets that answer in its place;
-- for at most its budget: while the model is served, ``queue_ttl_s`` from its arrival (or from when
-  the model was served again, so that a model back from zero does not shed what waited for it); while
-  it is not, ``scale_up_timeout_s``; and never past the request's own time to live (the
-  ``x-llm-d-inference-ttl`` header, llm-d's name, or ``nvext.request_ttl``; a Go duration such as
-  ``2s`` or ``1m30s``, or seconds). A request whose budget runs out is answered at that moment: 503
-  with ``Retry-After``, ``queue_timeout`` (no worker could take it in time) or ``model_scaling_up`` (no
-  worker of the model registered in time).
-
-Every refusal carries llm-d's ``x-llm-d-request-dropped-reason`` header (``rejected-saturated``,
-``rejected-ttl-expired``, ``rejected-no-endpoints``). The metrics: ``dynamo_frontend_queued_requests``
-(waiting now, per model: the demand a planner or a KEDA scaler reads, at 0 replicas too),
-``dynamo_frontend_queue_rejected_total``, ``dynamo_frontend_queue_expired_total`` and
-``dynamo_frontend_queue_wait_seconds``.
-
-The deciding parts are pure (``capacity``, ``budget``, ``shed_victim``, ``request_hints``); ``Admission``
-keeps the queues and wakes waiters when a slot frees or the registry changes.
-"""
+More: docs/module-notes.md (dynamo_worker.frontend.serving.admission)."""
 
 from __future__ import annotations
 

@@ -1,40 +1,6 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
-Serving mode per model, decided from the workers discovery knows now (``route_mode``); for a LoRA
-adapter, the model's workers that hold it (its entry is the adapter's view, ``models.lora_adapters``):
-
-- prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
-  are chosen as one decision (``Router.choose_pair``), among the warm combinations while there is one
-  (``models.pairing.routable_pair``: the newest revision with a warm combination; ``serving.warmup``
-  warms each new one), a random 63-bit
-  ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
-  ``bootstrap_info`` (the prefill worker's bootstrap host/port), the decode leg first (the prefill
-  engine waits for its handshake): waiting for the prefill before starting the decode can deadlock
-  SGLang's KV handshake. The decode leg is streamed back; the prefill leg
-  (``max_tokens=1``) only has to finish cleanly. If either leg fails, the other is cancelled and the
-  client gets the error; every wait is bounded by the request-plane timeouts, and the KV handoff (both
-  legs sent -> the decode leg's first token) by ``kv_transfer_timeout_s``: past it both legs are
-  cancelled (the workers abort them in the engine, freeing their KV cache) and the request goes once to
-  another pair, else the client gets 504 ``kv_transfer_timeout``. A transfer that never completes while
-  both workers stay alive ends there, never in a hang.
-- otherwise aggregated workers -> aggregated.
-- decode workers but no prefill workers (and no aggregated ones) -> 503: a decode-only worker cannot
-  compute a prompt's KV cache, so requests are never sent to it alone.
-
-Failures map to client errors (``frontend.errors``): a refusal for bad input -> 400, a worker that is
-overloaded or shutting down -> 503, a role with no live worker left -> 503 naming the role, anything
-else a worker did wrong (died mid-stream, timed out, engine error) -> 502 (``WorkerLost`` when the
-worker itself is gone, or says its engine died: ``engine_died``). A worker that cannot be reached, or
-refuses before doing any work, is retried once on another worker of the same role; so is a request
-whose worker's engine died before its first token.
-
-A worker that cannot be reached, breaks a stream or stalls it is quarantined (``serving.quarantine``):
-no request is routed to it until it answers again or leaves discovery. When a role has no live worker
-left, the answer is 503 naming the role (never a 502 for a worker already known dead). Failures that
-lose a worker raise ``WorkerLost``, which migration continues on another worker.
-
-Migration, which continues a lost worker's stream on another one, is ``serving.migration``.
-"""
+More: docs/module-notes.md (dynamo_worker.frontend.serving.dispatch)."""
 
 from __future__ import annotations
 
