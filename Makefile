@@ -57,7 +57,7 @@ faults: venv binaries ## the fault suite: one row per fault (what was done, boun
 
 lint: lint-code lint-chart ## ruff, formatting, types (mypy), import contracts, CRD drift, helm lint + kubeconform, hadolint
 
-lint-code: venv ## ruff, formatting, types (mypy), import contracts and cycles, CRD drift, complexity, Markdown links
+lint-code: venv ## ruff, formatting, types (mypy), import contracts and cycles, CRD drift, complexity, module size, Markdown links
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -65,6 +65,7 @@ lint-code: venv ## ruff, formatting, types (mypy), import contracts and cycles, 
 	$(BIN)/python hack/check-import-cycles.py
 	$(BIN)/python -m dynamo_api.crdgen --check
 	$(BIN)/python hack/check-complexity.py
+	$(BIN)/python hack/check-size.py
 	$(BIN)/python hack/check-links.py
 
 lint-chart: venv binaries ## helm lint + kubeconform of the chart, hadolint of the Dockerfiles

@@ -74,18 +74,20 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"gpu-lock: {', '.join(unknown)} not pinned in {LOCK}", file=sys.stderr)
         return 2
+    print(_answer(what, pins, names, excluding="--except" in argv))
+    return 0
+
+
+def _answer(what: str, pins: list[Pin], names: list[str], *, excluding: bool) -> str:
+    """What ``main`` prints for ``what``: one pin's version, the constraints, or the requirements."""
     if what == "version":
-        print(next(p.version for p in pins if p.key == names[0]))
-        return 0
+        return next(p.version for p in pins if p.key == names[0])
     if what == "constraints":
-        print("\n".join(p.requirement(extras=False) for p in pins if "tool" not in p.users))
-        return 0
+        return "\n".join(p.requirement(extras=False) for p in pins if "tool" not in p.users)
     chosen = [p for p in pins if what in p.users]
     if names:
-        excluding = "--except" in argv
         chosen = [p for p in chosen if (p.key in names) != excluding]
-    print("\n".join(p.requirement() for p in chosen))
-    return 0
+    return "\n".join(p.requirement() for p in chosen)
 
 
 if __name__ == "__main__":

@@ -1,56 +1,6 @@
 """Conversion of ``DynamoGraphDeployment`` between ``nvidia.com/v1alpha1`` and ``nvidia.com/v1beta1``.
 
-Pure functions on raw objects (dicts as the API server sends them), used by the operator's conversion
-webhook, by the operator to read what it watches, and by dynamo-run to read manifests:
-
-- :func:`convert` (``obj``, target apiVersion) -> ``obj`` in that version;
-- :func:`load_graph` (a raw manifest of either version) -> the one internal model the renderer works
-  from, :class:`dynamo_api.models.DynamoGraphDeployment`.
-
-How the fields map (the rules of NVIDIA Dynamo's conversion)::
-
-    v1alpha1 spec.services[NAME]                 v1beta1 spec.components[name=NAME]
-      componentType worker + subComponentType P    type P (P: prefill or decode)
-      componentType T                              type T
-      replicas, multinode, modelRef,               the same
-        globalDynamoNamespace
-      sharedMemory {disabled: true} | {size: S}    sharedMemorySize "0" | S
-      volumeMounts[useAsCompilationCache]          compilationCache {pvcName, mountPath}
-      extraPodSpec (a PodSpec)                     podTemplate.spec
-      extraPodSpec.mainContainer                   podTemplate.spec.containers[name=main]
-      envs                                         main.env (before mainContainer.env)
-      envFromSecret S                              main.envFrom[0] = {secretRef: {name: S}}
-      resources {requests,limits}{cpu,memory,      main.resources {requests,limits}{cpu, memory,
-        gpu, gpuType, custom}, claims                nvidia.com/gpu (or gpuType), custom...}, claims
-      livenessProbe, readinessProbe                main.livenessProbe, main.readinessProbe
-      extraPodMetadata {annotations, labels}       podTemplate.metadata {annotations, labels}
-      scalingAdapter {enabled: true}               scalingAdapter {} (present: enabled)
-      topologyConstraint, eppConfig                the same
-      gpuMemoryService                             experimental.gpuMemoryService
-    spec.envs, spec.backendFramework             spec.env, spec.backendFramework
-    spec.annotations, labels, priorityClassName,  the same
-      topologyConstraint
-    status                                       status (one schema, unchanged)
-
-Nothing is lost on a round trip. What one version cannot express is kept in an annotation of the
-converted object and restored when it is converted back:
-
-- ``nvidia.com/dgd-v1alpha1-fields`` (on v1beta1 objects): ``spec.pvcs``, ``spec.dynamoGraph`` and, per
-  service, the fields v1beta1 has no place for (``volumeMounts``, ``annotations``, ``labels``,
-  ``serviceName``, ``dynamoNamespace``, ``autoscaling``, ``ingress``, ``pvc``, a ``componentType`` outside
-  v1beta1's enum such as ``main``);
-- ``nvidia.com/dgd-v1beta1-fields`` (on v1alpha1 objects): the v1beta1-only graph fields (``restart``,
-  ``experimental``, ``providerOverride``), the order of ``spec.components``, and per component its
-  v1beta1-only fields (``minAvailable``, ``roles``, ``frontendSidecar``, ``dynamoSidecar``,
-  ``compilationCache``, ``runtimeVersionOverride``, ``experimental`` but its ``gpuMemoryService``,
-  ``providerOverride``). A record written before v1alpha1 had ``annotations``, ``labels``,
-  ``priorityClassName`` and ``topologyConstraint`` still restores them where the spec has none.
-
-Those fields are restored whatever else changed. Where the mapping above is not one-to-one (e.g. env set
-in both ``envs`` and ``mainContainer.env`` arrives in v1beta1 as one list), the annotation also keeps the
-original component with a fingerprint of what it was converted to: converted back unchanged, the
-original comes back exactly; edited in the other version, the edit wins and the mapping above decides.
-"""
+More: docs/module-notes.md (dynamo_api.conversion)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,9 @@ async def _count(client: RequestClient, address: str, i: int, max_tokens: int) -
 
 
 async def _drive(address: str, requests: int, tokens: int, streams: int) -> None:
-    async with RequestClient(connect_timeout=5, first_chunk_timeout=30, idle_timeout=30) as client:
+    async with RequestClient(
+        connect_timeout_s=5, first_token_timeout_s=30, inter_token_timeout_s=30
+    ) as client:
         await _count(client, address, -1, 10)  # warm up the connection
         latencies = []
         t0 = time.perf_counter()

@@ -1,12 +1,14 @@
-"""Which product files one chat request runs through in the frontend (not a test):
+"""The shape of one chat request's route through the frontend (not a test):
 ``python -m tests.bench.chat_path``.
 
 An in-process frontend, one mocker process and a nats-server, all on 127.0.0.1. After two warm-up
 requests, each traced request records every product function called (``sys.setprofile``) inside the
 task that serves it and the tasks it starts: from the HTTP handler through the worker client and back
-to the response body. A file counts once however often it runs; imports done earlier do not count. It
-prints the files per request kind (a plain chat, whole and streamed; a chat with logprobs) and their
-union, so the count can be compared before and after a change.
+to the response body. For each request kind (a plain chat, whole and streamed; a chat with logprobs; a
+KV-routed chat) it prints the files the route runs through and its *returns*: the calls that enter a
+file the route had already left (the files of successive calls, repeats collapsed, that appeared
+before), for the whole route and for ``prepare_chat``'s part (calls made while it is on the stack).
+A regression count for the closing note of a change, not a goal: a return is a reader's jump back.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class PathTracer:
 
     def __init__(self) -> None:
         self.files: set[str] = set()
+        self.path: list[str] = []  # the file of each call, repeats collapsed
+        self.prepare: list[str] = []  # the same, for calls made while prepare_chat is on the stack
 
     def _profile(self, frame: FrameType, event: str, _arg: Any) -> None:
         if event != "call":
@@ -67,6 +71,9 @@ class PathTracer:
                 return
             _serving.set(True)
         self.files.add(name)
+        _extend(self.path, name)
+        if _under(frame, "prepare_chat"):
+            _extend(self.prepare, name)
 
     def __enter__(self) -> PathTracer:
         sys.setprofile(self._profile)
@@ -74,6 +81,29 @@ class PathTracer:
 
     def __exit__(self, *exc: object) -> None:
         sys.setprofile(None)
+
+
+def _extend(path: list[str], name: str) -> None:
+    if not path or path[-1] != name:
+        path.append(name)
+
+
+def _under(frame: FrameType | None, function: str) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def returns(path: list[str]) -> int:
+    """Calls along ``path`` that enter a file the route had already left."""
+    seen: set[str] = set()
+    count = 0
+    for name in path:
+        count += name in seen
+        seen.add(name)
+    return count
 
 
 async def _wait_served(fe: Frontend, mocker: subprocess.Popen, timeout_s: float = 60.0) -> None:
@@ -87,10 +117,12 @@ async def _wait_served(fe: Frontend, mocker: subprocess.Popen, timeout_s: float 
         await asyncio.sleep(0.1)
 
 
-REQUESTS: dict[str, dict[str, Any]] = {
-    "plain chat, whole": {},
-    "plain chat, streamed": {"stream": True},
-    "chat with logprobs, streamed": {"stream": True, "logprobs": True},
+# (router mode, the request's extra fields) per request kind
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "plain chat, whole": ("round-robin", {}),
+    "plain chat, streamed": ("round-robin", {"stream": True}),
+    "chat with logprobs, streamed": ("round-robin", {"stream": True, "logprobs": True}),
+    "KV-routed chat, streamed": ("kv", {"stream": True}),
 }
 
 
@@ -113,23 +145,25 @@ def start_mocker(nats_url: str, namespace: str, model_dir: Path, log_path: Path)
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
 
 
-async def measure(nats_url: str, namespace: str, mocker: subprocess.Popen) -> dict[str, set[str]]:
-    fe = await Frontend(
-        FrontendSettings(http_host="127.0.0.1", http_port=0, namespace=namespace, nats_server=nats_url)
-    ).start()
-    try:
-        await _wait_served(fe, mocker)
-        url = fe.url + "/v1/chat/completions"
-        found = {}
-        for name, extra in REQUESTS.items():
-            for _ in range(2):
-                await _post(url, extra)  # warm-up: lazy imports, caches
-            with PathTracer() as tracer:
-                await _post(url, extra)
-            found[name] = tracer.files
-        return found
-    finally:
-        await fe.stop(drain_s=1)
+async def measure(nats_url: str, namespace: str, mocker: subprocess.Popen) -> dict[str, PathTracer]:
+    found = {}
+    for mode in dict.fromkeys(m for m, _ in REQUESTS.values()):
+        settings = FrontendSettings(
+            http_host="127.0.0.1", http_port=0, namespace=namespace, nats_server=nats_url, router_mode=mode
+        )
+        fe = await Frontend(settings).start()
+        try:
+            await _wait_served(fe, mocker)
+            url = fe.url + "/v1/chat/completions"
+            for name, (_, extra) in ((n, r) for n, r in REQUESTS.items() if r[0] == mode):
+                for _ in range(2):
+                    await _post(url, extra)  # warm-up: lazy imports, caches
+                with PathTracer() as tracer:
+                    await _post(url, extra)
+                found[name] = tracer
+        finally:
+            await fe.stop(drain_s=1)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             mocker.terminate()
             mocker.wait(15)
-    for name, files in found.items():
-        print(f"\n{name}: {len(files)} files")
-        for f in sorted(files):
+    for name, tracer in found.items():
+        print(f"\n{name}: {len(tracer.files)} files, {returns(tracer.path)} returns to a file already left")
+        print(f"  prepare_chat's part: {returns(tracer.prepare)} returns: {' -> '.join(tracer.prepare)}")
+        for f in sorted(tracer.files):
             print("  " + f)
-    union = set().union(*found.values())
+    union = set().union(*(t.files for t in found.values()))
     print(f"\nall of them: {len(union)} files")
     return 0
 

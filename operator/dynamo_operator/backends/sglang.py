@@ -1,34 +1,6 @@
 """SGLang backend rules: edit the flags of a container dict (a Kubernetes Container). Pure.
 
-Reading flags lives in ``dynamo_api.sglang_args`` (validation and dynamo-run use it too).
-Command forms understood when adding flags:
-
-- exec form, ``command: [python3, -m, dynamo_worker.sglang]`` + ``args: [--tp, "8", ...]``, or split
-  anywhere between command and args (``command: [python3]``, ``args: [-m, dynamo.sglang, ...]``):
-  flags are appended to ``args``, i.e. to the end of the argument vector.
-- shell form, ``command: [sh, -c]`` + ``args: ["python3 -m dynamo.sglang --tp 8 && ..."]`` (or the
-  script inside ``command``): flags are inserted right after the SGLang invocation inside the script
-  (before any ``&&``, ``;``, ``|`` or newline that ends it), or at the script's end when no known
-  module is found.
-
-Multinode: every pod of a group gets ``--dist-init-addr <leader-host>:29500 --nnodes N --node-rank R``.
-R is ``0`` on the leader and ``$(DYN_NODE_RANK)`` on the others: Kubernetes itself expands ``$(VAR)``
-references in command and args from the container's env (``DYN_NODE_RANK`` comes from the pod-index
-label through the downward API), before any shell runs, so one spelling serves both forms and needs
-no shell. Non-leader pods get no probes (they serve nothing; the leader speaks for the group).
-
-KV events: when the graph's frontend routes on KV cache (``--router-mode kv``), every SGLang worker
-needs a KV events publisher of its own, or the router sees none of its cache. ``wire_kv_events`` adds
-``--kv-events-config {"publisher":"zmq","endpoint":"tcp://*:5557"}`` unless the manifest sets the flag,
-and declares the publisher's port(s) as container ports ``kv-events`` (``kv-events-dp<r>`` for rank r
-of a data-parallel engine, which binds port + r), so that anything that remaps a pod's ports (e.g.
-dynamo-run on one host) knows them. A manifest whose own config publishes nothing gets a warning.
-
-Compatibility: a manifest written for NVIDIA Dynamo (``-m dynamo.sglang``) keeps its module unless the
-graph (or service) carries the annotation ``nvidia.com/dynamo-worker-module`` naming ours
-(``dynamo_worker.sglang``, or ``dynamo_worker.mocker`` to simulate the engine); the same annotation
-swaps ``dynamo.frontend`` for ``dynamo_worker.frontend``.
-"""
+More: docs/module-notes.md (dynamo_operator.backends.sglang)."""
 
 from __future__ import annotations
 

@@ -3,34 +3,7 @@
 No I/O, no clock, no randomness, no environment: the same DynamoGraphDeployment and OperatorConfig
 give byte-identical objects. Invalid specs give ``problems`` and no objects.
 
-What a graph becomes (names: ``<graph>-<service lowercased>``, hashed when too long):
-
-- frontend: a Service (``http`` 8000) and a Deployment running ``python3 -m dynamo_worker.frontend``;
-- worker / prefill / decode on one node: a Deployment (container ``main``, ports ``system`` 9090,
-  ``request`` 9100, and ``bootstrap`` on prefill pods);
-- worker / prefill / decode with ``multinode.nodeCount: N``: per replica ``i`` one group
-  ``<graph>-<service>-<i>``: with ``config.group_backend == "lws"`` a LeaderWorkerSet of size N
-  (``RecreateGroupOnPodRestart``); with ``"statefulset"`` a headless Service plus a leader
-  StatefulSet (1 pod, ordinal 0, with probes) and a worker StatefulSet ``<group>-w`` (N-1 pods,
-  ordinals 1..N-1 via ``spec.ordinals.start``, no probes). Two StatefulSets rather than one because a
-  StatefulSet has one pod template and non-leader pods must run without probes. The leader's address
-  is ``<group>-0.<group>.<namespace>.svc`` in both cases; the rank comes from the controller's pod
-  index label. Restarting a whole group when one pod fails is built into LWS; for StatefulSets the
-  reconciler deletes the group's pods (label ``nvidia.com/dynamo-group``);
-- other component types (planner, ...): a Deployment running the user's command as given; a planner
-  also gets a ServiceAccount, Role and RoleBinding allowing it to get and patch only its own graph and
-  to create Events (``render.planner``);
-- ``spec.pvcs`` entries with ``create: true``: a PersistentVolumeClaim;
-- services with ``scalingAdapter: {enabled: true}``: a DynamoGraphDeploymentScalingAdapter, unless a
-  planner scales them (``render.scaling``; returned apart, in ``Rendered.adapters``);
-- placement (``render.placement``): PodGroups for gangs (v1beta1 ``minAvailable``, multinode groups)
-  when a gang scheduler is configured, PodDisruptionBudgets from ``minAvailable``, the pack-domain
-  affinity of ``topologyConstraint`` and the graph's ``priorityClassName`` on the pods.
-
-The prefill and decode pods of a disaggregated graph carry the pair's revision (env, label, readiness
-gate: ``render.revision``), and the frontend the graph's model names, so that a rollout never pairs
-versions and a graph at 0 replicas keeps its models listed.
-"""
+More: docs/module-notes.md (dynamo_operator.render)."""
 
 from __future__ import annotations
 

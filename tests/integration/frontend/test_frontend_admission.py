@@ -15,7 +15,7 @@ import time
 import aiohttp
 import openai
 import pytest
-from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
 
 from tests.support.wait import wait_until_async
 

@@ -15,7 +15,7 @@ import time
 
 import openai
 import pytest
-from dynamo_worker.runtime import request_plane
+from dynamo_worker.runtime.request_plane import client as request_plane
 
 from tests.support.wait import wait_until_async
 

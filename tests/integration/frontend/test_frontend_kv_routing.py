@@ -9,7 +9,7 @@ import random
 
 import openai
 import pytest
-from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
 from dynamo_worker.protocol import hash_token_blocks
 
 from tests.support.wait import wait_until_async

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
 from dynamo_worker.protocol import hash_token_blocks
 
 from tests.support.wait import wait_until_async

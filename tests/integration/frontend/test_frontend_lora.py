@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
 from dynamo_worker.protocol import hash_token_blocks
 
 from tests.support.peft_adapters import write_adapter

@@ -7,8 +7,8 @@ from __future__ import annotations
 import aiohttp
 import openai
 import pytest
-from dynamo_worker.frontend.models.registry import Preprocessor
-from dynamo_worker.frontend.requests.chat import WHOLE_ANSWER_INTERVAL
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.requests.job import WHOLE_ANSWER_INTERVAL
 
 MODEL = "tiny"  # the served name the ``mockers`` fixture registers
 

@@ -17,7 +17,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from dynamo_worker.frontend.http.server import MAX_BODY_BYTES, OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.models.registry import ModelRegistry, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.protocol import GenerateChunk, GenerateRequest, InstanceRecord
 from dynamo_worker.router import Router
@@ -57,10 +58,8 @@ async def api(model_dir):
         return Preprocessor.from_dir(model_dir)
 
     registry = ModelRegistry(router, load, "ns", load_timeout_s=10)
-    client = RequestClient(connect_timeout=2, first_chunk_timeout=5, idle_timeout=5)
-    dispatcher = Dispatcher(
-        router, client, connect_timeout_s=2, first_token_timeout_s=5, inter_token_timeout_s=5
-    )
+    client = RequestClient(connect_timeout_s=2, first_token_timeout_s=5, inter_token_timeout_s=5)
+    dispatcher = Dispatcher(router, client)
     server = OpenAIServer(registry, dispatcher, FrontendMetrics(), max_inflight=4)
     http = TestClient(TestServer(server.app(), host="127.0.0.1"))
     await http.start_server()

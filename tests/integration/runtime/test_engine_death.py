@@ -48,7 +48,9 @@ class Served:
 
     def __init__(self, worker: Worker, watcher: InstanceWatcher, nc: nats.NATS) -> None:
         self.worker, self.watcher, self.nc = worker, watcher, nc
-        self.client = RequestClient(connect_timeout=2, first_chunk_timeout=WAIT_S, idle_timeout=WAIT_S)
+        self.client = RequestClient(
+            connect_timeout_s=2, first_token_timeout_s=WAIT_S, inter_token_timeout_s=WAIT_S
+        )
 
     @property
     def engine(self) -> MockerEngine:

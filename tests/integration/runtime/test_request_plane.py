@@ -67,7 +67,7 @@ async def served():
     engine = FakeEngine()
     server = RequestServer(engine.generate, host="127.0.0.1", port=0, max_inflight=2)
     port = await server.start()
-    async with RequestClient(connect_timeout=2, first_chunk_timeout=5, idle_timeout=5) as client:
+    async with RequestClient(connect_timeout_s=2, first_token_timeout_s=5, inter_token_timeout_s=5) as client:
         yield engine, server, client, f"127.0.0.1:{port}"
     await server.stop()
 
@@ -182,7 +182,7 @@ async def test_cancelling_the_caller_task_cancels_the_request_on_the_worker(serv
 
 
 async def test_unreachable_worker_raises_worker_unreachable():
-    async with RequestClient(connect_timeout=2) as client:
+    async with RequestClient(connect_timeout_s=2) as client:
         with pytest.raises(WorkerUnreachable, match="could not connect") as e:
             await anext(client.generate(f"127.0.0.1:{refused_port()}", request()))
     assert "ConnectionKey" not in str(e.value)  # a readable reason, not aiohttp's internal repr
@@ -191,7 +191,7 @@ async def test_unreachable_worker_raises_worker_unreachable():
 async def test_no_first_chunk_and_idle_stream_time_out(served):
     engine, _, client, address = served
     engine.hold = True
-    stream = client.generate(address, request("slow", 5), idle_timeout=0.3)
+    stream = client.generate(address, request("slow", 5), inter_token_timeout_s=0.3)
     await anext(stream)
     with pytest.raises(WorkerTimeout, match="next chunk"):
         await anext(stream)
@@ -203,7 +203,7 @@ async def test_no_first_chunk_and_idle_stream_time_out(served):
     server = RequestServer(never, host="127.0.0.1", port=0)
     port = await server.start()
     with pytest.raises(WorkerTimeout, match=r"first chunk|no answer"):
-        await anext(client.generate(f"127.0.0.1:{port}", request(), first_chunk_timeout=0.3))
+        await anext(client.generate(f"127.0.0.1:{port}", request(), first_token_timeout_s=0.3))
     await server.stop()
 
 

@@ -89,7 +89,7 @@ async def test_health_follows_the_lifecycle(nats_url, tmp_path):
         )
         await watcher.stop()
         await nc.close()
-    async with RequestClient(connect_timeout=1) as client:
+    async with RequestClient(connect_timeout_s=1) as client:
         with pytest.raises(WorkerUnreachable):
             req = GenerateRequest(request_id="x", model="m", token_ids=[1], stop=StopConditions(max_tokens=1))
             await anext(client.generate(record.address, req))

@@ -22,7 +22,8 @@ from dynamo_worker.protocol import GenerateRequest, StopConditions
 from dynamo_worker.runtime.engine import LoadSnapshot
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.sglang.args import SglangSettings, WorkerPlan
-from dynamo_worker.sglang.engine import EngineStartError, SglangEngine, canary, diagnose
+from dynamo_worker.sglang.engine import EngineStartError, SglangEngine
+from dynamo_worker.sglang.probes import canary, diagnose
 from prometheus_client import CollectorRegistry
 
 from tests.support.sglang_fake import (

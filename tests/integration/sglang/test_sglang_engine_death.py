@@ -23,7 +23,8 @@ from dynamo_worker.runtime.request_plane import RequestClient
 from dynamo_worker.runtime.settings import RuntimeSettings
 from dynamo_worker.runtime.worker import Worker
 from dynamo_worker.sglang.args import SglangSettings, WorkerPlan
-from dynamo_worker.sglang.engine import SglangEngine, process_name
+from dynamo_worker.sglang.engine import SglangEngine
+from dynamo_worker.sglang.processes import process_name
 from dynamo_worker.tinymodel import ensure_tiny_model
 
 from tests.support.sglang_fake import FAKE_BOOTSTRAP_HOST, FakeServerArgs, FakeSglangEngine
@@ -96,7 +97,7 @@ async def test_a_killed_scheduler_hands_back_the_stream_and_the_engine_restarts(
         request_id="r", model="m", token_ids=list(range(1, 20)), stop=StopConditions(max_tokens=5000)
     )
     try:
-        async with RequestClient(first_chunk_timeout=WAIT_S, idle_timeout=WAIT_S) as client:
+        async with RequestClient(first_token_timeout_s=WAIT_S, inter_token_timeout_s=WAIT_S) as client:
             chunks = 0
             async with asyncio.timeout(WAIT_S):
                 async for chunk in client.generate(worker.record.address, request):

@@ -14,7 +14,8 @@ import itertools
 import pytest
 from dynamo_worker.frontend.errors import AdapterNotFound, InvalidRequest, ServiceUnavailable
 from dynamo_worker.frontend.models.lora_adapters import AdapterName, resolve_adapter, split_base
-from dynamo_worker.frontend.models.registry import ModelRegistry, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.protocol import InstanceRecord, LoraAdapter, LoraState
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceRemoved

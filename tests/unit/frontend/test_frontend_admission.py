@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ModelNotFound
-from dynamo_worker.frontend.http.server import (
+from dynamo_worker.frontend.metrics import FrontendMetrics
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry
+from dynamo_worker.frontend.serving.admission import (
     DROPPED_REASON_HEADER,
     PRIORITY_HEADER,
     TTL_HEADER,
@@ -26,8 +29,6 @@ from dynamo_worker.frontend.http.server import (
     parse_duration,
     request_hints,
 )
-from dynamo_worker.frontend.metrics import FrontendMetrics
-from dynamo_worker.frontend.models.registry import ModelEntry, ModelRegistry, Preprocessor
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router
 from dynamo_worker.runtime.discovery import InstanceAdded, InstanceRemoved

@@ -2,7 +2,7 @@
 budget shrinks by as many, and the request gets its own id, so the next worker continues the stream
 with no repeat and no gap."""
 
-from dynamo_worker.frontend.serving.dispatch import DEFAULT_MIGRATION_LIMIT, continuation
+from dynamo_worker.frontend.serving.migration import continuation
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import GenerateRequest, SamplingOptions, StopConditions
 
@@ -33,13 +33,14 @@ def test_min_tokens_never_goes_below_zero():
 
 
 def test_migration_limit_flag_and_default():
-    assert FrontendSettings.parse([]).migration_limit == DEFAULT_MIGRATION_LIMIT == 1
+    assert FrontendSettings.parse([]).migration_limit == 1
     assert FrontendSettings.parse(["--migration-limit", "0"]).migration_limit == 0
 
 
 def test_engine_died_is_a_lost_worker_the_request_may_migrate_from():
     from dynamo_worker.frontend.errors import WorkerLost
-    from dynamo_worker.frontend.serving.dispatch import _from_worker_error, _migratable
+    from dynamo_worker.frontend.serving.dispatch import _from_worker_error
+    from dynamo_worker.frontend.serving.migration import _migratable
     from dynamo_worker.protocol import WorkerError
 
     error = _from_worker_error(

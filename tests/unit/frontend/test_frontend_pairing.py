@@ -82,10 +82,7 @@ def dispatcher() -> Dispatcher:
     """Planning only: the request-plane client is never used (no connection is opened)."""
     return Dispatcher(
         Router("round-robin"),
-        RequestClient(connect_timeout=1, first_chunk_timeout=1, idle_timeout=1),
-        connect_timeout_s=1,
-        first_token_timeout_s=1,
-        inter_token_timeout_s=1,
+        RequestClient(connect_timeout_s=1, first_token_timeout_s=1, inter_token_timeout_s=1),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from dynamo_worker.frontend.settings import FrontendSettings
+from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.runtime.settings import SettingsError
 
 
@@ -63,3 +64,9 @@ def test_dynamo_flag_alias_and_unknown_flags_are_returned():
     assert unknown == ["--router-temperature", "0.5"]
     newer, _ = FrontendSettings.parse_known(["--router-kv-overlap-score-weight", "0"], env={})
     assert newer.kv_overlap_weight == 0.0, "Dynamo's newer name for the same weight"
+
+
+def test_every_kv_knob_is_a_flag_with_the_policys_default():
+    assert FrontendSettings.parse([]).kv_weights() == KvWeights()
+    given = FrontendSettings.parse(["--kv-lora-wait-blocks", "7", "--kv-overlap-score-weight", "2"])
+    assert given.kv_weights() == KvWeights(lora_wait_blocks=7.0, overlap_weight=2.0)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import orjson
 import pytest
 from dynamo_worker.frontend.errors import InvalidRequest, ModelNotFound, UpstreamError
-from dynamo_worker.frontend.models.registry import ModelEntry, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.frontend.output.shaping import Head, StreamEvents, finish_reason, health, sse, usage, whole
 from dynamo_worker.frontend.protocol import (
     AssistantMessage,
@@ -30,7 +31,7 @@ from dynamo_worker.frontend.protocol import (
     FunctionDelta,
     dump,
 )
-from dynamo_worker.frontend.requests.chat import build_job
+from dynamo_worker.frontend.requests.job import build_job
 
 TEXTS = ["a", ' "quoted" \\ back', "line\nbreak", "\x00", "caf\u00e9 \U0001f600", "\u2028"]
 # Names that would break a template cut at the text's mark, or at the choice's bytes.

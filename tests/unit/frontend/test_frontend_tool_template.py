@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
 from dynamo_worker.frontend.protocol import ChatCompletionRequest, parse_request
 from dynamo_worker.frontend.requests.chat import chat_messages, plan_chat
 from dynamo_worker.protocol import ServingFeatures

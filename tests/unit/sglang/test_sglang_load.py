@@ -1,10 +1,10 @@
-"""What the SGLang worker reports of its engine's load (``sglang.engine.snapshot``), from SGLang's own
+"""What the SGLang worker reports of its engine's load (``sglang.load.snapshot``), from SGLang's own
 per-rank load snapshots (the fields 0.5.17 publishes): summed over dp ranks; queued prefill tokens are
 the uncached waiting ones, a prefill worker's bootstrap queue counted whole; each role's handoff queues."""
 
 from __future__ import annotations
 
-from dynamo_worker.sglang.engine import snapshot
+from dynamo_worker.sglang.load import snapshot
 
 from tests.support.sglang_fake import FakeDisaggregation, FakeLoad
 

@@ -187,7 +187,7 @@ class RequestPlaneTarget:
 
         self.address, self.model, self.timeout_s = address, model, timeout_s
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
-        self.client = RequestClient(first_chunk_timeout=timeout_s, idle_timeout=timeout_s)
+        self.client = RequestClient(first_token_timeout_s=timeout_s, inter_token_timeout_s=timeout_s)
 
     def request(self, spec: RequestSpec) -> GenerateRequest:
         ids = self.tokenizer.encode(spec.prompt, add_special_tokens=False).ids or [0]

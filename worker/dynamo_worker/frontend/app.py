@@ -22,26 +22,22 @@ from pathlib import Path
 from aiohttp import web
 from nats.aio.client import Client as NATS
 
-from dynamo_worker.frontend.http.server import Admission, OpenAIServer
+from dynamo_worker.frontend.http.server import OpenAIServer
 from dynamo_worker.frontend.metrics import FrontendMetrics
 from dynamo_worker.frontend.models.pairing import WarmPairs
-from dynamo_worker.frontend.models.registry import (
-    ModelFiles,
-    ModelRegistry,
-    Preprocessor,
-    UnpairedCounts,
-    WorkerCounts,
-)
+from dynamo_worker.frontend.models.preprocessor import ModelFiles, Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
 from dynamo_worker.frontend.requests.chat_images import ImageFetcher, MultimodalProcessor
-from dynamo_worker.frontend.serving.dispatch import Dispatcher, MigratingDispatcher
+from dynamo_worker.frontend.serving.admission import Admission
+from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.frontend.serving.image_generation import ImagesApi
+from dynamo_worker.frontend.serving.migration import MigratingDispatcher
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.frontend.serving.warmup import PairWarmer
 from dynamo_worker.frontend.settings import FrontendSettings
 from dynamo_worker.protocol import InstanceRecord
 from dynamo_worker.router import Router
 from dynamo_worker.router.feed import KvFeed, feed_router
-from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.runtime.aio import cancel_and_wait
 from dynamo_worker.runtime.children import die_with_parent
 from dynamo_worker.runtime.discovery import InstanceWatcher
@@ -63,22 +59,13 @@ class Frontend:
         self.nc: NATS | None = None
         self.router = Router(
             settings.router_mode,
-            weights=KvWeights(
-                overlap_weight=settings.kv_overlap_weight,
-                decode_weight=settings.kv_decode_weight,
-                balance_abs_threshold=settings.kv_balance_abs_threshold,
-                balance_rel_threshold=settings.kv_balance_rel_threshold,
-                host_hit_weight=settings.kv_host_hit_weight,
-                disk_hit_weight=settings.kv_disk_hit_weight,
-                lora_swap_blocks=settings.kv_lora_swap_blocks,
-                lora_wait_blocks=settings.kv_lora_wait_blocks,
-            ),
+            weights=settings.kv_weights(),
             predict_ttl_s=settings.kv_predict_ttl_s,
         )
         self.client = RequestClient(
-            connect_timeout=settings.connect_timeout_s,
-            first_chunk_timeout=settings.first_token_timeout_s,
-            idle_timeout=settings.inter_token_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
+            first_token_timeout_s=settings.first_token_timeout_s,
+            inter_token_timeout_s=settings.inter_token_timeout_s,
         )
         self.metrics = FrontendMetrics()
         self._unpaired: UnpairedCounts = {}
@@ -165,9 +152,6 @@ class Frontend:
         dispatcher = Dispatcher(
             self.router,
             self.client,
-            connect_timeout_s=s.connect_timeout_s,
-            first_token_timeout_s=s.first_token_timeout_s,
-            inter_token_timeout_s=s.inter_token_timeout_s,
             kv_transfer_timeout_s=s.kv_transfer_timeout_s,
             quarantine=self.quarantine,
             warm=warm,

@@ -147,7 +147,7 @@ class UpstreamTimeout(UpstreamError):
 
 class WorkerLost(UpstreamError):
     """A worker stopped serving a request it had taken (or never answered): not the request's fault,
-    so another worker of ``role`` may continue it (``serving.dispatch.MigratingDispatcher``)."""
+    so another worker of ``role`` may continue it (``serving.migration``)."""
 
     def __init__(self, message: str, *, code: str, instance_id: str, role: str) -> None:
         super().__init__(message, code=code)

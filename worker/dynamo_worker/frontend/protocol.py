@@ -2,36 +2,7 @@
 and structured-output fields they carry, and the response bodies this frontend sends (as SGLang's
 ``protocol.py``). The worker's wire is ``dynamo_worker.protocol``.
 
-Requests. ``parse_request`` turns malformed JSON, wrong types, out-of-range values and unsupported
-options into ``InvalidRequest`` naming the field (``param``), e.g. ``messages[0].role`` or ``n``. Fields
-OpenAI defines that we do not know are ignored, as OpenAI-compatible servers do; options we know but
-cannot honour (``n`` > 1, ``logit_bias``, the legacy ``functions``/``function_call``, ``audio``,
-``stream_options`` without ``stream``, ``echo``, ``best_of``, ``suffix``) are refused, never silently
-dropped. ``n`` > 1 is refused on purpose: one request is one sequence on one worker, and a client that
-wants several samples sends several requests (which the router then spreads over workers).
-
-Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, a message's ``tool_calls`` and
-``tool_call_id``), structured output (``response_format``), ``logprobs``/``top_logprobs`` and
-``reasoning_effort`` are accepted here and checked against what the model serves in
-``requests.chat``. ``check_schema`` is a structural check of the JSON schemas clients send, not a full
-validator: it catches what would make the engine's grammar compiler fail or mean something else than
-the client thinks, so the client gets a 400 naming the place instead of an engine error.
-
-Extensions beyond OpenAI (as in vLLM/SGLang): ``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``,
-``stop_token_ids``, ``regex``, ``ebnf`` (and ``json_schema`` as text for completions) for constrained
-decoding, ``chat_template_kwargs`` and ``separate_reasoning`` for chat. ``nvext`` (NVIDIA Dynamo's
-extension object, ``NvExt``) carries what the wait queue reads (``http.server.Admission``):
-``agent_hints.priority`` and ``request_ttl``; its other fields are accepted and ignored.
-
-Responses. Field order is declaration order, and it is OpenAI's (``id``, ``object``, ``created``,
-``model``, ``choices``, ``usage``); clients and golden files may compare it. What a model leaves out
-rather than sending as ``null`` is said on the model: a chat ``delta`` sends only the fields it has, a
-chunk's ``usage`` is ``null`` only when the client asked for usage (``stream_options``), and
-``/health`` gives a ``reason`` only when unhealthy. ``output.shaping`` builds them from a job's
-results; ``dump`` renders one as JSON bytes.
-
-Pure data: no aiohttp, no clock.
-"""
+More: docs/module-notes.md (dynamo_worker.frontend.protocol)."""
 
 from __future__ import annotations
 
@@ -279,7 +250,7 @@ class AgentHints(_RequestBody):
 
 
 class NvExt(_RequestBody):
-    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``http.server.Admission``)."""
+    """NVIDIA Dynamo's ``nvext`` object, as far as this frontend reads it (``serving.admission``)."""
 
     agent_hints: AgentHints | None = None
     # How long the request may wait for a worker: seconds, or a Go duration ("2s", "1m30s").

@@ -7,6 +7,7 @@ only module of ``dynamo_worker.frontend`` that reads the environment.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +19,11 @@ from pydantic_settings import SettingsConfigDict
 
 from dynamo_worker.router.policy import KvWeights
 from dynamo_worker.router.router import DEFAULT_PREDICT_TTL_S
+from dynamo_worker.runtime.request_plane import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_FIRST_TOKEN_TIMEOUT_S,
+    DEFAULT_INTER_TOKEN_TIMEOUT_S,
+)
 from dynamo_worker.runtime.settings import add_model_arguments, settings_from_args
 
 __all__ = ["FrontendSettings"]
@@ -167,7 +173,7 @@ class FrontendSettings(Settings):
         "accepted, with --api-key's too (several keys: rotate without downtime).",
         json_schema_extra={"env": contract.ENV_API_KEY_FILE, "metavar": "FILE"},
     )
-    # --- admission: wait queue and scale from zero (http.server.Admission, models.registry) ------
+    # --- admission: wait queue and scale from zero (serving.admission, models.registry) ----------
     max_queued_requests: int = Field(
         256,
         ge=0,
@@ -208,17 +214,20 @@ class FrontendSettings(Settings):
         json_schema_extra={"env": contract.ENV_GRAPH_MODELS},
     )
     connect_timeout_s: float = Field(
-        5.0, gt=0, le=300, description="Bound on connecting to a worker's request plane."
+        DEFAULT_CONNECT_TIMEOUT_S,
+        gt=0,
+        le=300,
+        description="Bound on connecting to a worker's request plane.",
     )
     first_token_timeout_s: float = Field(
-        300.0,
+        DEFAULT_FIRST_TOKEN_TIMEOUT_S,
         gt=0,
         le=3600,
         description="Bound on a worker's first token (queueing + prefill, incl. the KV transfer in "
         "disaggregated serving) and on a prefill leg's completion.",
     )
     inter_token_timeout_s: float = Field(
-        60.0,
+        DEFAULT_INTER_TOKEN_TIMEOUT_S,
         gt=0,
         le=3600,
         description="Bound on the gap between two tokens of a stream; for a request that is not streamed "
@@ -304,6 +313,10 @@ class FrontendSettings(Settings):
             keys += found
         self._api_keys = tuple(k.strip().encode() for k in keys)
         return self
+
+    def kv_weights(self) -> KvWeights:
+        """The kv policy's knobs: each field of ``KvWeights`` from the setting named ``kv_<field>``."""
+        return KvWeights(**{f.name: getattr(self, f"kv_{f.name}") for f in dataclasses.fields(KvWeights)})
 
     def api_keys(self) -> tuple[bytes, ...]:
         """Every accepted API key (empty: the API is open)."""

@@ -1,34 +1,6 @@
 """Decide which local processes run a graph: the operator's ``render()``, then a kubelet's substitutions.
 
-``plan_graph`` renders the graph with the operator's own ``render()`` (an ``OperatorConfig`` whose NATS
-is the embedded one and whose logs are text), takes the pods its Deployments and StatefulSets ask for
-(``kubelet.pods_of``) and turns each into a process with ``kubelet.localize``. It builds no command and
-no environment of its own; what it decides is only what a cluster would, plus the engine:
-
-- which pods run: every pod whose main container runs a module of the engine-swap table
-  (``dynamo_api.modules``: the frontend, the SGLang worker, the mocker, or NVIDIA Dynamo's names for
-  them); one frontend pod (it takes ``--port``); a planner that runs ``python3 -m dynamo_worker.planner``
-  (or NVIDIA Dynamo's ``dynamo.planner``, which runs ours). Other services are skipped with a note; a
-  worker that runs anything else is refused (``UnsupportedCommand``). A multinode group runs as the
-  processes of its ranks (ranks above 0 of the mocker idle, as non-leader pods serve nothing).
-- a planner gets what a cluster would give it in place of the Kubernetes API: ``--graph-file`` (the
-  manifest), ``--metrics-url`` (the local frontend's ``/metrics``) and ``--dry-run``, since nothing
-  here changes the replicas of local processes: it decides and explains every interval (its log
-  lines, ``planner_*`` on its system port) and scales nothing. One note says so.
-- ports: the frontend's ``http`` port is ``--port`` (what its Service publishes); every other declared
-  containerPort of every pod gets a free local port.
-- the engine: ``-m dynamo_worker.sglang`` (or ``dynamo.sglang``) becomes the module of the engine
-  (``modules.ENGINES``): ``-m dynamo_worker.mocker`` with ``--model-dir`` (the tokenizer it serves)
-  appended, or our SGLang worker, with ``--model-path`` replaced when ``--model-dir`` is given; the
-  mocker's pods stay the mocker; NVIDIA Dynamo's other names become ours (``modules.DYNAMO_ALIASES``).
-- GPUs: on SGLang each pod gets the ``*/gpu`` limit of its main container as ``CUDA_VISIBLE_DEVICES``,
-  in order; too few visible GPUs is ``NotEnoughGpus``, naming what each pod needs.
-
-A process's environment is ``machine_env`` (this machine's: PATH, the loopback bind addresses, ...)
-with the pod's rendered environment over it, so the operator's precedence holds here too: the
-contract's env, then ``spec.envs``, then the service's ``envs``, then its mainContainer's ``env``.
-Problems are ``Problem``s (the operator's type) naming the field, the reason and the fix.
-"""
+More: docs/module-notes.md (dynamo_worker.local.plan)."""
 
 from __future__ import annotations
 

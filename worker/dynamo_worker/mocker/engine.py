@@ -1,66 +1,13 @@
 """The mocker engine: a simulated SGLang engine behind the same ``Engine`` interface as the real one.
 
-One scheduler task runs continuous batching. Each step it admits waiting requests in arrival order
-while there is a free running slot (``--max-running-requests``), room in the KV cache, and token budget
-(``--max-prefill-tokens`` of uncached prompt tokens; the first admission of a step is always allowed);
-then it sleeps for the step's simulated duration (``timing.TimingModel``: the admitted prefills plus
-one decode step of the running batch) and gives every running request one token. A request whose next
-token needs a KV block when none is free is preempted: its blocks are released and it goes back to the
-front of the queue, to be recomputed (mostly from the prefix cache).
-
-Roles:
-- ``agg``: prefill and decode here.
-- ``prefill``: waits in its bootstrap queue for the decode leg of the same ``bootstrap_room`` to shake
-  hands (as SGLang's prefill waits for its decode worker to reserve the KV memory), computes the
-  prompt, returns one token (like SGLang's prefill with max_new_tokens=1) once that decode leg has
-  fetched the result from this worker's bootstrap server; fails with ``bootstrap_timeout`` when no
-  decode leg comes.
-- ``decode``: reserves the prompt's KV blocks (its prealloc queue: it waits while the cache is full, and
-  so does the prefill leg), shakes hands and fetches the prefill result from ``bootstrap_info`` (failing
-  with ``bootstrap_timeout`` when it never comes), waits the simulated KV transfer (the first from a
-  prefill engine also opens the connection: ``--kv-first-transfer-s``), then decodes, starting with
-  the prefill's token. It publishes no KV events (SGLang's decode radix cache is off by default).
-The load it reports is SGLang's (``sglang.engine.snapshot``): queued requests and prefill tokens,
-running requests, KV in use, and the handoff's bootstrap, prealloc and transfer queues.
-
-Tokens: see ``tokens``; each depends on ``sampling.seed`` (else ``--random-seed``) and the sequence before
-it only (prompt and the tokens emitted so far, like a greedy model; temperature, top-p etc. change
-nothing), so a migrated stream's continuation is the uninterrupted stream's, token for token. A
-``stop_token_ids`` hit (after ``min_tokens``) ends with "stop" and is not returned; eos is emitted only
-with ``--eos-probability`` > 0 and is not returned either (the request's ``eos_token_ids``; never with
-``ignore_eos``). Usage counts prompt tokens, completion tokens and cached tokens (prefix-cache hits;
-for a decode leg, its prefill's hits), of which ``cached_tokens_host`` were loaded back from the
-simulated HiCache host tier (``--enable-hierarchical-cache``; see ``kv_manager``), which the step that
-admits the request pays for (``timing.TimingModel.load_back_s``).
-Closing the request's iterator (the client went away) frees its blocks at once. A request with
-``stream_interval`` gets its tokens as SGLang's scheduler hands them over (``hands_over``): the first at
-once, then every ``stream_interval`` steps, the rest with the final chunk.
-
-Engine death: with ``scheduler_process`` (as ``python -m dynamo_worker.mocker`` runs it), ``start`` also
-starts a child process, the stand-in for SGLang's scheduler process (``scheduler_process``), which
-``processes()`` names; SIGKILL it and the worker treats the engine as dead, exactly as with SGLang
-(``runtime.recovery``). ``stop`` ends it. ``start`` after ``stop`` begins again with an empty KV cache and
-queue (an in-place restart), its bootstrap server on the same port.
-
-LoRA (``--enable-lora`` or ``--lora-paths``, SGLang's flags): adapters load and unload through the
-worker's ``/v1/loras`` (``--lora-load-ms`` each) and serve requests that name them as SGLang would
-(``mocker.lora``): a prefix-cache namespace per adapter (``kv_manager``), ``lora_name`` on its KV events,
-a batch of at most ``--max-loras-per-batch`` distinct adapters (the base model counting as one; a request
-whose adapter does not fit waits while later ones go), ``--lora-swap-ms`` per adapter a step copies into
-the GPU slots, and tokens that depend on the adapter too, so an answer tells which adapter served it.
-With ``--load-format dummy`` it can load no adapter, as SGLang cannot (``lora_checks.dummy_weights_block``):
-``--lora-paths`` is refused, and ``--enable-lora`` serves the base model and refuses every load.
-
-Data parallelism (``--dp-size`` N > 1, like SGLang's attention data parallelism): N ranks, each with its
-own KV cache of ``--num-kv-blocks`` blocks and its own KV events (tagged with the rank); a request goes
-to its ``data_parallel_rank``, or to the ranks in turn when it names none. The ranks step together (one
-scheduler), as SGLang's dp-attention ranks do.
-
-Beyond plain tokens (``scripted``): ``--script`` replies, JSON instances for ``json_schema``
-constraints (``--grammar-backend none`` refuses them, as SGLang's engine does; regex, ebnf and
-structural tags are refused as beyond the simulation), logprobs when asked, and with
-``--is-embedding`` an embedding worker that answers ``embed`` requests (one forward pass per batch,
-timed like a prefill) and refuses generation.
+One scheduler task runs continuous batching: each step it admits waiting requests (``scheduler.admit``),
+sleeps the step's simulated duration (``timing.TimingModel``) and gives the batch's requests a token
+each (``scheduler.next_token``); a request that needs a KV block when none is free is preempted and
+recomputed. Roles ``agg``, ``prefill`` and ``decode`` (the KV handoff: ``handoff``), data parallelism
+(``--dp-size``: a KV cache per rank), LoRA adapters (``lora``), the HiCache host tier (``kv_manager``),
+scripted replies and embeddings (``scripted``), and engine death (``scheduler_process``). It reports
+SGLang's load (``sglang.load.snapshot``). Tokens depend on the seed and the sequence before them only,
+so a migrated stream goes on token for token. What each simulates, and how: docs/mocker.md.
 """
 
 from __future__ import annotations
@@ -70,27 +17,31 @@ import contextlib
 import itertools
 import json
 import logging
-import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from dynamo_worker.mocker.bootstrap import (
-    BootstrapRefused,
     BootstrapServer,
-    BootstrapTimeout,
-    PeerConnections,
-    PrefillResult,
-    fetch_prefill,
     kv_layout,
 )
+from dynamo_worker.mocker.checks import check_kind, check_lora, check_request, start_loras
+from dynamo_worker.mocker.handoff import KvHandoff
 from dynamo_worker.mocker.kv_manager import BlockManager
 from dynamo_worker.mocker.lora import MockLoras
+from dynamo_worker.mocker.model_dir import (
+    TINY_MODEL_DIR,
+    _kv_bytes_from_config,
+    _read_config,
+    resolve_model_dir,
+    serving_features,
+    size_host_tier,
+)
+from dynamo_worker.mocker.scheduler import Refuse, Seq, admit, batch_step, hands_over, next_token
+from dynamo_worker.mocker.scheduler import error_chunk as _error
 from dynamo_worker.mocker.scheduler_process import SchedulerProcess
 from dynamo_worker.mocker.scripted import ScriptRule, embedding, json_for_schema, load_script, token_logprobs
 from dynamo_worker.mocker.settings import MockerSettings
@@ -101,12 +52,9 @@ from dynamo_worker.protocol import (
     GenerateChunk,
     GenerateRequest,
     KvEvent,
-    ServingFeatures,
     TokenLogprob,
     Usage,
-    WorkerError,
     embedding_chunks,
-    image_pad_id,
     lora_seed,
 )
 from dynamo_worker.runtime.aio import cancel_and_wait
@@ -119,143 +67,17 @@ from dynamo_worker.runtime.engine import (
     NullEventSink,
 )
 from dynamo_worker.runtime.lora_checks import (
-    DUMMY_WEIGHTS_LOG,
-    LoraError,
     LoraLimits,
     StartupAdapter,
-    check_fits,
-    dummy_weights_block,
-    effective_limits,
-    normalize_targets,
-    parse_lora_paths,
-    read_adapter_config,
 )
-from dynamo_worker.runtime.worker import WorkerStartError
 from dynamo_worker.tinymodel import MODEL_NAME as TINY_MODEL_NAME
-from dynamo_worker.tinymodel import ensure_tiny_model
 
-__all__ = ["MockerEngine", "resolve_model_dir"]
+__all__ = ["MockerEngine"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_KV_BYTES_PER_TOKEN = 131_072
-TINY_MODEL_DIR = "dynamo-tiny-model"
-
-
-def _read_config(model_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _kv_bytes_from_config(config: dict[str, Any]) -> int | None:
-    """2 (K and V) x layers x kv heads x head dim x 2 bytes (bf16), when config.json tells."""
-    try:
-        layers = int(config["num_hidden_layers"])
-        heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
-        head_dim = int(
-            config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"])
-        )
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    return 2 * layers * heads * head_dim * 2
-
-
-def resolve_model_dir(settings: MockerSettings) -> Path:
-    """The folder with the tokenizer: --model-dir, else --model-path / --tokenizer-path when they are
-    folders, else the tiny model (created in the temp dir)."""
-    for candidate in (settings.model_dir, settings.model_path, settings.tokenizer_path):
-        if candidate is not None and Path(candidate).is_dir():
-            return Path(candidate)
-    if settings.model_dir is not None:
-        raise FileNotFoundError(
-            f"--model-dir {settings.model_dir} is not a folder; create it or drop the flag"
-        )
-    path = ensure_tiny_model(Path(tempfile.gettempdir()) / TINY_MODEL_DIR)
-    log.info("Using the tiny model folder path=%s (no model folder given)", path)
-    return path
-
-
-class _Outbox:
-    """What the scheduler produced for one request that its reader has not taken yet: the token ids
-    (with their logprobs, when asked) and at most one final chunk. The reader takes all ready tokens
-    as one chunk, so a stream whose reader fell behind catches up with one write instead of one per
-    token (nothing waits to be merged); tokens are kept as ids, not as a chunk per token."""
-
-    __slots__ = ("final", "ids", "logprobs", "waiter")
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.logprobs: list[TokenLogprob] | None = None  # aligned with ids, when the request asked
-        self.final: GenerateChunk | None = None  # the last chunk; after the ids
-        self.waiter: asyncio.Future[None] | None = None  # the reader, waiting for something to take
-
-    def put(self, token: int, logprobs: list[TokenLogprob] | None, hand_over: bool = True) -> None:
-        """Add a token; ``hand_over``: wake the reader (False: keep it for a later hand-over)."""
-        self.ids.append(token)
-        if logprobs is not None:
-            if self.logprobs is None:
-                self.logprobs = []
-            self.logprobs += logprobs
-        if hand_over:
-            self._wake()
-
-    def put_final(self, chunk: GenerateChunk) -> None:
-        self.final = chunk
-        self._wake()
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def take(self) -> GenerateChunk:
-        """The ready tokens as one chunk, else the final chunk; waits for either."""
-        while not self.ids and self.final is None:
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        if self.ids:
-            chunk = GenerateChunk(token_ids=self.ids, logprobs=self.logprobs)
-            self.ids, self.logprobs = [], None
-            return chunk
-        assert self.final is not None
-        return self.final
-
-
-@dataclass(eq=False)
-class _Seq:
-    key: str
-    request: GenerateRequest
-    tokens: list[int]  # tokens that need KV: the prompt (+ generated ones after a preemption)
-    max_new: int
-    digest: int  # the token state after the prompt (``tokens.prompt_digest``)
-    out: _Outbox = field(default_factory=_Outbox)
-    kv_ready: bool = False  # the KV arrives by transfer (decode leg): no prefill compute
-    preset_first: int | None = None  # the prefill leg's token, emitted first by a decode leg
-    cached_tokens: int | None = None
-    host_cached_tokens: int = 0  # of cached_tokens, loaded back from host memory
-    generated: list[int] = field(default_factory=list)
-    finished: bool = False
-    rank: int = 0  # data-parallel rank whose KV cache holds it
-    script: list[int] | None = None  # the scripted (or schema-constrained) output, then "stop"
-    queued_tokens: int = 0  # uncached prompt tokens while it waits for a prefill (load reports)
-    state: int | None = None  # the token state after the prompt and ``generated`` (digest at first)
-
-    @property
-    def lora(self) -> str | None:
-        return self.request.lora_name
-
-
-def hands_over(generated: int, interval: int | None) -> bool:
-    """Whether the step that made the ``generated``-th token hands the ready tokens over, as SGLang's
-    scheduler decides for a streamed request with ``stream_interval``: the first token, then every
-    ``interval`` more (the last one goes with the final chunk in any case)."""
-    return interval is None or interval == 1 or generated % interval == 1
 
 
 def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
@@ -266,10 +88,6 @@ def script_continuation(reply: list[int], prompt: Sequence[int]) -> list[int]:
         if reply[:k] == list(prompt[-k:]):
             return reply[k:]
     return reply
-
-
-def _error(error_type: ErrorType, message: str) -> GenerateChunk:
-    return GenerateChunk(finish_reason="error", error=WorkerError(type=error_type, message=message))
 
 
 class MockerEngine(Engine):
@@ -286,19 +104,20 @@ class MockerEngine(Engine):
         self._listen_host = listen_host
         self._advertise_host = advertise_host
         self._sink: EngineEventSink = NullEventSink()
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []
+        self._waiting: deque[Seq] = deque()
+        self._running: list[Seq] = []
         self._wakeup = asyncio.Event()
         self._keys = itertools.count()
         self._task: asyncio.Task[None] | None = None
-        self._session: aiohttp.ClientSession | None = None
         self._last_load: LoadSnapshot | None = None
-        self._queues = {"bootstrap": 0, "prealloc": 0, "transfer": 0}  # the KV handoff's queues
-        self._bootstrap_tokens = 0
-        self._freed = asyncio.Event()  # KV blocks were released (a decode leg may reserve now)
-        self._peers = PeerConnections(settings.kv_first_transfer_s / settings.speedup)
-        self.bootstrap: BootstrapServer | None = None
-        self._layout = ""  # kv_layout(), once started
+        self.handoff = KvHandoff(
+            settings,
+            kvs=lambda: self.kvs,
+            timing=lambda: self.timing,
+            sampler=lambda: self.sampler,
+            publish_load=self._publish_load,
+            kv_events=self._kv_events,
+        )
         self.kvs = self._new_caches()
         self.kv = self.kvs[0]  # rank 0 (the only one unless --dp-size > 1)
         self._next_rank = itertools.count()
@@ -362,7 +181,7 @@ class MockerEngine(Engine):
         )
         kv_bytes = s.kv_bytes_per_token or _kv_bytes_from_config(config) or DEFAULT_KV_BYTES_PER_TOKEN
         self.timing = s.timing(kv_bytes)
-        self._size_host_tier(kv_bytes)
+        size_host_tier(self.kvs, s, kv_bytes, self.timing)
         self.sampler = await asyncio.to_thread(TokenSampler.from_model_dir, model_dir, s.vocab_size)
         if (model_dir / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -373,15 +192,19 @@ class MockerEngine(Engine):
         name = s.served_model_name or s.model_path or model_dir.name
         if name == TINY_MODEL_DIR:
             name = TINY_MODEL_NAME
-        self._layout = kv_layout(name, s.page_size)
+        self.handoff.layout = kv_layout(name, s.page_size)
         if self.loras is not None:
-            await self._start_loras()
+            self._lora_limits, self._startup_loras = await start_loras(s, self.loras)
         bootstrap_port = None
         if self.role == "prefill":
-            self.bootstrap = BootstrapServer(self._listen_host, self._bootstrap_port, layout=self._layout)
-            bootstrap_port = self._bootstrap_port = await self.bootstrap.start()
+            self.handoff.bootstrap = BootstrapServer(
+                self._listen_host, self._bootstrap_port, layout=self.handoff.layout
+            )
+            bootstrap_port = self._bootstrap_port = await self.handoff.bootstrap.start()
         if self.role == "decode":
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
+            self.handoff.session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0)
+            )
         self._task = asyncio.create_task(self._loop(), name="mocker-scheduler")
         self._publish_load()
         log.info(
@@ -405,64 +228,11 @@ class MockerEngine(Engine):
             dp_size=s.dp_size,
             model_dir=model_dir,
             context_length=self.context_length,
-            features=self._features(config),
+            features=serving_features(s, config, self.embedding_dim),
             nnodes=s.nnodes,
         )
 
-    def _size_host_tier(self, kv_bytes: int) -> None:
-        """HiCache's host memory per rank, now that the KV bytes per token are known (--hicache-size)."""
-        s = self.settings
-        host = s.host_blocks(kv_bytes)
-        for kv in self.kvs:
-            kv.host_blocks = host
-        if not host:
-            return
-        log.info(
-            "Simulating HiCache host_kv_blocks=%d (%.1f GB) write_policy=write_through "
-            "load_back_us_per_block=%.0f",
-            host,
-            host * s.page_size * kv_bytes / 1e9,
-            self.timing.load_back_s(s.page_size) * 1e6,
-        )
-        if host <= s.gpu_blocks:
-            log.warning(
-                "HiCache host KV cache (%d blocks) is not larger than the GPU's (%d blocks): host memory "
-                "holds copies of the GPU's blocks first, so few evicted blocks stay there; raise "
-                "--hicache-ratio above 1 (SGLang warns alike)",
-                host,
-                s.gpu_blocks,
-            )
-
     # --- LoRA ----------------------------------------------------------------------------------------
-
-    async def _start_loras(self) -> None:
-        """Check the flags and the ``--lora-paths`` adapters as SGLang does when it starts, and hold them."""
-        assert self.loras is not None
-        s = self.settings
-        try:
-            startup = parse_lora_paths(s.lora_paths)
-        except ValueError as e:
-            raise WorkerStartError(str(e)) from None
-        flags = LoraLimits(
-            max_loras_per_batch=s.max_loras_per_batch,
-            max_loaded_loras=s.max_loaded_loras,
-            max_lora_rank=s.max_lora_rank,
-            target_modules=normalize_targets(s.lora_target_modules) if s.lora_target_modules else None,
-        )
-        configs = []
-        for adapter in startup:
-            try:
-                config = await asyncio.to_thread(read_adapter_config, Path(adapter.path))
-                check_fits(adapter.name, config, flags)
-            except LoraError as e:
-                raise WorkerStartError(f"--lora-paths {adapter.name}={adapter.path}: {e.message}") from None
-            configs.append(config)
-            self.loras.load(adapter.name, adapter.pinned)
-        blocked = dummy_weights_block(True, s.load_format)
-        if blocked is not None:
-            log.error(DUMMY_WEIGHTS_LOG, blocked)
-        self._lora_limits = replace(effective_limits(flags, configs), cannot_load=blocked)
-        self._startup_loras = startup
 
     def lora_limits(self) -> LoraLimits | None:
         return self._lora_limits if self.loras is not None else None
@@ -487,47 +257,6 @@ class MockerEngine(Engine):
             await self._lora_drained.wait()
         return self.loras.unload(name)
 
-    def _check_lora(self, request: GenerateRequest) -> GenerateChunk | None:
-        name = request.lora_name
-        if name is None:
-            return None
-        if self.loras is None:
-            return _error(
-                "invalid_request",
-                f"this worker serves no LoRA adapters, so not {name!r}; start it with --enable-lora",
-            )
-        if not self.loras.serves(name):
-            held = ", ".join(n for n in self.loras.held if self.loras.serves(n)) or "none"
-            return _error(
-                "invalid_request",
-                f"LoRA adapter {name!r} is not loaded on this worker (it serves: {held}); load it with "
-                "POST /v1/loras on the worker's system port",
-            )
-        self.loras.use(name)
-        return None
-
-    def _features(self, config: dict[str, Any]) -> ServingFeatures:
-        s = self.settings
-        matryoshka = config.get("matryoshka_dimensions")
-        return ServingFeatures(
-            model_type="embedding" if s.is_embedding else "generate",
-            tool_call_parser=s.tool_call_parser,
-            reasoning_parser=s.reasoning_parser,
-            # as SGLang: no grammars without its tokenizer (--skip-tokenizer-init)
-            grammar_backend="none" if s.skip_tokenizer_init else s.grammar_backend,
-            embedding_dim=self.embedding_dim if s.is_embedding else None,
-            is_matryoshka=bool(config.get("is_matryoshka") or matryoshka),
-            matryoshka_dimensions=matryoshka if isinstance(matryoshka, list) else None,
-        )
-
-    async def _stuck_transfer(self, request: GenerateRequest) -> None:
-        """While ``--kv-transfer-fault-file`` exists, a decode leg's KV transfer never completes: the leg
-        waits until it is cancelled, as an engine whose transfer is lost while both workers stay alive."""
-        fault = self.settings.kv_transfer_fault_file
-        if fault is not None and fault.exists():
-            log.warning("Simulated fault: the KV transfer of request_id=%s never ends", request.request_id)
-            await asyncio.Event().wait()
-
     async def health_check(self) -> None:
         if self._task is None:
             raise RuntimeError("mocker not started")
@@ -545,19 +274,33 @@ class MockerEngine(Engine):
             self._task = None
         for seq in [*self._waiting, *self._running]:
             self._fail(seq, "shutting_down", "worker shut down before the request finished")
-        if self.bootstrap is not None:
-            await self.bootstrap.stop()
-            self.bootstrap = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self.handoff.bootstrap is not None:
+            await self.handoff.bootstrap.stop()
+            self.handoff.bootstrap = None
+        if self.handoff.session is not None:
+            await self.handoff.session.close()
+            self.handoff.session = None
         if self.scheduler is not None:
             await self.scheduler.stop()
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[GenerateChunk, None]:
         started = time.monotonic()
         queued = False
-        problem = self._check(request) or self._check_kind(request) or self._check_lora(request)
+        bootstrap = self.handoff.bootstrap
+        problem = (
+            check_request(
+                request,
+                self.settings,
+                stopping=self.stopping,
+                context_length=self.context_length,
+                kv=self.kv,
+                bootstrap_port=bootstrap.port if bootstrap is not None else None,
+            )
+            or check_kind(
+                request, self.settings, embedding_dim=self.embedding_dim, context_length=self.context_length
+            )
+            or check_lora(request, self.loras)
+        )
         if problem is not None:
             yield problem
             return
@@ -572,7 +315,7 @@ class MockerEngine(Engine):
             return
         seq.script = scripted
         try:
-            refused = await self._handoff(seq)
+            refused = await self.handoff.before_queue(seq)
             if refused is not None:
                 yield refused
                 return
@@ -588,7 +331,7 @@ class MockerEngine(Engine):
                     and chunk.finish_reason != "error"
                     and self.role == "prefill"
                 ):
-                    chunk = await self._hand_over(seq, chunk, started)
+                    chunk = await self.handoff.hand_over(seq, chunk, started)
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
@@ -599,90 +342,12 @@ class MockerEngine(Engine):
 
     # --- the KV handoff (SGLang's bootstrap, prealloc and transfer queues) -------------------------
 
-    async def _handoff(self, seq: _Seq) -> GenerateChunk | None:
-        """A disaggregated leg's part of the KV handoff before it is queued (``_receive`` for a decode
-        leg, ``_await_handshake`` for a prefill leg); the error chunk that ends it, if it failed."""
-        try:
-            if self.role == "decode":
-                await self._receive(seq)
-            elif self.role == "prefill":
-                await self._await_handshake(seq)
-        except BootstrapTimeout as e:
-            log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
-            return _error("bootstrap_timeout", str(e))
-        except BootstrapRefused as e:
-            return _error("bootstrap_failed", str(e))
-        return None
-
-    async def _await_handshake(self, seq: _Seq) -> None:
-        """Prefill leg: wait in the bootstrap queue for the decode leg's handshake (SGLang prefills a
-        request only once its decode worker has reserved the memory for its KV)."""
-        info = seq.request.bootstrap_info
-        assert info is not None and self.bootstrap is not None
-        self._queues["bootstrap"] += 1
-        self._bootstrap_tokens += len(seq.tokens)
-        self._publish_load()
-        try:
-            await self.bootstrap.decode_arrived(info.bootstrap_room, self.settings.bootstrap_timeout_s)
-        finally:
-            self._queues["bootstrap"] -= 1
-            self._bootstrap_tokens -= len(seq.tokens)
-
-    async def _receive(self, seq: _Seq) -> None:
-        """Decode leg: reserve KV memory for the prompt (prealloc queue), shake hands with the prefill
-        leg and wait for its result, then receive the KV (transfer queue; the first transfer from a
-        prefill engine also opens the connection, ``--kv-first-transfer-s``)."""
-        request = seq.request
-        assert request.bootstrap_info is not None and self._session is not None
-        deadline = time.monotonic() + self.settings.bootstrap_timeout_s
-        self._queues["prealloc"] += 1
-        self._publish_load()
-        try:
-            await self._reserve(seq, deadline)
-        finally:
-            self._queues["prealloc"] -= 1
-        self._queues["transfer"] += 1
-        self._publish_load()
-        try:
-            result = await fetch_prefill(
-                self._session,
-                request.bootstrap_info,
-                max(deadline - time.monotonic(), 0.5),
-                self._layout,
-            )
-            await self._peers.ready(result.engine)
-            await asyncio.sleep(self.timing.kv_transfer_s(len(seq.tokens)))
-            await self._stuck_transfer(request)
-        finally:
-            self._queues["transfer"] -= 1
-        seq.kv_ready, seq.preset_first, seq.cached_tokens = True, result.first_token, result.cached_tokens
-        seq.host_cached_tokens = result.host_cached_tokens
-
-    async def _reserve(self, seq: _Seq, deadline: float) -> None:
-        """Allocate the prompt's KV blocks, waiting (until ``deadline``) while the cache is full."""
-        kv = self.kvs[seq.rank]
-        while True:
-            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
-            if alloc is not None:
-                self._kv_events(alloc.events, seq.rank)
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BootstrapTimeout(
-                    f"the decode worker's KV cache had no room for {len(seq.tokens)} tokens within "
-                    f"{self.settings.bootstrap_timeout_s:.0f}s (--num-kv-blocks)"
-                )
-            self._freed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await self._freed.wait()
-
-    def _uncached(self, seq: _Seq) -> int:
+    def _uncached(self, seq: Seq) -> int:
         return len(seq.tokens) - self.kvs[seq.rank].cached_prefix_tokens(seq.tokens, seq.lora)
 
     # --- requests --------------------------------------------------------------------------------
 
-    def _new_seq(self, request: GenerateRequest) -> _Seq:
+    def _new_seq(self, request: GenerateRequest) -> Seq:
         """The scheduler's record of ``request``: its tokens depend on the prompt, the seed and the
         adapter, and it goes to its data-parallel rank (or the ranks in turn)."""
         prompt = list(request.token_ids)
@@ -691,7 +356,7 @@ class MockerEngine(Engine):
             seed ^= lora_seed(request.lora_name)
         digest = prompt_digest(prompt, seed)
         rank = request.data_parallel_rank
-        return _Seq(
+        return Seq(
             key=f"{request.request_id}#{next(self._keys)}",
             request=request,
             tokens=prompt,
@@ -701,62 +366,6 @@ class MockerEngine(Engine):
             digest=digest,
             rank=rank if rank is not None else next(self._next_rank) % len(self.kvs),
         )
-
-    def _check(self, request: GenerateRequest) -> GenerateChunk | None:
-        n = len(request.token_ids)
-        if self.stopping:
-            return _error("shutting_down", "worker is shutting down")
-        if n >= self.context_length:
-            return _error(
-                "invalid_request",
-                f"prompt has {n} tokens; the context length is {self.context_length}: shorten the prompt",
-            )
-        if self.kv.blocks_needed(n + 1) > self.kv.total_blocks:
-            return _error(
-                "invalid_request",
-                f"prompt needs {self.kv.blocks_needed(n + 1)} KV blocks but the cache has "
-                f"{self.kv.total_blocks}; raise --num-kv-blocks",
-            )
-        if request.data_parallel_rank is not None and request.data_parallel_rank >= self.settings.dp_size:
-            return _error(
-                "invalid_request", f"data_parallel_rank must be below dp_size={self.settings.dp_size}"
-            )
-        for i, span in enumerate(request.images):  # the pad ids stand for the image, as in SGLang
-            pad = image_pad_id(span.embedding.content_hash)
-            end = span.offset + span.embedding.num_tokens
-            if any(t != pad for t in request.token_ids[span.offset : end]):
-                return _error("invalid_request", f"images[{i}]: its token_ids are not its pad id {pad}")
-        if self.role != "agg" and request.bootstrap_info is None:
-            return _error("invalid_request", f"a {self.role} worker needs bootstrap_info in the request")
-        if self.role == "prefill" and self.bootstrap is not None:
-            port = request.bootstrap_info.bootstrap_port  # type: ignore[union-attr]
-            if port != self.bootstrap.port:
-                return _error(
-                    "invalid_request",
-                    f"bootstrap_port {port} is not this prefill worker's bootstrap port "
-                    f"{self.bootstrap.port}",
-                )
-        return None
-
-    def _check_kind(self, request: GenerateRequest) -> GenerateChunk | None:
-        if self.settings.is_embedding and request.embed is None:
-            return _error(
-                "invalid_request",
-                "this worker serves embeddings (--is-embedding); send generation to a generation model",
-            )
-        if request.embed is not None:
-            if not self.settings.is_embedding:
-                return _error("invalid_request", "this worker generates text; start it with --is-embedding")
-            dims = request.embed.dimensions
-            if dims is not None and dims > self.embedding_dim:
-                return _error("invalid_request", f"dimensions {dims} exceeds the size {self.embedding_dim}")
-            for ids in request.embed.inputs:
-                if len(ids) > self.context_length:
-                    return _error(
-                        "invalid_request",
-                        f"an input has {len(ids)} tokens; the context length is {self.context_length}",
-                    )
-        return None
 
     async def _embed(self, request: GenerateRequest) -> list[GenerateChunk]:
         assert request.embed is not None
@@ -801,31 +410,6 @@ class MockerEngine(Engine):
             return [self.sampler.token(len(text), i) for i in range(len(text.split()))]
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    async def _hand_over(self, seq: _Seq, chunk: GenerateChunk, started: float) -> GenerateChunk:
-        """Prefill leg: publish the result for the decode leg and wait until it is fetched."""
-        info = seq.request.bootstrap_info
-        assert info is not None and self.bootstrap is not None
-        first = chunk.token_ids[0] if chunk.token_ids else self.sampler.token(seq.digest, 0)
-        result = PrefillResult(
-            first, len(seq.request.token_ids), seq.cached_tokens or 0, seq.host_cached_tokens
-        )
-        left = max(self.settings.bootstrap_timeout_s - (time.monotonic() - started), 0.5)
-        self._queues["transfer"] += 1
-        self._publish_load()
-        try:
-            await self.bootstrap.prefill_done(info.bootstrap_room, result, left)
-        except BootstrapTimeout as e:
-            log.warning("Bootstrap timed out request_id=%s: %s", seq.request.request_id, e)
-            return _error("bootstrap_timeout", str(e))
-        except BootstrapRefused as e:
-            return _error("bootstrap_failed", str(e))
-        except RuntimeError as e:
-            return _error("invalid_request", str(e))
-        finally:
-            self._queues["transfer"] -= 1
-            self._publish_load()
-        return chunk
-
     # --- scheduler -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
@@ -842,14 +426,14 @@ class MockerEngine(Engine):
             now = loop.time()
             start = now if ended is None else min(now, ended)
             prefill_s, prefilled = self._admit()
-            if prefilled and not self.settings.enable_mixed_chunk:
-                # SGLang's default schedule: a prefill batch runs on its own and the running batch gets
-                # no token until no waiting request can be admitted (prefill first, decode stalls).
-                advancing, step_s = prefilled, prefill_s
-            else:  # --enable-mixed-chunk: the step's prefills ride along with one decode step
-                decoding = len(self._running) - len(prefilled)
+            mixed = self.settings.enable_mixed_chunk
+            decode_s = 0.0
+            if mixed or not prefilled:
                 kv_tokens = sum(self.kvs[s.rank].seq_tokens(s.key) for s in self._running)
-                advancing, step_s = self._running, prefill_s + self.timing.decode_step_s(decoding, kv_tokens)
+                decode_s = self.timing.decode_step_s(len(self._running) - len(prefilled), kv_tokens)
+            advancing, step_s = batch_step(
+                self._running, prefilled, prefill_s, mixed_chunk=mixed, decode_s=decode_s
+            )
             self._publish_load()
             ended = start + step_s
             await asyncio.sleep(max(0.0, ended - loop.time()))
@@ -858,69 +442,39 @@ class MockerEngine(Engine):
                     self._advance(seq)
             self._publish_load()
 
-    def _admit(self) -> tuple[float, list[_Seq]]:
-        """Move waiting requests into the batch. Returns the prefill time and the requests prefilled."""
-        budget = self.settings.prefill_budget
+    def _admit(self) -> tuple[float, list[Seq]]:
+        """Move waiting requests into the batch (``scheduler.admit``). Returns the prefill time and the
+        requests prefilled."""
         prefills: list[tuple[int, int]] = []  # (uncached, cached) tokens of each request prefilled
         loaded = 0  # tokens loaded back from host memory (HiCache host hits)
-        prefilled: list[_Seq] = []
-        admitted = 0
-        adapters = {s.lora for s in self._running} if self.loras is not None else None
-        passed: list[_Seq] = []  # waiting for a batch slot of their adapter; later ones may go first
-        while self._waiting and len(self._running) < self.settings.max_running_requests:
-            seq = self._waiting[0]
-            if seq.finished:
-                self._waiting.popleft()
+        prefilled: list[Seq] = []
+        s = self.settings
+        decisions = admit(
+            self._waiting,
+            self._running,
+            self.kvs,
+            self.loras,
+            prefill_budget=s.prefill_budget,
+            max_running=s.max_running_requests,
+        )
+        for decision in decisions:
+            seq = decision.seq
+            if isinstance(decision, Refuse):
+                self._fail(
+                    seq, "invalid_request", "the KV cache cannot hold this request; raise --num-kv-blocks"
+                )
                 continue
-            if (
-                adapters is not None
-                and self.loras is not None
-                and not self.loras.can_join(adapters, seq.lora)
-            ):
-                passed.append(self._waiting.popleft())
-                continue
-            kv = self.kvs[seq.rank]
-            if seq.kv_ready and kv.has_seq(seq.key):  # a decode leg's KV, reserved when it arrived
-                self._waiting.popleft()
-                admitted += 1
-                self._join(seq, adapters)
-                continue
-            new_tokens = (
-                0 if seq.kv_ready else len(seq.tokens) - kv.cached_prefix_tokens(seq.tokens, seq.lora)
-            )
-            if admitted and new_tokens > budget:
-                break
-            alloc = kv.allocate(seq.key, seq.tokens, seq.lora)
-            if alloc is None:
-                if not self._running:
-                    self._waiting.popleft()
-                    self._fail(
-                        seq, "invalid_request", "the KV cache cannot hold this request; raise --num-kv-blocks"
-                    )
-                    continue
-                break
-            self._waiting.popleft()
-            admitted += 1
-            self._kv_events(alloc.events, seq.rank)
-            if seq.cached_tokens is None:
-                seq.cached_tokens = alloc.cached_tokens
-                seq.host_cached_tokens = alloc.host_cached_tokens
-            self._join(seq, adapters)
-            if not seq.kv_ready:
-                uncached = len(seq.tokens) - alloc.cached_tokens
-                prefills.append((uncached, alloc.cached_tokens))
-                loaded += alloc.host_cached_tokens
+            self._kv_events(decision.events, seq.rank)
+            self._join(seq)
+            if decision.prefill is not None:
+                prefills.append(decision.prefill)
+                loaded += decision.loaded
                 prefilled.append(seq)
-                budget -= uncached
-        self._waiting.extendleft(reversed(passed))
         step_s = self.timing.prefill_batch_s(prefills) + self.timing.load_back_s(loaded)
         return step_s + self._lora_swap_s(), prefilled
 
-    def _join(self, seq: _Seq, adapters: set[str | None] | None) -> None:
-        """``seq`` joins the running batch (its adapter takes a batch slot); a transferred first token
-        goes out at once."""
-        if adapters is not None:
-            adapters.add(seq.lora)
+    def _join(self, seq: Seq) -> None:
+        """``seq`` joins the running batch; a transferred first token goes out at once."""
         self._running.append(seq)
         if seq.kv_ready and seq.preset_first is not None and not seq.generated:
             self._advance(seq)
@@ -932,30 +486,11 @@ class MockerEngine(Engine):
         copied = self.loras.bring_in({s.lora for s in self._running})
         return copied * self.settings.lora_swap_ms / 1e3 / self.settings.speedup
 
-    def _advance(self, seq: _Seq) -> None:
+    def _advance(self, seq: Seq) -> None:
         """Give ``seq`` its next token (or finish it)."""
-        req, pos = seq.request, len(seq.generated)
         state = seq.digest if seq.state is None else seq.state
-        if pos == 0 and seq.preset_first is not None:
-            token = seq.preset_first
-        elif seq.script is not None:
-            if pos >= len(seq.script):
-                self._finish(seq, [], "stop")
-                return
-            token = seq.script[pos]
-        else:
-            token = self.sampler.token(state, 0)
-            p = self.settings.eos_probability
-            if (
-                p > 0
-                and req.eos_token_ids
-                and not req.stop.ignore_eos
-                and pos >= req.stop.min_tokens
-                and self.sampler.chance(state, 0) < p
-            ):
-                token = req.eos_token_ids[0]
-        eos = not req.stop.ignore_eos and token in req.eos_token_ids
-        if pos >= req.stop.min_tokens and (token in req.stop.stop_token_ids or eos):
+        token = next_token(seq, state, self.sampler, self.settings.eos_probability)
+        if token is None:
             self._finish(seq, [], "stop")
             return
         seq.generated.append(token)
@@ -971,7 +506,7 @@ class MockerEngine(Engine):
             self._kv_events(events, seq.rank)
         seq.out.put(token, logprobs, hands_over(len(seq.generated), seq.request.stream_interval))
 
-    def _logprobs(self, seq: _Seq, state: int, token: int) -> list[TokenLogprob] | None:
+    def _logprobs(self, seq: Seq, state: int, token: int) -> list[TokenLogprob] | None:
         k = seq.request.logprobs
         if k is None:
             return None
@@ -979,7 +514,7 @@ class MockerEngine(Engine):
         return [token_logprobs(token, alternatives, self.sampler.chance(state, 0), k)]
 
     def _finish(
-        self, seq: _Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None
+        self, seq: Seq, tokens: list[int], reason: FinishReason, logprobs: list[TokenLogprob] | None = None
     ) -> None:
         seq.finished = True
         self._release(seq)
@@ -994,27 +529,27 @@ class MockerEngine(Engine):
             GenerateChunk(token_ids=tokens, finish_reason=reason, usage=usage, logprobs=logprobs)
         )
 
-    def _fail(self, seq: _Seq, error_type: ErrorType, message: str) -> None:
+    def _fail(self, seq: Seq, error_type: ErrorType, message: str) -> None:
         seq.finished = True
         self._release(seq)
         seq.out.put_final(_error(error_type, message))
 
-    def _preempt(self, seq: _Seq) -> None:
+    def _preempt(self, seq: Seq) -> None:
         log.info("Preempted request request_id=%s (KV cache full)", seq.request.request_id)
         self._release(seq)
         seq.tokens = [*seq.request.token_ids, *seq.generated]
         seq.kv_ready = False
         self._waiting.appendleft(seq)
 
-    def _release(self, seq: _Seq) -> None:
+    def _release(self, seq: Seq) -> None:
         self.kvs[seq.rank].free(seq.key)
-        self._freed.set()
+        self.handoff.freed.set()
         if seq in self._running:
             self._running.remove(seq)
         if seq.lora is not None and self._lora_drained is not None:
             self._lora_drained.set()
 
-    def _drop(self, seq: _Seq) -> None:
+    def _drop(self, seq: Seq) -> None:
         """The client went away: forget the request and free its blocks now."""
         seq.finished = True
         self._release(seq)
@@ -1031,10 +566,10 @@ class MockerEngine(Engine):
             self._sink.kv_events(events, rank)
 
     def _publish_load(self) -> None:
-        """Report the load as SGLang does (``sglang.engine.snapshot``): ``waiting`` counts the handoff
+        """Report the load as SGLang does (``sglang.load.snapshot``): ``waiting`` counts the handoff
         queues too, queued prefill tokens are the waiting requests' uncached ones (and a prefill
         worker's bootstrap queue, whole)."""
-        q = self._queues
+        q = self.handoff.queues
         snap = LoadSnapshot(
             active_blocks=sum(kv.active_blocks for kv in self.kvs),
             total_blocks=sum(kv.total_blocks for kv in self.kvs),
@@ -1044,7 +579,7 @@ class MockerEngine(Engine):
             + q["transfer"] * (self.role == "decode"),
             running=len(self._running),
             waiting_prefill_tokens=sum(s.queued_tokens for s in self._waiting if not s.finished)
-            + self._bootstrap_tokens,
+            + self.handoff.bootstrap_tokens,
             bootstrap_queue=q["bootstrap"],
             prealloc_queue=q["prealloc"],
             transfer_queue=q["transfer"],

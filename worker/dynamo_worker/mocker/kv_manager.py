@@ -1,33 +1,6 @@
 """The mocker's KV block manager: paged KV cache with prefix caching and LRU eviction. Pure (no I/O).
 
-The cache has ``total_blocks`` blocks of ``page_size`` tokens. A sequence holds its full blocks by
-hash (``hash_token_blocks`` from the protocol, so routers compute the same hashes) and at most one
-partial block (its unfinished tail, never shared). A full block is shared by every sequence with the
-same prefix (reference counted). When a sequence is freed its blocks stay cached, unreferenced, in an
-LRU list (leaves before their parents, so a prefix is never evicted before its extensions); a new block
-evicts the least recently used cached one when the cache is full.
-
-A LoRA adapter's sequences live in a prefix-cache namespace of their own, as in SGLang: their blocks
-chain from the adapter's seed (``hash_token_blocks(..., lora_name=...)``), so they are never shared with
-the base model's or another adapter's, and their ``BlockStored`` events (every tier) name the adapter.
-
-Every change a router must know is returned as protocol events, in the order it happened:
-``BlockStored`` (with parent hash, block hashes and token ids) when a block is filled for the first
-time, ``BlockRemoved`` when a cached block is evicted, ``AllBlocksCleared`` on ``clear``.
-
-Host tier (SGLang's HiCache, ``host_blocks`` > 0), as SGLang 0.5.17's ``HiRadixCache`` does it under
-its default ``--hicache-write-policy write_through``:
-
-- every block filled on the GPU is copied to host memory at once (write-through), if its parent has a
-  host copy (host copies form prefixes from the root): GPU store, then host store;
-- a host copy needs a free host block; when host memory is full, the least recently used host copy of
-  a block no longer on the GPU is evicted (host removal); when there is none, the block gets no copy;
-- a GPU eviction is a GPU removal; a block with a host copy stays there (demoted), else it is lost;
-- a prompt's leading blocks found on the GPU are GPU hits; the blocks that follow them and have host
-  copies are host hits, loaded back into GPU blocks (GPU store; the host copy stays), which costs
-  load-back time (``timing.TimingModel.load_back_s``) instead of prefill; ``cached_tokens`` counts both
-  (as SGLang does) and ``host_cached_tokens`` the host hits.
-"""
+More: docs/module-notes.md (dynamo_worker.mocker.kv_manager)."""
 
 from __future__ import annotations
 
@@ -69,7 +42,7 @@ class _HostCopy:
 
 @dataclass
 class _SeqBlocks:
-    """The KV blocks one sequence holds in the manager (the engine's ``_Seq`` is the request itself)."""
+    """The KV blocks one sequence holds in the manager (the engine's ``Seq`` is the request itself)."""
 
     hashes: list[int]  # full blocks, in order (each holds one reference)
     tokens: list[int]  # every token with KV in this sequence

@@ -6,31 +6,7 @@ behind the HTTP endpoints ``sglang.launch_server`` serves, so that SGLang's own 
 --worker-urls ...``) can front N of them exactly as it fronts SGLang servers (``tests/gpu/run_peers.py``
 compares it with our stack this way). No NATS, no discovery, no KV events: nothing but HTTP.
 
-Endpoints (SGLang 0.5.17's shapes):
-
-- ``GET /health``, ``/health_generate``: 200 once the engine has produced a token since the check began
-  (SGLang's check: a one-token request, answered as soon as any request's output arrives), 503 while
-  starting or stopping, or when nothing came within ``HEALTH_TIMEOUT_S``.
-- ``GET /model_info`` (and ``/get_model_info``), ``/server_info`` (and ``/get_server_info``): the model
-  and the engine's flags; ``GET /v1/models``: the served model.
-- ``POST /generate`` (or PUT): ``input_ids`` (or ``text``, tokenized with the model folder's tokenizer),
-  ``rid``, ``stream``, ``sampling_params`` (``max_new_tokens`` (default 128), ``min_new_tokens``,
-  ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``frequency_penalty``, ``presence_penalty``,
-  ``sampling_seed``, ``stop_token_ids``, ``ignore_eos``, ``json_schema``). The answer: ``text``,
-  ``output_ids`` (both the whole output so far in every streamed event, as SGLang streams by default) and
-  ``meta_info`` (``id``, ``finish_reason`` (``{"type": "length", "length": n}``, ``{"type": "stop",
-  "matched": id}`` or ``None`` until the end), ``prompt_tokens``, ``completion_tokens``, and in the last
-  event ``cached_tokens`` with, when any, ``cached_tokens_details`` ``{"device", "host"}``). Streamed:
-  ``data: {...}`` events, then ``data: [DONE]``. A client that goes away aborts its request (its KV
-  blocks are freed). What the simulation cannot honour (``stop`` strings, logprobs, batches, regex or
-  ebnf) is refused with 400 rather than ignored.
-- ``POST /abort_request`` ``{"rid"}``: aborts that request.
-
-Errors as SGLang gives them: a request it cannot serve is 400 ``{"error": {"message"}}`` (streamed: a
-``data: {"error": {...}}`` event, then ``[DONE]``); a malformed body is 400 ``{"object": "error",
-"message", "type", "code"}``; an engine that fails a request ends it with ``finish_reason`` ``{"type":
-"abort", "status_code": 500 or 503}`` (503: shutting down), which is that status when not streamed.
-"""
+More: docs/module-notes.md (dynamo_worker.mocker.sglang_http)."""
 
 from __future__ import annotations
 

@@ -1,55 +1,6 @@
 """The mocker's timing model: how long a simulated engine step takes. Pure functions, no clock.
 
-Prefill of one request with ``n`` uncached prompt tokens, ``c`` of its prompt tokens found in the
-prefix cache::
-
-    prefill_s = (prefill_base_ms / 1e3
-                 + n * prefill_per_token_us / 1e6
-                 + n * (c + n) * prefill_attention_ns / 1e9) / speedup
-
-(the quadratic term is attention over the whole context for each new token). A request served
-entirely from the cache (n == 0) still pays ``prefill_base_ms`` (its last token is recomputed).
-
-One decode step of a batch of ``b`` running sequences holding ``k`` KV tokens in all::
-
-    decode_step_s = (decode_base_ms / 1e3
-                     + b * decode_per_seq_us / 1e6
-                     + k * decode_per_kv_token_ns / 1e9) / speedup
-
-A scheduler step that admits prefills takes the prefills' time and gives only them their first token
-(SGLang runs prefill batches first; the running batch decodes when no prefill is waiting). With
-``--enable-mixed-chunk`` the step takes the prefills plus one decode step and every running request
-gets a token, as in SGLang's mixed batches.
-
-With a profile (``--profile``, see ``dynamo_worker.profile.model``) the prefill and decode formulas
-are replaced by the profile's tables. The engine runs a step's prefills as one forward pass over all
-their new tokens, and only attention keeps each request to its own context. So a step prefilling
-requests with ``n_i`` new tokens after ``c_i`` cached ones costs::
-
-    pass(sum_i n_i) + attention * sum_i n_i * (n_i + c_i)
-
-``attention`` is the profile's seconds per new token x context token (the TTFT table's curvature) and
-``pass`` the TTFT table less that attention (the rest of a forward pass, which grows with the step's
-tokens), and at least the profiled TTFT of the step's longest request. A lone uncached request costs
-exactly its profiled TTFT, and a batch of short prompts pays the engine's fixed cost per pass (the
-flat start of the TTFT table) once. A decode step costs the profiled ITL at batch ``b`` and context
-``k / b``; ``speedup`` still divides both. (How many new tokens one step takes is the engine's
-budget: ``--max-prefill-tokens`` and ``--chunked-prefill-size``.)
-
-Loading ``t`` tokens' KV back from host memory (a HiCache host hit) takes the step that admits the
-request::
-
-    load_back_s = t * kv_bytes_per_token / (host_load_gb_s * 1e9) / speedup
-
-``host_load_gb_s`` defaults to 50 GB/s, what a pinned host-to-device copy reaches over PCIe Gen5 x16
-(64 GB/s a direction on the wire) on an H100; per 16-token block of an 8B model (131072 bytes a token)
-that is 42 us, against 0.8 ms to prefill the block with the default ``prefill_per_token_us``.
-
-Moving the KV cache of ``t`` tokens from a prefill worker to a decode worker::
-
-    kv_transfer_s = (kv_transfer_latency_ms / 1e3
-                     + t * kv_bytes_per_token / (kv_transfer_gbps * 1e9 / 8)) / speedup
-"""
+More: docs/module-notes.md (dynamo_worker.mocker.timing)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class Totals:
     itl_sum: float = 0.0
     itl_count: float = 0.0
     inflight: float = 0.0  # a gauge: the value now
-    queued: float = 0.0  # a gauge: requests waiting now (frontend.http.server.Admission)
+    queued: float = 0.0  # a gauge: requests waiting now (frontend.serving.admission)
 
 
 @dataclass(frozen=True)

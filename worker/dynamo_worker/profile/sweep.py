@@ -64,7 +64,7 @@ class Sweeper:
         root = url.rstrip("/").removesuffix("/v1")
         self.endpoint = f"{root}/v1/completions" if target == "frontend" else root.partition("://")[2] or root
         self.vocab, self.rng, self.timeout_s = vocab, random.Random(seed), timeout_s
-        self.client = RequestClient(first_chunk_timeout=timeout_s, idle_timeout=timeout_s)
+        self.client = RequestClient(first_token_timeout_s=timeout_s, inter_token_timeout_s=timeout_s)
 
     async def close(self) -> None:
         await self.client.close()

@@ -1,66 +1,7 @@
 """Which worker caches which prompt prefix, and in which tier: a prefix index of block hashes, fed by
 KV events.
 
-Blocks are identified by *our* chained hashes (``protocol.hash_token_blocks``): block i's hash covers
-its parent's hash and its own tokens, so one hash names a whole prefix and a flat map
-``hash -> targets`` behaves like a radix tree whose edges are blocks. A target is one cache: a worker,
-or one attention data-parallel rank of a worker (``Target = (instance_id, dp_rank)``), each with its
-own blocks, fed by the events of that rank. A target's overlap with a prompt is the leading prompt
-blocks it holds, each in the best tier it holds it in, counted until the first block it holds in none.
-
-Engines name blocks with their own hashes (SGLang's differ from ours), so a ``BlockStored`` event is
-re-hashed from its ``token_ids`` under our hash of its parent, and the engine hash is remembered so a
-later ``BlockRemoved`` (which carries engine hashes only) can be mapped back. A LoRA adapter's blocks
-(the event's ``lora_name``) start from the adapter's seed (``protocol.lora_seed``): keyed on tokens and
-the adapter's name, never on the engine's per-load ids, so an adapter prefix has the same hashes on
-every worker and after a reload, and a request for an adapter overlaps only that adapter's blocks.
-
-Tiers (``protocol.Medium``): ``gpu`` (the engine's KV pool), ``host`` (HiCache's host memory) and
-``disk`` (HiCache's storage tier). Each block of a target is held in a *set* of tiers: ``BlockStored``
-adds its medium to the set, ``BlockRemoved`` takes its medium out, and the block is gone when the set
-is empty. So a GPU removal of a block backed up in host memory is a demotion (it stays, as a host
-block), and a host removal of a block still on the GPU leaves a GPU block. This is the model of the
-events SGLang really sends (0.5.17 ``mem_cache/hiradix_cache.py``, 0.5.23
-``mem_cache/unified_cache/unified_tree_core.py``; default ``--hicache-write-policy write_through``):
-
-- a prompt's new blocks: GPU store when inserted; host store once the write-through copy has landed
-  (a backup: the block is then in both, not moved);
-- a GPU eviction: GPU removal, one event per radix node (all its blocks); the block stays in host
-  memory when it was backed up, else it is gone;
-- a host eviction: host removal, only of blocks no longer on the GPU (0.5.23 also frees host copies
-  of GPU blocks: host removal, the GPU block stays);
-- a host hit loaded back: GPU store (the host copy stays);
-- ``write_back``: GPU removal, then host store of the same block (gone, then back as a host block);
-- a block evicted from the GPU and recomputed without a load-back gets no new GPU store (0.5.17): the
-  index keeps it as host-only, an underestimate that costs a little routing preference, never a
-  wrong hit;
-- storage (L3) prefetches into host memory: host store of blocks the GPU never held.
-
-A removal is never assumed: a block the engine stops holding without an event stays counted at its
-last known tiers, which the next event about it (or the snapshot of a late frontend) corrects. A
-removal for a tier the block is not known in changes nothing.
-
-Predicted blocks: events arrive only after the engine has computed a prompt, so requests for a new
-prefix that arrive in that window would see no holder anywhere. ``predict`` inserts a routed prompt's
-blocks into the chosen target at routing time, as *predicted* GPU blocks that count like stored ones
-until they expire (``expires_at``, on the caller's clock) or an event confirms (GPU stored) or
-contradicts (GPU removed) them. The router refreshes them every time it routes the same prefix to the
-same target.
-
-Consistency: every worker's batches carry a sequence number growing by one. When a batch skips
-numbers, events were lost and this worker's entries can no longer be trusted: they are all dropped,
-and the batch and the ones after it rebuild the state (blocks whose parent is unknown are skipped
-until their prefix is stored again). A batch numbered 0 after others means the worker restarted: its
-entries are dropped too. A worker that leaves discovery is dropped the same way.
-
-Snapshots: a frontend that starts after its workers asks each worker for the blocks it holds
-(``KvSnapshotPart``: one ``BlockStored`` per tier a block is held in). Between ``begin_sync`` and
-``end_sync`` the worker's batches are buffered; the snapshot replaces the worker's state and the
-buffered batches it does not include are applied after it, so the result equals what a frontend that
-saw every event from the start would hold.
-
-The index is pure state: no I/O, no clock. ``router.feed`` feeds it from the event plane.
-"""
+More: docs/module-notes.md (dynamo_worker.router.index)."""
 
 from __future__ import annotations
 

@@ -1,128 +1,17 @@
 """The kv routing policy: pick one worker among candidates. Pure: no I/O, randomness comes from the
-caller. (``round-robin``, which cycles through the candidates sorted by id, and ``random``, which draws
-uniformly, are the router's own: ``router.router``.)
+caller. (``round-robin`` and ``random`` are the router's own: ``router.router``.)
 
-``kv`` minimises an estimate of the work a request waits for, in KV blocks of prefill:
+``kv`` picks the candidate (a worker, or one attention data-parallel rank) of least ``kv_cost``:
 
     cost(t) = overlap_weight * new_blocks(t) + prefill_blocks(t) + decode_weight * decode_blocks(t)
 
-A candidate ``t`` is one cache: a worker, or one attention data-parallel rank of a worker.
-
-    new_blocks(t) = prompt_blocks - saved_blocks(t) + 1
-        the prefill this request would add on t. prompt_blocks: full ``page_size`` blocks of the
-        prompt; + 1: the prompt's tail (its partial last block, or the last token an engine always
-        recomputes), so that a fully cached request still counts as some work where it queues.
-    saved_blocks(t) = gpu_blocks(t) + host_hit_weight * host_blocks(t) + disk_hit_weight * disk_blocks(t)
-        the prefill t's cache saves. In prefix order, the prompt's leading blocks t holds
-        (``KvIndex.tier_overlaps``), each in the fastest tier t holds it in, until the first block t
-        holds in none: a block on the GPU saves a whole block of prefill (counting blocks *predicted*
-        at routing time for requests whose KV events have not arrived yet), one in host memory
-        (SGLang's HiCache) saves what is left after loading it back over PCIe, one in HiCache's storage
-        tier less again.
-    prefill_blocks(t) = the new blocks of the requests this frontend sent to t that are not prefilled
-        yet (exact and immediate: a burst from this frontend spreads at once), plus the rest of the
-        prefill t's engine reports queued (``LoadMetrics.waiting_prefill_tokens``, in blocks: other
-        frontends' requests; a prefill worker's bootstrap queue included) less the most new blocks this
-        frontend had queued on t since the report before (``router.Router.on_load``: what was ours in
-        the report, at most; so ours never count twice, and a report between two of ours is never
-        stale by more than one report period).
-    decode_blocks(t) = KV blocks held by sequences decoding on t: the prompt blocks of this
-        frontend's requests there past their first token, plus the rest of t's active blocks from its
-        latest ``LoadMetrics`` (max(0, active_blocks - the most blocks this frontend had in flight on
-        t since the report before): other frontends' requests and generated tokens).
-
-Why these terms: a request's time to first token is the prefill queued ahead of it plus its own
-prefill (both proportional to uncached blocks), plus waiting for the running batch's steps. A decode
-step costs little per running sequence next to a prefill (batching is what engines are built for), so
-a running sequence weighs ``decode_weight`` of a block of prefill, not a whole block: counting it as a
-full block spreads a prefix over every worker whenever the one holding it is busy, each copy evicting
-other prefixes, which is what made kv routing lose to round-robin under cache pressure. The decode
-term still steers away from a worker that holds many sequences (its cache fills with them, evicting
-prefixes), and the prefill term from one with a real backlog.
-
-Balance guard (after SGLang's model gateway, which checks two such thresholds on the busiest worker):
-the cost above keeps a prefix where it is cached even when that worker runs more requests than
-others, which is right while copying the prefix elsewhere would evict other prefixes, and wrong when
-there is room: then a few requests' imbalance slows every step of the busy worker (each admitted
-prefill delays its decoders) for nothing. So when the cheapest candidate runs more requests than the
-idlest by more than the margin (``balance_margin``: ``balance_abs_threshold``, or the natural swing of
-per-worker request counts at this load, ``2 * sqrt(mean requests)``, if larger) *and* more than
-``balance_rel_threshold`` times as many, the request goes to the cheapest of the least loaded
-candidates that have room for its new blocks (their GPU cache stays at most ``ROOM_FRACTION`` full
-with them: a per-worker sign that the fleet is not under cache pressure, as copies then evict nothing
-that is needed soon; blocks held only in host memory take no GPU block, and a host hit takes GPU
-blocks when it is loaded back); when none has room, only an imbalance ``PRESSURE_FACTOR`` times the
-margin moves it (to the cheapest least loaded one). A prefix copied to an idle worker then serves
-there too, so the load evens out. Why the natural swing: at concurrency, per-worker counts differ by a
-few requests from moment to moment however well the load is spread (128 clients on 4 workers: 32
-each, give or take 6), and a fixed margin of 2 read that noise as imbalance and moved returning turns
-off their conversation's worker (below).
-
-A request that no candidate's cache favours (the cheapest one's cache part of the cost, ``cache_cost``,
-is no lower than the least loaded ones': a new prompt, or a prefix every worker holds) has no cached
-prefix to keep it anywhere, so the natural-swing margin and the ratio, which protect a cached prefix
-from load noise, do not apply to it: once the cheapest runs more than ``balance_abs_threshold``
-requests more than the idlest, it goes to the cheapest of the least loaded. Within that threshold the
-cost decides, so at low load it still avoids a prefill queue. Why: its cost differs between workers
-only by their prefill queues, which empty within a prefill's time, so in a burst the worker whose
-prefill finished first looked cheapest to every arrival until its next one, and took more. On 4 H200s,
-64 chat clients whose requests came back together (2048/512 tokens) ran 19, 17, 17 and 11 requests on
-the four workers through the whole second wave, where SGLang's gateway ran 17, 17, 15 and 15, and
-every step of the busiest one was slower (7% fewer tokens/s at that point; 2026-11-28,
-``tests/gpu/README.md``).
-
-Disaggregated requests: the prefill worker is chosen by the cost above (its share of a request ends
-when its leg ends: a prefill worker holds nothing of a request once its KV has moved), the decode worker
-by ``decode_cost``: the KV blocks it holds (ours exact, others' from its reports), weighed
-``decode_weight`` as above, after one rule: a decode worker without room for the prompt's KV is chosen
-only when every one lacks it, because SGLang's decode worker reserves that memory before the prefill
-leg may even start (its prealloc queue), so a full decode worker stalls the prefill too. The pair is
-one decision (``choose_pair``): among the pairs allowed (e.g. warm ones), the prefill worker whose
-best decode partner has room, then that partner.
-
-LoRA adapters: a request for an adapter goes only to workers that hold it (the frontend's candidates),
-and its blocks are the adapter's own (``KvIndex``). Among those workers, one whose GPU batch slots hold
-the adapter now (``lora_resident``: it ran a request of the adapter recently, within the last
-``max_loras_per_batch`` adapters it ran, or holds it pinned) saves copying it in:
-
-    cost(t) += lora_swap_blocks          when the adapter is not resident on t
-            += lora_wait_blocks          when t's slots all run other adapters now (``lora_slots_full``):
-                                         the request waits until one of them drains
-
-So an adapter stays on the workers it is resident on while they are not much busier than the rest, and
-is spread to more workers when they are: through the cost (their queued prefill above the swap's
-worth), or through the balance guard below, which moves a request past its thresholds only to a worker
-with a free batch slot for the adapter (``_has_room``). The spread is bounded by that: an adapter is
-copied to another worker only when the ones holding it run ``balance_abs_threshold`` requests more.
-
-Knobs (flags of ``python -m dynamo_worker.frontend``; the defaults win the router benchmarks of
-``make bench`` on the mocker and are the ones to start with):
-- ``--kv-overlap-weight`` (default 3): worth of one block of avoided prefill; 0 routes on load only.
-  Above 1 because a block computed again costs more than the request's own latency: it is GPU time
-  taken from every request queued behind it, and a second copy of a prefix evicts another one. With
-  1.0 a request for a prefix still being prefilled on its holder ties with computing it afresh on an
-  idle worker, and prefixes get copied around under load; with 1.5 (the default until 28 November) one
-  turn queued on a conversation's worker outweighed recomputing its last turn elsewhere, so under
-  multi-turn load conversations kept moving (below).
-- ``--kv-decode-weight`` (default 0.1): worth of one block held by a running sequence.
-- ``--kv-host-hit-weight`` (default 0.9) and ``--kv-disk-hit-weight`` (default 0.25): the share of a
-  block's prefill that a hit in host memory (resp. HiCache's storage tier) saves; 0 routes on the GPU
-  tier alone. 0.9 is ``(TTFT miss - TTFT host hit) / (TTFT miss - TTFT GPU hit)`` as
-  ``tests/gpu/run_hicache.py`` measured it on an H200 (``docs/kv-tiers.md``); the storage tier's is
-  NVIDIA Dynamo's, unmeasured here.
-- ``--kv-balance-abs-threshold`` (default 2) and ``--kv-balance-rel-threshold`` (default 1.5): the
-  guard's smallest margin (at low load; the natural swing above takes over from a mean of 1 request a
-  worker) and its ratio. With a fixed margin of 2 and an overlap weight of 1.5 (the policy until 28
-  November), multi-turn at concurrency 128 on 4 simulated 8B engines (``tests/gpu/run_peers.py`` with
-  ``ENGINE=mocker`` and the mocker's ``--profile builtin:sglang-8b-h100``) kept 0.62 of prompt tokens
-  cached; with both changes 0.70, at a lower TTFT p90 (the long multi-turn workload with HiCache: 0.64-0.70
-  to 0.75), while ``make bench``'s router scenarios keep their figures (4 prefixes that fit everywhere
-  still spread at concurrency 8: a fixed margin of 16 had raised their TTFT p90 by a quarter).
-- ``--kv-predict-ttl-s`` (default 30; ``router.Router``): how long a routed prompt's blocks count as
-  held before KV events confirm them.
-- ``--kv-lora-swap-blocks`` (default 4) and ``--kv-lora-wait-blocks`` (default 16): the worth, in blocks
-  of prefill, of copying an adapter into a worker's GPU slots, and of waiting for a slot.
-Candidates of equal cost are chosen among at random, so identical workers share the load.
+in KV blocks of prefill, with a host or disk hit saving its weight of a block, a LoRA adapter not
+resident costing ``lora_swap_blocks`` (and ``lora_wait_blocks`` when the slots are full), and a balance
+guard (``balance_margin``) that moves a request off a cheapest candidate running too many more requests
+than the idlest. Disaggregated requests pick the pair in one decision (``decode_cost``,
+``decode_rank``). Ties are broken at random. The knobs are ``KvWeights``, their flags in
+``frontend.settings``; the model, each term's reason and the measurements behind the defaults:
+docs/kv-routing.md.
 """
 
 from __future__ import annotations
@@ -131,7 +20,8 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+
+from dynamo_api.frontend_args import RouterMode
 
 __all__ = [
     "DecodeCandidate",
@@ -147,7 +37,6 @@ __all__ = [
     "saved_blocks",
 ]
 
-RouterMode = Literal["round-robin", "random", "kv"]
 PRESSURE_FACTOR = 4  # balance guard: how much larger an imbalance must be to move into a full cache
 ROOM_FRACTION = 0.5  # balance guard: a cache at most this full (after the request) has room
 

@@ -1,39 +1,6 @@
 """What is checked of a LoRA adapter before an engine loads it: its source, its PEFT folder, its fit. Pure.
 
-Errors are ``LoraError``s with a stable CamelCase ``reason`` (the operator turns it into a condition and
-an Event) and a message that names the problem and the fix; ``status`` is the HTTP status
-``/v1/loras`` answers with (``runtime.lora``):
-
-=====================  ======  ==============================================================
-reason                 status  when
-=====================  ======  ==============================================================
-InvalidRequest         400     the body is not ``{"lora_name", "source": {"uri"}, "pinned"?}``
-LoraNotEnabled         400     the worker runs without ``--enable-lora``
-LoraNotSupported       400     the engine runs with LoRA but can load no adapter (SGLang under
-                               ``--load-format dummy``): ``LoraLimits.cannot_load`` says why
-InvalidSource          400     a bad uri, a missing folder, not a PEFT LoRA adapter, ``s3://``
-SourceUnreachable      503     ``hf://`` without network, access or a cached copy
-RankTooLarge           400     the adapter's rank is above ``--max-lora-rank``
-IncompatibleAdapter    400     target modules outside ``--lora-target-modules``, or a DoRA adapter
-NameConflict           409     the name is loaded from another source (unload it first)
-NoFreeSlot             409     ``--max-loaded-loras`` reached and every adapter pinned, or pinning
-                               would leave no batch slot for unpinned adapters and the base model
-NotFound               404     unloading an adapter the worker does not hold
-NotReady               503     the engine is starting or the worker is draining
-LoadFailed             500     the engine refused or did not finish within the bound
-=====================  ======  ==============================================================
-
-Sources: ``file:///abs/path`` (or a bare absolute path) is a folder on the worker; ``hf://org/repo``
-(``@revision`` optional) a Hugging Face repository, fetched into the hub cache; ``s3://`` is refused.
-A folder is a PEFT LoRA adapter when it has ``adapter_config.json`` (``peft_type`` LORA, an integer
-``r``, ``lora_alpha``, ``target_modules``) and ``adapter_model.safetensors`` or ``adapter_model.bin``.
-
-Target modules are compared as SGLang normalizes them (``q_proj``/``k_proj``/``v_proj`` are one
-``qkv_proj``, ``gate_proj``/``up_proj`` one ``gate_up_proj``; ``all`` and ``all-linear`` fit any
-engine). The limits of an engine started with adapters but without ``--max-lora-rank`` or
-``--lora-target-modules`` are what SGLang infers: the largest rank and the union of the targets of
-its ``--lora-paths`` adapters (``effective_limits``).
-"""
+More: docs/module-notes.md (dynamo_worker.runtime.lora_checks)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,6 @@
 """Serve an ``Engine`` as a worker of a graph: the lifecycle every worker process shares.
 
-Start (``Worker.start``), in this order, every step bounded:
-  1. connect to NATS (retrying until ``NATS_CONNECT_TIMEOUT_S``),
-  2. start the system server (``/health`` answers 503 "starting"),
-  3. start the engine (``Engine.start``), with KV events and load relayed to the event plane (and
-     KV snapshot requests answered from the events published: ``runtime.events``),
-  4. start the request-plane server,
-  5. publish the model card (when the engine has a model folder),
-  6. register the ``InstanceRecord`` (TTL + heartbeat), with the LoRA adapters the engine holds when
-     it runs with LoRA (``/v1/loras`` then loads and unloads them, and every change rewrites the
-     record at once); ``/health`` turns 200,
-  7. watch the engine's health (``runtime.health``): deregister while it fails, register again when
-     it passes, and fail ``/live`` when it has failed for ``--liveness-fail-after-s``;
-  8. watch the engine's processes (``runtime.process_watch``) and, on a multinode leader, the lifelines
-     of the group's other ranks (``runtime.group``).
-
-Engine death (an engine process exits, the engine reports its death, or a rank of the group is lost):
-new requests are refused and every in-flight stream ends with ``engine_died`` (the frontend continues
-each on another worker, token-exact), the record is deleted from discovery and the KV events say the
-cache is cleared; then the engine is restarted in place and the worker registers again (with the LoRA
-adapters the new engine holds: those it starts with), or the process
-exits with ``EXIT_ENGINE_DIED`` (``runtime.recovery`` decides: ``--on-engine-death``, the crash-loop
-bound, multinode). ``/health`` says ``restarting`` meanwhile; ``/live`` stays 200.
-
-Shutdown (``Worker.shutdown``, on SIGTERM/SIGINT in ``run_worker``): ``/health`` turns 503
-"draining", the record is deleted from discovery *first* (no new traffic gets routed here), new
-requests are refused with ``shutting_down``, in-flight ones get ``graceful_shutdown_s`` to finish and
-are then aborted, the engine stops, NATS is flushed and closed. Exit code 0. Each step of ``start``
-pushes its undoing on an ``AsyncExitStack`` as it succeeds, so shutdown undoes them last first, and
-only those that happened.
-"""
+More: docs/module-notes.md (dynamo_worker.runtime.worker)."""
 
 from __future__ import annotations
 

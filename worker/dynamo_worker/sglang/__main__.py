@@ -21,13 +21,15 @@ from typing import Any
 
 from dynamo_api import contract, modules
 
+from dynamo_worker.runtime import aio
 from dynamo_worker.runtime.group import run_lifeline
 from dynamo_worker.runtime.listening import PortUnavailable
 from dynamo_worker.runtime.settings import SettingsError, configure_logging
 from dynamo_worker.runtime.system_server import SystemServer
 from dynamo_worker.runtime.worker import run_worker
 from dynamo_worker.sglang.args import SglangCli, WorkerArgsError, WorkerPlan, parse_worker_args
-from dynamo_worker.sglang.engine import SglangEngine, kill_sglang_children, sglang_engine
+from dynamo_worker.sglang.engine import SglangEngine
+from dynamo_worker.sglang.processes import kill_sglang_children, sglang_engine
 
 log = logging.getLogger("dynamo_worker.sglang")
 
@@ -137,7 +139,7 @@ def main(argv: Sequence[str] | None = None, sglang: SglangCli | None = None) -> 
         log.info(note)
     if plan.server_args.node_rank > 0:
         return asyncio.run(run_follower(plan))
-    return asyncio.run(run_worker(SglangEngine(plan), plan.runtime))
+    return aio.run(run_worker(SglangEngine(plan), plan.runtime))
 
 
 if __name__ == "__main__":

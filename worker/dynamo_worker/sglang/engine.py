@@ -5,47 +5,7 @@ Startup (``start``): SGLang's constructor blocks until the model is loaded, so i
 tokenizer manager then installs its own SIGTERM handler on our loop when it first runs; we start it
 eagerly and put the runtime's handler back, so graceful shutdown stays ours.
 
-Engine death (``runtime.recovery`` acts on it): the engine's processes are SGLang's schedulers (one per
-TP/PP rank, or its data-parallel controller and the schedulers under it) and its detokenizer,
-``_scheduler_init_result.all_child_pids``, named from the titles SGLang gives them
-(``sglang::scheduler_TP0``).
-SGLang 0.5.17 left alone would end this whole process when one dies: a child that fails (and its
-``SubprocessWatchdog``, once a second) sends us SIGQUIT, and the tokenizer manager's handler for it kills
-the process tree, this worker included, with no deregistration and no word to the frontend. So the worker
-takes SIGQUIT over (before SGLang starts, and again after its handle loop installs its own) and reports
-the engine's death instead; the runtime also watches the processes itself (a pidfd each, so within the
-loop turn, not the watchdog's second). ``stop`` then releases what the dead engine left in this process
-(its tokenizer manager's tasks on our loop, the prefill bootstrap server's port), so that ``start`` can
-build a new engine here.
-
-A prefill worker whose bootstrap port we chose (no ``--disaggregation-bootstrap-port``) checks that
-SGLang's bootstrap server really bound it; another process taking the port in between is a conflict,
-and the engine is restarted on a new free port (at most ``BOOTSTRAP_PORT_ATTEMPTS`` times), with a new
-``ServerArgs`` built from the same command line (SGLang's is read-only once constructed).
-
-What the worker registers comes from the running engine: the resolved ``ServerArgs`` values
-(``resolved.resolved_args``: served model name, page size, dp ranks, bootstrap port), total KV blocks
-(the scheduler's ``max_total_num_tokens`` / page size), max running requests and the bootstrap address.
-Load (SGLang's ``get_loads``) is polled for the event plane and re-exported as Prometheus gauges;
-KV events are relayed from SGLang's ZMQ publisher when ``--kv-events-config`` enables it.
-
-LoRA (SGLang's ``--enable-lora``, ``--lora-paths`` and the rest, passed through): the worker's
-``/v1/loras`` loads and unloads adapters with ``async_load_lora_adapter`` / ``async_unload_lora_adapter``
-(the leader's engine reaches every rank of its tensor-parallel group itself), and a request naming an
-adapter is generated with ``lora_path=<name>``. A request for an adapter this worker does not hold is
-refused here: SGLang would otherwise load an adapter it once held again on its own. SGLang's KV events
-name the adapter of a block from 0.5.23 (``lora_name``); 0.5.17's do not, which the worker says once.
-Under ``--load-format dummy`` SGLang can load no adapter (``args.lora_blocked``): ``lora_limits`` says
-so, and ``/v1/loras`` refuses every load before SGLang sees it.
-
-Before the worker registers, requests of its own warm SGLang up (``--warmup-timeout-s``, ``warm_up``): the
-first forward passes load and compile kernels, seconds on a new pod, which the first user requests would
-otherwise pay for. Then a canary request every ``--canary-interval-s`` proves the scheduler answers. A
-canary that gets no answer in ``--canary-timeout-s`` is explained from SGLang's own queues
-(``diagnose``): busy (requests running or queued for compute: /health stays 200), a stuck KV transfer
-(nothing runs, yet requests wait in the bootstrap or transfer queues) or a blocked scheduler (not even a
-load query answers); the last two turn /health to 503.
-"""
+More: docs/module-notes.md (dynamo_worker.sglang.engine)."""
 
 from __future__ import annotations
 
@@ -59,7 +19,7 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +27,11 @@ from dynamo_api.errors import DynamoError
 from prometheus_client import CollectorRegistry, Gauge
 
 from dynamo_worker.protocol import (
-    EmbedOptions,
     GenerateChunk,
     GenerateRequest,
     ImageEmbedding,
     Role,
     ServingFeatures,
-    StopConditions,
     WorkerError,
 )
 from dynamo_worker.runtime.aio import cancel_and_wait
@@ -82,7 +40,6 @@ from dynamo_worker.runtime.engine import (
     EngineEventSink,
     EngineInfo,
     EngineProcess,
-    LoadSnapshot,
     NullEventSink,
 )
 from dynamo_worker.runtime.lora_checks import (
@@ -111,10 +68,29 @@ __all__ = [
     "snapshot",
 ]
 
+from dynamo_worker.sglang.load import snapshot
+from dynamo_worker.sglang.probes import (
+    WARMUP_PROMPTS,
+    canary,
+    diagnose,
+    embedding_canary,
+    embedding_input,
+    warm_up,
+)
+from dynamo_worker.sglang.processes import (
+    _cmdline,
+    _model_dir,
+    _release_in_process_parts,
+    _restore_signal_handlers,
+    _signal_handlers,
+    kill_sglang_children,
+    process_name,
+    sglang_engine,
+)
+
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_PORT_ATTEMPTS = 3
-MODEL_CARD_PATTERNS = ["*.json", "*.jinja", "tokenizer.model"]
 
 
 class EngineStartError(DynamoError, RuntimeError):
@@ -540,188 +516,6 @@ class SglangEngine(Engine):
             await asyncio.sleep(interval)
 
 
-async def canary(engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: float) -> str | None:
-    """Send a one-token request; None when SGLang answered within ``timeout_s``, else why not."""
-    rid = f"canary-{uuid.uuid4().hex}"
-    kwargs = handler.canary_kwargs(role, rid, fake_bootstrap_host)
-    done = False
-    try:
-        async with asyncio.timeout(timeout_s):
-            outputs = await handler.call_async_generate(engine, kwargs)
-            async with contextlib.aclosing(outputs):
-                async for out in outputs:
-                    done = (out.get("meta_info") or {}).get("finish_reason") is not None
-                    return None  # any answer from the scheduler proves it runs
-        return "SGLang ended the canary stream without an answer"
-    except TimeoutError:
-        return f"SGLang did not answer a canary request within {timeout_s:.0f}s"
-    finally:
-        if not done:
-            engine.tokenizer_manager.abort_request(rid)
-
-
-# The warm-up's requests: prompt ids and SGLang sampling parameters. Kernels load or compile on their
-# first use, so the warm-up sends what users send: prompts alone and two at once, lengths that are and are
-# not multiples of 16, a cached prefix extended, and sampled requests (the OpenAI default is temperature
-# 1). The sampler decided it on an H200 (2026-11-29, tests/gpu/README.md): after greedy warm-ups, one
-# token or these three prompts, a user's first chat took 5-6 times the steady TTFT; with two of them
-# sampled, 1.15 times.
-_WARMUP_PREFIX = [1] * 64
-WARMUP_PROMPTS: tuple[tuple[list[int], dict[str, float]], ...] = (
-    (_WARMUP_PREFIX, {}),
-    ([2] * 37, {"temperature": 1.0}),
-    (_WARMUP_PREFIX + [3] * 19, {"temperature": 0.7, "top_p": 0.9, "top_k": 40}),
-)
-WARMUP_TOKENS = 8  # decode steps of each (a prefill leg computes one token)
-
-
-async def warm_up(
-    engine: Any, role: Role, fake_bootstrap_host: str, timeout_s: float, context_length: int | None
-) -> str | None:
-    """Serve ``WARMUP_PROMPTS`` to the end (disaggregated roles through the fake bootstrap host, like the
-    canary), within ``timeout_s`` in all; None when SGLang served them, else why not. Prompts are cut
-    to fit a short ``context_length``."""
-    tokens = 1 if role == "prefill" else WARMUP_TOKENS
-    room = max(1, (context_length or 1 << 20) - tokens - 1)
-    prompts = [(ids[:room], how) for ids, how in WARMUP_PROMPTS]
-
-    async def serve(ids: list[int], sampling: dict[str, float]) -> None:
-        rid = f"engine-warmup-{uuid.uuid4().hex}"
-        kwargs = handler.canary_kwargs(role, rid, fake_bootstrap_host, ids, tokens, sampling)
-        meta: Mapping[str, Any] = {}
-        try:
-            outputs = await handler.call_async_generate(engine, kwargs)
-            async with contextlib.aclosing(outputs):
-                async for out in outputs:
-                    meta = out.get("meta_info") or {}
-                    if meta.get("finish_reason") is not None:
-                        break
-        finally:
-            if meta.get("finish_reason") is None:
-                engine.tokenizer_manager.abort_request(rid)
-        kind, _ = handler.finish_from_meta(meta)
-        if kind not in ("stop", "length"):  # an abort, or the stream ended without a finish
-            raise RuntimeError(f"SGLang ended a warm-up request with {meta.get('finish_reason')!r}")
-
-    try:
-        async with asyncio.timeout(timeout_s):
-            await serve(*prompts[0])
-            await asyncio.gather(*(serve(*prompt) for prompt in prompts[1:]))
-    except TimeoutError:
-        return f"they did not finish within {timeout_s:g}s"
-    except Exception as e:  # SGLang refused one: the engine cannot serve what users will send
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def _sum(loads: Sequence[Any], path: str) -> int:
-    """The sum over dp ranks of a ``LoadSnapshot`` field (``disaggregation.x`` for nested ones; 0 where
-    this SGLang release has no such field)."""
-    total = 0
-    for load in loads:
-        value: Any = load
-        for part in path.split("."):
-            value = getattr(value, part, None)
-        total += int(value or 0)
-    return total
-
-
-_TRANSFER_QUEUES: dict[Role, tuple[str, ...]] = {
-    "prefill": ("disaggregation.prefill_bootstrap_queue_reqs", "disaggregation.prefill_inflight_queue_reqs"),
-    "decode": ("disaggregation.decode_prealloc_queue_reqs", "disaggregation.decode_transfer_queue_reqs"),
-    "agg": (),
-}
-
-
-# A scheduler whose loop turns publishes a load snapshot at least every few batches, and on every idle
-# turn (SGLang 0.5.17: ``Scheduler.publish_load_snapshot``); one older than this has stopped turning.
-STALE_LOAD_S = 10.0
-
-
-async def diagnose(engine: Any, role: Role, timeout_s: float = 5.0) -> tuple[bool, str]:
-    """Why a canary got no answer, from SGLang's queues: (healthy, why). Busy is healthy; a scheduler
-    whose loop does not turn, or that runs nothing while requests wait on KV transfers, is not."""
-    blocked = "(a hung kernel, transfer call or collective), not busy"
-    try:
-        async with asyncio.timeout(timeout_s):
-            loads = await engine.tokenizer_manager.get_loads()
-    except TimeoutError:
-        return (
-            False,
-            f"the scheduler did not answer a load query within {timeout_s:.0f}s either: blocked {blocked}",
-        )
-    newest = max((float(getattr(load, "timestamp", 0) or 0) for load in loads), default=0.0)
-    if newest and time.time() - newest > STALE_LOAD_S:
-        age = time.time() - newest
-        return (
-            False,
-            f"the scheduler has published no load report for {age:.0f}s, so its loop is not turning: "
-            f"blocked {blocked}",
-        )
-    running = _sum(loads, "num_running_reqs")
-    transfers = sum(_sum(loads, path) for path in _TRANSFER_QUEUES[role])
-    queued = _sum(loads, "queues.waiting")
-    if running == 0 and queued == 0 and transfers > 0:
-        return False, (
-            f"nothing runs, yet {transfers} request(s) wait in its KV bootstrap/transfer queues: the KV "
-            "transfer is stuck (the frontend's --kv-transfer-timeout-s ends such requests)"
-        )
-    if running or queued or transfers:
-        return True, f"it is busy ({running} running, {queued} queued for compute, {transfers} in KV handoff)"
-    return False, "it answers load queries and runs nothing, yet the canary got no answer"
-
-
-async def embedding_canary(engine: Any, timeout_s: float) -> str | None:
-    """An embedding worker's canary: embed one token; None when SGLang answered within ``timeout_s``."""
-    request = GenerateRequest(
-        request_id=f"canary-{uuid.uuid4().hex}",
-        model="canary",
-        token_ids=[0],
-        stop=StopConditions(max_tokens=1),
-        embed=EmbedOptions(inputs=[[0]]),
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            stream = handler.stream_embedding(engine, request, request.request_id, embedding_input)
-            async with contextlib.aclosing(stream) as chunks:
-                async for chunk in chunks:
-                    return (
-                        None if chunk.error is None else f"SGLang refused the canary: {chunk.error.message}"
-                    )
-        return "SGLang ended the embedding canary without an answer"
-    except TimeoutError:
-        return f"SGLang did not answer an embedding canary within {timeout_s:.0f}s"
-
-
-def snapshot(loads: Sequence[Any], page_size: int, role: Role) -> LoadSnapshot:
-    """Our ``LoadSnapshot`` from SGLang's per-rank ones (``get_loads``: what the schedulers last wrote to
-    shared memory, after every prefill batch, on idle and every few decode steps; reading it costs the
-    scheduler nothing). Queued prefill tokens: the uncached tokens of the waiting queue; a prefill worker
-    adds its bootstrap queue, whose requests SGLang matches against its cache only when they leave it,
-    so they count whole (``num_total_tokens`` less the tokens in use is every queued token)."""
-    queued = _sum(loads, "num_waiting_uncached_tokens")
-    if role == "prefill":
-        queued = max(queued, _sum(loads, "num_total_tokens") - _sum(loads, "num_used_tokens"))
-    prefill, decode = role == "prefill", role == "decode"
-    return LoadSnapshot(
-        active_blocks=_sum(loads, "num_used_tokens") // page_size,
-        total_blocks=_sum(loads, "max_total_num_tokens") // page_size,
-        waiting=_sum(loads, "num_waiting_reqs"),
-        running=_sum(loads, "num_running_reqs"),
-        waiting_prefill_tokens=0 if decode else queued,
-        bootstrap_queue=_sum(loads, "disaggregation.prefill_bootstrap_queue_reqs") if prefill else 0,
-        prealloc_queue=_sum(loads, "disaggregation.decode_prealloc_queue_reqs") if decode else 0,
-        transfer_queue=_sum(
-            loads,
-            "disaggregation.prefill_inflight_queue_reqs"
-            if prefill
-            else "disaggregation.decode_transfer_queue_reqs",
-        )
-        if prefill or decode
-        else 0,
-    )
-
-
 async def _refuse(message: str) -> AsyncGenerator[GenerateChunk, None]:
     yield GenerateChunk(finish_reason="error", error=WorkerError(type="invalid_request", message=message))
 
@@ -751,12 +545,6 @@ def kv_events_name_adapters() -> bool:
     return "lora_name" in getattr(BlockStored, "__struct_fields__", ())
 
 
-def embedding_input(**kwargs: Any) -> Any:
-    from sglang.srt.managers.io_struct import EmbeddingReqInput
-
-    return EmbeddingReqInput(**kwargs)
-
-
 def torch_tensors(embeddings: Sequence[ImageEmbedding]) -> tuple[Any, Any]:
     """The embeddings concatenated as one (tokens, hidden) tensor, and their (t, h, w) grids (or None)."""
     import torch
@@ -774,79 +562,3 @@ def torch_tensors(embeddings: Sequence[ImageEmbedding]) -> tuple[Any, Any]:
     if any(g is None for g in grids):
         return features, None
     return features, torch.tensor(grids, dtype=torch.long)
-
-
-def kill_sglang_children() -> None:
-    """SIGKILL every child process of this one (SGLang's schedulers and detokenizer)."""
-    from sglang.srt.utils.common import kill_process_tree
-
-    kill_process_tree(None, include_parent=False)
-
-
-def sglang_engine(server_args: Any) -> Any:
-    import sglang.srt.entrypoints.engine as sgl_engine
-
-    return sgl_engine.Engine(server_args=server_args)
-
-
-def _model_dir(path: str) -> Path | None:
-    """The folder with the tokenizer files for the model card: ``path`` itself, or the hub snapshot."""
-    local = Path(path)
-    if local.is_dir():
-        return local
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(path, allow_patterns=MODEL_CARD_PATTERNS))
-    except Exception as e:  # no hub access: serve without a card; the frontend says it has no tokenizer
-        log.warning("Could not fetch tokenizer files for the model card model=%s error=%r", path, e)
-        return None
-
-
-def _signal_handlers(loop: asyncio.AbstractEventLoop) -> dict[int, Any]:
-    """The loop's SIGTERM and SIGQUIT handlers (asyncio keeps them on the loop): the worker's own, which
-    SGLang's tokenizer manager replaces when its handle loop starts (SIGQUIT: with one that kills this
-    whole process tree when a child fails; ours reports the engine's death instead)."""
-    handlers = getattr(loop, "_signal_handlers", {})
-    return {sig: handlers.get(sig) for sig in (signal.SIGTERM, signal.SIGQUIT)}
-
-
-def _restore_signal_handlers(loop: asyncio.AbstractEventLoop, before: dict[int, Any]) -> None:
-    for sig, handle in before.items():
-        if handle is not None:
-            loop.add_signal_handler(sig, handle._callback, *handle._args)
-        else:
-            loop.remove_signal_handler(sig)
-    log.info("Kept the worker's SIGTERM and SIGQUIT handling (SGLang's tokenizer manager installs its own)")
-
-
-def process_name(cmdline: str, pid: int) -> str:
-    """An SGLang process's name from its title (``sglang::scheduler_TP0`` -> ``scheduler_TP0``). Pure."""
-    for word in cmdline.split():
-        if word.startswith("sglang::"):
-            return word.removeprefix("sglang::")
-    return f"process_{pid}"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-async def _release_in_process_parts(tokenizer_manager: Any, within_s: float = 5.0) -> None:
-    """What a stopped SGLang engine leaves in this process, released so a new one can start here: its
-    tokenizer manager's tasks on our loop (the handle loop waits on the dead detokenizer forever) and the
-    prefill bootstrap server (a thread holding the bootstrap port)."""
-    for task in list(getattr(tokenizer_manager, "asyncio_tasks", None) or ()):
-        if isinstance(task, asyncio.Task) and not task.done():
-            task.cancel()
-    server = getattr(tokenizer_manager, "bootstrap_server", None)
-    close = getattr(server, "close", None)
-    if callable(close):
-        with contextlib.suppress(Exception):  # a server whose bind failed has nothing to close
-            close()
-        thread = getattr(server, "thread", None)
-        if thread is not None and thread.is_alive():
-            await asyncio.to_thread(thread.join, within_s)

@@ -1,35 +1,6 @@
 """One request on an in-process SGLang engine: ``GenerateRequest`` in, ``GenerateChunk`` stream out.
 
-The three roles make the same ``async_generate`` call and differ only in what they ask for:
-
-- ``agg``: generate up to ``max_tokens``, streaming.
-- ``decode``: the same, plus the bootstrap fields that tell SGLang where the prefill leg of the same
-  ``bootstrap_room`` puts the KV cache.
-- ``prefill``: the bootstrap fields and ``max_new_tokens=1``, consumed to the end; the leg succeeds only
-  once SGLang has finished the room (its KV is then handed to the decode leg).
-
-SGLang runs with ``skip_tokenizer_init`` and ``incremental_streaming_output``, so every output dict
-carries the *new* token ids (``output_ids``) and a ``meta_info`` whose ``finish_reason`` is None until
-the last one. Cancellation (the consuming task cancelled, or the iterator closed) aborts the SGLang
-request with ``tokenizer_manager.abort_request(rid)``, also before its first token.
-
-Structured output goes in ``sampling_params`` (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``:
-SGLang's grammar backend compiles them); logprobs are asked with ``return_logprob``,
-``top_logprobs_num`` and ``logprob_start_len=-1`` (output tokens only) and read from ``meta_info``'s
-``output_token_logprobs`` / ``output_top_logprobs`` (``(logprob, token_id, text)`` tuples, sliced to
-the chunk by incremental streaming). ``GenerateRequest.stream_interval`` becomes the sampling
-parameter of that name: SGLang's scheduler then hands the tokens over every that many steps instead of at
-every step (the request stays a stream). A request for a LoRA adapter passes its name as ``lora_path``
-(SGLang's keyword takes a name loaded before). An embedding request (``GenerateRequest.embed``) goes to the
-tokenizer manager as one batched ``EmbeddingReqInput`` (``stream_embedding``).
-A request with image spans (``GenerateRequest.images``) passes ``image_data``: one item with every
-image's precomputed embeddings, and ``input_ids`` with the model's image tokens where the pad ids were
-(``dynamo_worker.sglang.images`` says why that shape).
-
-This module only builds plain values and reads plain dicts; ``dynamo_worker.sglang.compat`` reads the
-keywords of the ``async_generate`` call and the sampling keys below from this file's source, so a
-keyword that SGLang does not have fails the compatibility check.
-"""
+More: docs/module-notes.md (dynamo_worker.sglang.handler)."""
 
 from __future__ import annotations
 

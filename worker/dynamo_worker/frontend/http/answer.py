@@ -56,12 +56,12 @@ from dynamo_worker.frontend.protocol import (
     FinishReason,
     dump,
 )
-from dynamo_worker.frontend.requests.chat import EmbeddingPlan, FeaturePlan, prompt_tokens
+from dynamo_worker.frontend.requests.job import EmbeddingPlan, FeaturePlan, prompt_tokens
 from dynamo_worker.protocol import unpack_vector
 
 if TYPE_CHECKING:
     from dynamo_worker.frontend.metrics import FrontendMetrics
-    from dynamo_worker.frontend.requests.chat import Job
+    from dynamo_worker.frontend.requests.job import Job
     from dynamo_worker.frontend.serving.dispatch import ChunkSource
     from dynamo_worker.frontend.serving.embedding_batcher import EmbeddingBatcher
     from dynamo_worker.protocol import GenerateChunk

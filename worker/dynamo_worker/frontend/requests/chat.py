@@ -1,9 +1,7 @@
-"""From a parsed request to the ``Job`` a run serves: ``POST /v1/chat/completions``'s planning step,
-and the job and feature checks every generation endpoint shares (``requests.completions``,
-``requests.embeddings``).
+"""From a parsed request to the ``Job`` a run serves: ``POST /v1/chat/completions``'s planning step.
 
 A chat request, from the parsed and validated body (``protocol.parse_request``; the server holds it for
-a slot in between, ``http.server.Admission``): look the model up (404 unknown, 503 nobody serving it),
+a slot in between, ``serving.admission``): look the model up (404 unknown, 503 nobody serving it),
 plan the features it uses (``plan_chat``: tools, a grammar, reasoning, logprobs, template variables),
 convert the messages (``chat_messages``), render the chat template and tokenize (images through
 ``requests.chat_images``), and check the context length (``build_job``). A request with images takes
@@ -26,22 +24,19 @@ grammars at once.
   backend but no parser.
 - ``reasoning_effort`` and ``chat_template_kwargs`` reach the chat template (gpt-oss reads the former).
 
-The job (``build_job``): the prompt is not empty, it leaves room in the context, ``max_tokens`` fits,
-and the sampling options are the worker's. Pure but for the tokenizing thread of a long prompt: a
-job's id is random and its ``created`` the wall clock's second.
+The features' checks here serve ``requests.completions`` and ``requests.embeddings`` too; the job
+every endpoint builds is ``requests.job``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
+from dynamo_worker.frontend.models.preprocessor import encode_off_loop
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.output.chat_output import AnswerParser, tool_choice_schema
 from dynamo_worker.frontend.output.reasoning import REASONING_PARSERS, ReasoningParser
 from dynamo_worker.frontend.output.tools import HARMONY_PARSER, TOOL_PARSERS, supported_tool_parsers
@@ -54,27 +49,18 @@ from dynamo_worker.frontend.protocol import (
     ResponseFormat,
 )
 from dynamo_worker.frontend.requests.chat_images import PLACEHOLDER, MultimodalProcessor
+from dynamo_worker.frontend.requests.job import FeaturePlan, Grammar, Job, build_job, with_plan
 from dynamo_worker.protocol import (
-    GenerateRequest,
-    SamplingOptions,
     ServingFeatures,
-    StopConditions,
     StructuredOutput,
-    Usage,
 )
 
 if TYPE_CHECKING:
-    from dynamo_worker.frontend.models.registry import ModelEntry, Preprocessor
+    pass
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "EmbeddingPlan",
-    "FeaturePlan",
-    "Grammar",
-    "Job",
-    "JobKind",
-    "build_job",
     "chat_messages",
     "check_endpoint",
     "constraint",
@@ -82,9 +68,6 @@ __all__ = [
     "image_urls",
     "plan_chat",
     "prepare_chat",
-    "prompt_tokens",
-    "served_features",
-    "with_plan",
 ]
 
 _RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
@@ -105,7 +88,7 @@ async def prepare_chat(
     images = image_urls(req)
     if images and multimodal is None:
         raise InvalidRequest("This frontend takes no images.", param="messages", code="unsupported")
-    plan = plan_chat(req, served_features(pre))
+    plan = plan_chat(req, pre.features)
     kwargs = plan.template_kwargs if plan is not None else {}
     if images:  # processor -> encode worker -> language worker (requests.chat_images)
         assert multimodal is not None
@@ -280,32 +263,6 @@ def _content(m: ChatMessage, image_mark: str | None) -> str:
 
 # --- features -------------------------------------------------------------------------------------
 
-# A constraint on the output as the request names it: (its field, the grammar).
-Grammar = tuple[str, StructuredOutput]
-
-
-@dataclass
-class FeaturePlan:
-    """What serving does differently for this request (``None`` from ``plan_*``: nothing); a job with
-    one is served by ``http.answer.FeaturedRun``."""
-
-    structured: StructuredOutput | None = None
-    logprobs: int | None = None  # None: off; k: each token's logprob and k alternatives
-    answer: AnswerParser | None = None  # chat: how the text becomes reasoning / content / tool calls
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def generate_update(self) -> dict[str, Any]:
-        return {"structured": self.structured, "logprobs": self.logprobs}
-
-    def shapes_answer(self) -> bool:
-        """Whether the answer is served differently (else the plan did its part in the chat template)."""
-        return self.structured is not None or self.logprobs is not None or self.answer is not None
-
-
-def served_features(preprocessor: Any) -> ServingFeatures:
-    """What the model's workers serve (its model card's ``ServingFeatures``)."""
-    return getattr(preprocessor, "features", None) or ServingFeatures()
-
 
 def check_endpoint(features: ServingFeatures, endpoint: str, model: str) -> None:
     if features.model_type == "embedding" and endpoint != "embedding":
@@ -364,180 +321,3 @@ def extension_grammars(req: ChatCompletionRequest | CompletionRequest) -> list[G
     if req.ebnf is not None:
         found.append(("ebnf", StructuredOutput(ebnf=req.ebnf)))
     return found
-
-
-# --- the job --------------------------------------------------------------------------------------
-
-JobKind = Literal["chat", "completion", "embedding"]
-
-
-@dataclass(frozen=True)
-class EmbeddingPlan:
-    """An embedding job's answer: its vectors as lists of floats or as OpenAI's base64."""
-
-    encoding_format: Literal["float", "base64"]
-
-
-@dataclass
-class Job:
-    """One request after validation: what to generate and how to shape the answer."""
-
-    kind: JobKind
-    model: str
-    entry: ModelEntry
-    preprocessor: Preprocessor
-    prompt_ids: list[int]
-    generate: GenerateRequest
-    stop_strings: list[str]
-    stop_token_ids: list[int]
-    stream: bool
-    include_usage: bool
-    id: str
-    created: int = field(default_factory=lambda: int(time.time()))
-    # How serving differs from a plain job's: tools, reasoning, logprobs, ... (``http.answer.FeaturedRun``);
-    # an embedding's answer (``http.answer.run_embedding``). None: plain (``http.answer.PlainRun``).
-    plan: FeaturePlan | EmbeddingPlan | None = None
-
-    @property
-    def reads_whole(self) -> bool:
-        return reads_whole(self.stream, self.stop_strings)
-
-
-def prompt_tokens(job: Job, worker_usage: Usage | None) -> int:
-    """The prompt's size to report: the frontend's own count, but the worker's for a request with
-    images, whose engine may add tokens around each image (Qwen2-VL's vision start and end)."""
-    if job.generate.images and worker_usage is not None and worker_usage.prompt_tokens:
-        return worker_usage.prompt_tokens
-    return len(job.prompt_ids)
-
-
-def _max_tokens(
-    req: ChatCompletionRequest | CompletionRequest,
-    prompt_tokens: int,
-    context_length: int,
-    prompt_param: str,
-    default_max: int | None,
-) -> int:
-    """The request's token limit, checked against the room the prompt leaves in the context."""
-    max_tokens = req.token_limit()
-    room = context_length - prompt_tokens
-    if room < 1:
-        raise InvalidRequest(
-            f"The prompt has {prompt_tokens} tokens but the model's context length is {context_length}; "
-            "shorten the prompt.",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if max_tokens is None:
-        return min(default_max, room) if default_max is not None else room
-    if max_tokens > room:
-        limit_param = "max_tokens"
-        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-            limit_param = "max_completion_tokens"
-        raise InvalidRequest(
-            f"The prompt ({prompt_tokens} tokens) plus {limit_param}={max_tokens} exceeds the model's "
-            f"context length of {context_length}; ask for at most {room} tokens.",
-            param=limit_param,
-            code="context_length_exceeded",
-        )
-    return max_tokens
-
-
-def _sampling(req: ChatCompletionRequest | CompletionRequest) -> SamplingOptions:
-    try:
-        return SamplingOptions(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=-1 if req.top_k is None else req.top_k,
-            min_p=req.min_p or 0.0,
-            seed=req.seed,
-            frequency_penalty=req.frequency_penalty or 0.0,
-            presence_penalty=req.presence_penalty or 0.0,
-        )
-    except ValueError as e:  # the request models already bound every field; kept as a last guard
-        raise InvalidRequest(f"Invalid sampling options: {e}", code="invalid_value") from None
-
-
-# Decode steps between two hand-overs of an answer the client reads whole (SGLang's own interval for a
-# request that is not streamed): the tokens cross the engine's and the request plane's process
-# boundaries once per 50 steps, not at every step (what that is worth: tests/gpu/README.md, LoRA).
-WHOLE_ANSWER_INTERVAL = 50
-
-
-def reads_whole(stream: bool, stop_strings: list[str]) -> bool:
-    """Whether the answer is only read whole: not streamed, and no stop string, which the frontend
-    matches on the text as it comes (so a request with one keeps every step, and the engine stops within
-    a step of the match, not up to ``WHOLE_ANSWER_INTERVAL`` tokens after it)."""
-    return not stream and not stop_strings
-
-
-def whole_answer_interval(stream: bool, stop_strings: list[str]) -> int | None:
-    """``GenerateRequest.stream_interval`` for a request: ``WHOLE_ANSWER_INTERVAL`` when its answer is
-    only read whole (``reads_whole``), else None (every step)."""
-    return WHOLE_ANSWER_INTERVAL if reads_whole(stream, stop_strings) else None
-
-
-def build_job(
-    kind: Literal["chat", "completion"],
-    req: ChatCompletionRequest | CompletionRequest,
-    entry: ModelEntry,
-    ids: list[int],
-    *,
-    prompt_param: str,
-    default_max: int | None,
-) -> Job:
-    """The job for ``req`` with prompt ``ids``; raises ``InvalidRequest`` naming ``prompt_param`` or the
-    token limit's field when the prompt is empty or does not fit. ``default_max``: the token limit when
-    the request sets none (``None``: all the room left)."""
-    pre = entry.preprocessor
-    assert pre is not None
-    if not ids:
-        raise InvalidRequest(
-            "The prompt is empty after tokenization; send some text.",
-            param=prompt_param,
-            code="empty_prompt",
-        )
-    max_tokens = _max_tokens(req, len(ids), pre.context_length, prompt_param, default_max)
-    sampling = _sampling(req)
-    stop_ids = list(req.stop_token_ids or [])
-    pre.check_ids(stop_ids, "stop_token_ids")
-    stop_strings = req.stop_strings()
-    request_id = uuid.uuid4().hex
-    generate = GenerateRequest(
-        request_id=request_id,
-        model=req.model,
-        token_ids=ids,
-        sampling=sampling,
-        stop=StopConditions(
-            max_tokens=max_tokens,
-            min_tokens=min(req.min_tokens, max_tokens),
-            stop_token_ids=stop_ids,
-            ignore_eos=req.ignore_eos,
-        ),
-        eos_token_ids=list(pre.eos_token_ids),
-        lora_name=entry.lora_name,  # a LoRA adapter's view of its model (models.lora_adapters)
-        stream_interval=whole_answer_interval(bool(req.stream), stop_strings),
-    )
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    return Job(
-        kind=kind,
-        model=req.model,
-        entry=entry,
-        preprocessor=pre,
-        prompt_ids=ids,
-        generate=generate,
-        stop_strings=stop_strings,
-        stop_token_ids=stop_ids,
-        stream=bool(req.stream),
-        include_usage=req.include_usage(),
-        id=prefix + request_id,
-    )
-
-
-def with_plan(job: Job, plan: FeaturePlan | None) -> Job:
-    """``job`` served through ``http.answer.FeaturedRun`` when ``plan`` changes the answer; template-only
-    plans (``chat_template_kwargs``) already did their part in tokenizing."""
-    if plan is not None and plan.shapes_answer():
-        job.plan = plan
-        job.generate = job.generate.model_copy(update=plan.generate_update())
-    return job

@@ -40,7 +40,8 @@ from dynamo_api.errors import DynamoError
 from pydantic import ValidationError
 
 from dynamo_worker.frontend.errors import ApiError, InvalidRequest, ServiceUnavailable, UpstreamError
-from dynamo_worker.frontend.models.registry import ModelEntry, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelEntry
 from dynamo_worker.multimodal.images import BadImage, content_hash, sniff
 from dynamo_worker.multimodal.wire import ENCODE_PATH, EncodeRequest, EncodeResponse, ImageInput
 from dynamo_worker.protocol import ImageEmbedding, ImageSpan, InstanceRecord, image_pad_id

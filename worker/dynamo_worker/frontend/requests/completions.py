@@ -1,7 +1,7 @@
 """``POST /v1/completions`` up to the job, from the parsed and validated body
-(``protocol.parse_request``; the server holds it for a slot in between, ``http.server.Admission``):
+(``protocol.parse_request``; the server holds it for a slot in between, ``serving.admission``):
 look the model up (404 unknown, 503 nobody serving it), plan the features it uses (a grammar, logprobs),
-tokenize the prompt (or check the ids sent) and check the context length (``requests.chat.build_job``).
+tokenize the prompt (or check the ids sent) and check the context length (``requests.job.build_job``).
 """
 
 from __future__ import annotations
@@ -9,19 +9,11 @@ from __future__ import annotations
 import json
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
+from dynamo_worker.frontend.models.preprocessor import encode_off_loop
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import CompletionRequest, check_schema
-from dynamo_worker.frontend.requests.chat import (
-    FeaturePlan,
-    Grammar,
-    Job,
-    build_job,
-    check_endpoint,
-    constraint,
-    extension_grammars,
-    served_features,
-    with_plan,
-)
+from dynamo_worker.frontend.requests.chat import check_endpoint, constraint, extension_grammars
+from dynamo_worker.frontend.requests.job import FeaturePlan, Grammar, Job, build_job, with_plan
 from dynamo_worker.protocol import ServingFeatures, StructuredOutput
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "plan_completion", "prepare_completion"]
@@ -33,7 +25,7 @@ async def prepare_completion(registry: ModelRegistry, req: CompletionRequest) ->
     entry = registry.lookup(req.model)
     pre = entry.preprocessor
     assert pre is not None
-    plan = plan_completion(req, served_features(pre))
+    plan = plan_completion(req, pre.features)
     prompt = req.prompt_text_or_ids()
     if isinstance(prompt, str):
         ids = await encode_off_loop(len(prompt), pre.encode_prompt, prompt)

@@ -9,7 +9,7 @@ model allows it, else refused. ``usage`` counts the input tokens.
 
 Only models whose card says ``model_type: embedding`` (SGLang ``--is-embedding``, the mocker's
 ``--is-embedding``) serve this endpoint; the others answer 400, and embedding models answer 400 to
-chat and completions (``requests.chat.check_endpoint``).
+chat and completions (``requests.job.check_endpoint``).
 
 Serving the job: batched with other clients' requests (``serving.embedding_batcher``), and answered
 (``http.answer.run_embedding``).
@@ -23,9 +23,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.registry import ModelRegistry, encode_off_loop
+from dynamo_worker.frontend.models.preprocessor import encode_off_loop
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import NvExt
-from dynamo_worker.frontend.requests.chat import EmbeddingPlan, Job, check_endpoint, served_features
+from dynamo_worker.frontend.requests.chat import check_endpoint
+from dynamo_worker.frontend.requests.job import EmbeddingPlan, Job
 from dynamo_worker.protocol import EmbedOptions, GenerateRequest, ServingFeatures, StopConditions
 
 __all__ = ["EmbeddingRequest", "prepare_embeddings"]
@@ -100,7 +102,7 @@ async def prepare_embeddings(registry: ModelRegistry, req: EmbeddingRequest) -> 
         )
     pre = entry.preprocessor
     assert pre is not None
-    features = served_features(pre)
+    features = pre.features
     check_endpoint(features, "embedding", req.model)
     dimensions = req.dimensions
     if dimensions is not None:

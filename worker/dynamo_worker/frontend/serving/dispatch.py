@@ -1,64 +1,6 @@
 """From a tokenized request to a stream of worker chunks: pick the workers, talk to them, map failures.
 
-Serving mode per model, decided from the workers discovery knows now (``route_mode``); for a LoRA
-adapter, the model's workers that hold it (its entry is the adapter's view, ``models.lora_adapters``):
-
-- prefill and decode workers -> disaggregated: a prefill worker and a decode worker of one revision
-  are chosen as one decision (``Router.choose_pair``), among the warm combinations while there is one
-  (``models.pairing.routable_pair``: the newest revision with a warm combination; ``serving.warmup``
-  warms each new one), a random 63-bit
-  ``bootstrap_room`` is drawn, and both legs are sent *concurrently* with the same
-  ``bootstrap_info`` (the prefill worker's bootstrap host/port), the decode leg first (the prefill
-  engine waits for its handshake): waiting for the prefill before starting the decode can deadlock
-  SGLang's KV handshake. The decode leg is streamed back; the prefill leg
-  (``max_tokens=1``) only has to finish cleanly. If either leg fails, the other is cancelled and the
-  client gets the error; every wait is bounded by the request-plane timeouts, and the KV handoff (both
-  legs sent -> the decode leg's first token) by ``kv_transfer_timeout_s``: past it both legs are
-  cancelled (the workers abort them in the engine, freeing their KV cache) and the request goes once to
-  another pair, else the client gets 504 ``kv_transfer_timeout``. A transfer that never completes while
-  both workers stay alive ends there, never in a hang.
-- otherwise aggregated workers -> aggregated.
-- decode workers but no prefill workers (and no aggregated ones) -> 503: a decode-only worker cannot
-  compute a prompt's KV cache, so requests are never sent to it alone.
-
-Failures map to client errors (``frontend.errors``): a refusal for bad input -> 400, a worker that is
-overloaded or shutting down -> 503, a role with no live worker left -> 503 naming the role, anything
-else a worker did wrong (died mid-stream, timed out, engine error) -> 502 (``WorkerLost`` when the
-worker itself is gone, or says its engine died: ``engine_died``). A worker that cannot be reached, or
-refuses before doing any work, is retried once on another worker of the same role; so is a request
-whose worker's engine died before its first token.
-
-A worker that cannot be reached, breaks a stream or stalls it is quarantined (``serving.quarantine``):
-no request is routed to it until it answers again or leaves discovery. When a role has no live worker
-left, the answer is 503 naming the role (never a 502 for a worker already known dead). Failures that
-lose a worker raise ``WorkerLost``, which migration continues on another worker.
-
-Migration (``MigratingDispatcher``, the dispatcher the frontend uses): when a worker dies, breaks its
-stream, stalls past the inter-token bound, says its engine died under it (``engine_died``: the worker lives
-on, restarting its engine or exiting), or aborts the request while draining, the frontend re-sends the
-request to another worker with the prompt plus every token already streamed to the client (and
-``max_tokens`` reduced by as many), so the client's stream goes on with no repeat and no gap; in
-disaggregated serving that is a new prefill and decode pair for the extended prompt. This happens at most
-``--migration-limit`` times per request (NVIDIA Dynamo's flag). Usage stays the client's view: the original
-prompt's tokens, and every token streamed, across workers.
-
-Default 1, where Dynamo's is 0 (off): a stream cut by one lost worker (a crash, an OOM kill, a node
-drain, a rolling update past its grace period) is the common failure, and finishing it costs one
-prefill of prompt + generated tokens on another worker, far cheaper for a user than a broken answer.
-It stays at 1 rather than more because a request that itself crashes its worker (a poison request)
-then takes down at most two workers before the client gets the error. 0 turns migration off: the
-client gets the error event within the failure's own bound, as before.
-
-Refusals for the request's own sake (``invalid_request``) and engine errors are not migrated: a
-second worker would fail it the same way.
-
-A stream whose worker said its engine died (``engine_died``: the worker restarts its engine, or its pod
-is restarted) and whose continuation finds no live worker of its role (the only decode worker, a
-multinode group) waits for one to register, as a new request for a model with no worker does, up to
-``wait_s`` (the frontend's ``--scale-up-timeout-s``), looking again at every change of the workers and at
-least every ``RECHECK_S``; past it the client gets the 503 that says why. A worker that vanished (its
-stream broke) gives no such sign that it comes back: that continuation gets the 503 at once.
-"""
+More: docs/module-notes.md (dynamo_worker.frontend.serving.dispatch)."""
 
 from __future__ import annotations
 
@@ -66,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,7 +39,6 @@ from dynamo_worker.protocol import (
     InstanceRecord,
     Role,
     StopConditions,
-    Usage,
     WorkerError,
 )
 from dynamo_worker.router import Choice, Router
@@ -115,12 +56,9 @@ from dynamo_worker.runtime.request_plane import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_MIGRATION_LIMIT",
     "ChunkSource",
     "Dispatcher",
-    "MigratingDispatcher",
     "Route",
-    "continuation",
     "route_mode",
 ]
 
@@ -210,9 +148,6 @@ class Dispatcher:
         router: Router,
         client: RequestClient,
         *,
-        connect_timeout_s: float,
-        first_token_timeout_s: float,
-        inter_token_timeout_s: float,
         kv_transfer_timeout_s: float = 60.0,
         quarantine: Quarantine | None = None,
         warm: WarmPairs | None = None,
@@ -222,11 +157,6 @@ class Dispatcher:
         self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.quarantine = quarantine if quarantine is not None else Quarantine()
         self.warm = warm  # warm prefill/decode pairs (serving.warmup); None: warm-ups off, any pair
-        self._timeouts = {
-            "connect_timeout": connect_timeout_s,
-            "first_chunk_timeout": first_token_timeout_s,
-            "idle_timeout": inter_token_timeout_s,
-        }
 
     def route(
         self, entry: ModelEntry, token_ids: Sequence[int], exclude: frozenset[str] = frozenset()
@@ -335,7 +265,7 @@ class Dispatcher:
     def _stream(
         self, worker: InstanceRecord, request: GenerateRequest
     ) -> AsyncGenerator[GenerateChunk, None]:
-        return self.client.generate(worker.address, for_worker(request, worker), **self._timeouts)
+        return self.client.generate(worker.address, for_worker(request, worker))
 
     async def _agg(
         self, worker: InstanceRecord, request: GenerateRequest, role: str = "aggregated"
@@ -585,135 +515,3 @@ class _Retryable(DynamoError):
         super().__init__(error.message)
         self.instance_ids = instance_ids
         self.error = error
-
-
-# --- migration ------------------------------------------------------------------------------------
-
-DEFAULT_MIGRATION_LIMIT = 1
-RECHECK_S = 1.0  # a continuation waiting for a worker looks again at least this often
-# 503s that say no worker of the role can take the request now (``Dispatcher.route``)
-_NO_WORKER = frozenset({"no_workers", "no_prefill_workers", "no_decode_workers", "no_matching_revision"})
-
-
-def _migratable(error: ApiError) -> bool:
-    return isinstance(error, WorkerLost) or error.code == "shutting_down"
-
-
-def _no_worker(error: ApiError) -> bool:
-    return isinstance(error, ServiceUnavailable) and error.code in _NO_WORKER
-
-
-def continuation(request: GenerateRequest, emitted: list[int], migration: int) -> GenerateRequest:
-    """The request that continues ``request`` after ``emitted`` tokens reached the client."""
-    stop = request.stop.model_copy(
-        update={
-            "max_tokens": request.stop.max_tokens - len(emitted),
-            "min_tokens": max(0, request.stop.min_tokens - len(emitted)),
-        }
-    )
-    return request.model_copy(
-        update={
-            "request_id": f"{request.request_id}-m{migration}",
-            "token_ids": [*request.token_ids, *emitted],
-            "stop": stop,
-        }
-    )
-
-
-class MigratingDispatcher:
-    """``Dispatcher.generate`` with migration: the same interface, one uninterrupted stream."""
-
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
-        on_migration: Callable[[str], None] | None = None,
-        *,
-        wait_s: float = 0.0,
-        workers_changed: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        self.dispatcher = dispatcher
-        self.migration_limit = migration_limit
-        self._on_migration = on_migration  # called with the model name (the frontend's metric)
-        self.migrations = 0  # requests continued on another worker, since start (for /metrics)
-        self.wait_s = wait_s  # how long a continuation waits for a worker of its role
-        self._workers_changed = workers_changed
-
-    def __getattr__(self, name: str) -> object:  # router, quarantine, route, ...: the dispatcher's
-        return getattr(self.dispatcher, name)
-
-    async def generate(
-        self, entry: ModelEntry, request: GenerateRequest
-    ) -> AsyncGenerator[GenerateChunk, None]:
-        if self.migration_limit == 0:
-            async with contextlib.aclosing(self.dispatcher.generate(entry, request)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-            return
-        emitted: list[int] = []
-        current, migrations = request, 0
-        waiting_until: float | None = None  # a continuation waiting for a worker of its role
-        error: ApiError | None = None  # why the stream was last migrated
-        while True:
-            try:
-                async with contextlib.aclosing(self.dispatcher.generate(entry, current)) as chunks:
-                    async for chunk in chunks:
-                        if chunk.token_ids:
-                            emitted.extend(chunk.token_ids)
-                        if migrations and chunk.usage is not None:
-                            chunk = chunk.model_copy(
-                                update={"usage": _client_usage(request, emitted, chunk.usage)}
-                            )
-                        yield chunk
-                return
-            except ApiError as e:
-                if migrations and _no_worker(e) and error is not None and error.code == "engine_died":
-                    waiting_until = await self._wait_for_worker(request, e, waiting_until)
-                    continue
-                if not _migratable(e) or migrations >= self.migration_limit:
-                    raise
-                error = e
-            migrations += 1
-            self.migrations += 1
-            if self._on_migration is not None:
-                self._on_migration(request.model)
-            if len(emitted) >= request.stop.max_tokens:  # lost after the last token, before the final chunk
-                yield GenerateChunk(finish_reason="length", usage=_client_usage(request, emitted, None))
-                return
-            log.warning(
-                "Migrating request request_id=%s migration=%d/%d tokens_streamed=%d reason=%s",
-                request.request_id,
-                migrations,
-                self.migration_limit,
-                len(emitted),
-                error.message,
-            )
-            current = continuation(request, emitted, migrations)
-
-    async def _wait_for_worker(self, request: GenerateRequest, error: ApiError, until: float | None) -> float:
-        """Wait for the workers to change (or ``RECHECK_S``) before the continuation is tried again;
-        raise ``error`` once ``wait_s`` has passed since the first time it found no worker."""
-        loop = asyncio.get_running_loop()
-        if until is None:
-            until = loop.time() + self.wait_s
-            log.warning(
-                "Migration waits for a worker request_id=%s wait_s=%.0f reason=%s",
-                request.request_id,
-                self.wait_s,
-                error.message,
-            )
-        left = until - loop.time()
-        if left <= 0:
-            raise error
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(RECHECK_S, left)):
-                if self._workers_changed is not None:
-                    await self._workers_changed()
-                else:
-                    await asyncio.sleep(RECHECK_S)
-        return until
-
-
-def _client_usage(request: GenerateRequest, emitted: list[int], last: Usage | None) -> Usage:
-    cached = min(last.cached_tokens, len(request.token_ids)) if last is not None else 0
-    return Usage(prompt_tokens=len(request.token_ids), completion_tokens=len(emitted), cached_tokens=cached)

@@ -5,7 +5,7 @@ and the tokens before the final chunk reach the client in it."""
 from __future__ import annotations
 
 from dynamo_worker.protocol import GenerateChunk, TokenLogprob, Usage, WorkerError
-from dynamo_worker.runtime.request_plane import _coalesce
+from dynamo_worker.runtime.request_plane.client import _coalesce
 
 
 def lp(token: int) -> TokenLogprob:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from dynamo_worker.protocol import GenerateChunk, TokenLogprob, Usage, WorkerError
-from dynamo_worker.runtime.request_plane import _line
+from dynamo_worker.runtime.request_plane.wire import _line
 
 CHUNKS = [
     GenerateChunk(token_ids=[5]),

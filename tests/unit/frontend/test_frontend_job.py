@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dynamo_worker.frontend.requests.chat import prompt_tokens
+from dynamo_worker.frontend.requests.job import prompt_tokens
 from dynamo_worker.protocol import Usage
 
 

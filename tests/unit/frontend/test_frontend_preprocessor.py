@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from dynamo_worker.frontend.errors import InvalidRequest
-from dynamo_worker.frontend.models.registry import ModelFiles, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import ModelFiles, Preprocessor
 
 
 def test_chat_template_renders_like_transformers(model_dir):
