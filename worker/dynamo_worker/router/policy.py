@@ -147,7 +147,7 @@ __all__ = [
     "saved_blocks",
 ]
 
-RouterMode = Literal["round-robin", "random", "kv"]
+RouterMode = Literal["round-robin", "random", "kv", "direct"]
 PRESSURE_FACTOR = 4  # balance guard: how much larger an imbalance must be to move into a full cache
 ROOM_FRACTION = 0.5  # balance guard: a cache at most this full (after the request) has room
 
