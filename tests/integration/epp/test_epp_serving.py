@@ -106,3 +106,38 @@ async def test_a_direct_frontend_serves_an_unknown_worker_id_on_its_own_router_a
         labels = f'model="{MODEL}",reason="{reason}"'
         assert metric(text, "dynamo_frontend_direct_fallbacks_total", labels) == 1, reason
     assert served(m) == 2
+
+
+async def test_a_stream_whose_named_worker_dies_migrates_to_another_worker(
+    mockers, frontend_factory, wait_workers, epp_factory, envoy
+):
+    ms = [mockers("null", speedup=2.0) for _ in range(2)]
+    fe = await frontend_factory(router_mode="direct")
+    epp = await epp_factory([fe], router_mode="round-robin")
+    for stack in (fe, epp):
+        await wait_workers(stack, 2, mockers=ms)
+    gateway = envoy(epp.grpc_port)
+    chunks, usage, killed = 0, None, None
+    async with client(gateway) as c:
+        stream = await c.completions.create(
+            model=MODEL,
+            prompt="migrate me",
+            max_tokens=60,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            chunks += 1
+            usage = chunk.usage or usage
+            if killed is None and chunks == 5:
+                named = [m for m in ms if await picks(epp, m.instance_id) == 1]
+                assert len(named) == 1
+                killed = named[0]
+                killed.kill()
+    assert killed is not None and usage is not None
+    assert usage.completion_tokens == 60  # the stream went on where it stopped
+    survivor = next(m for m in ms if m is not killed)
+    assert served(survivor) == 1  # the continuation, on the worker the frontend's own router chose
+    migrations = metric(await scrape(fe.port), "dynamo_frontend_migrations_total", f'model="{MODEL}"')
+    assert migrations == 1
