@@ -41,11 +41,13 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -472,9 +474,9 @@ LEGEND = (
 GATEWAY_CONCURRENCY = 32
 
 
-def _gateway(fleet: Fleet, ns: str, frontend: Proc) -> Proc:
+def _gateway(fleet: Fleet, ns: str, frontend: Proc) -> tuple[Proc, Proc]:
     """The endpoint picker (kv) naming ``frontend``, and Envoy in front of it (the docs' configuration);
-    Envoy's port is the returned process's ``http``."""
+    Envoy's port is its process's ``http``."""
     epp = fleet.spawn(
         f"{ns}-epp",
         [
@@ -495,7 +497,18 @@ def _gateway(fleet: Fleet, ns: str, frontend: Proc) -> Proc:
     envoy = Proc(f"{ns}-envoy", popen, log_path, {"http": port})
     fleet.procs.append(envoy)
     fleet.wait_healthy(envoy, f"http://127.0.0.1:{port}/health")  # the frontend's, through Envoy
-    return envoy
+    return epp, envoy
+
+
+def _decision_ms(epp: Proc) -> float | None:
+    """The picker's mean time per decision (``dynamo_epp_decision_seconds``: body in -> answer out)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{epp.ports['metrics']}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = re.search(r"^dynamo_epp_decision_seconds_sum (\S+)$", text, re.M)
+    count = re.search(r"^dynamo_epp_decision_seconds_count (\S+)$", text, re.M)
+    if not (total and count and float(count[1])):
+        return None
+    return 1000 * float(total[1]) / float(count[1])
 
 
 def scenario_gateway(workdir: Path, scale: float) -> dict[str, Report]:
@@ -515,13 +528,14 @@ def scenario_gateway(workdir: Path, scale: float) -> dict[str, Report]:
         for side, seed in (("alone", 81), ("gateway", 82))
     }  # fmt: skip
     reports: dict[str, Report] = {}
+    decision_ms: float | None = None
     with Fleet(workdir / "gateway") as fleet:
         for side in ("alone", "gateway"):
             ns = _namespace(f"gw-{side}")
             workers = [fleet.mocker(ns, speedup=100) for _ in range(2)]
             fe = fleet.frontend(ns, "kv" if side == "alone" else "direct")
             fleet.wait_workers(fe, {"agg": 2})
-            entry = _gateway(fleet, ns, fe) if side == "gateway" else fe
+            epp, entry = _gateway(fleet, ns, fe) if side == "gateway" else (None, fe)
             reports[side] = measure(
                 _openai(entry.ports["http"]),
                 lambda s=specs[side]: IteratorWorkload(iter(s)),
@@ -530,6 +544,8 @@ def scenario_gateway(workdir: Path, scale: float) -> dict[str, Report]:
                 duration_s=120,
                 warmup=20,
             )
+            if epp is not None:
+                decision_ms = _decision_ms(epp)
             fleet.retire([p for p in fleet.procs if p.name.startswith(ns)] + workers)
     gateway, alone = reports["gateway"], reports["alone"]
     print(format_comparison("gateway", gateway, "alone", alone), flush=True)
@@ -539,7 +555,9 @@ def scenario_gateway(workdir: Path, scale: float) -> dict[str, Report]:
         f"frontend alone {alone.cache_hit_rate or 0:.3f}",
         flush=True,
     )
-    return reports
+    if decision_ms is not None:
+        print(f"  the picker's own time per decision (mean, warm-up included): {decision_ms:.2f} ms")
+    return {**reports, "gateway_decision_ms": {"mean": decision_ms}}
 
 
 def scenario_planner(workdir: Path, scale: float) -> dict:

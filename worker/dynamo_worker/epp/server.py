@@ -80,10 +80,12 @@ class ExtProc(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 return await self._answer(state, with_body=False)
             return []
         if kind == "request_body":
+            if state.answered:  # refused already (too large): nothing more to keep
+                return []
             state.body += message.request_body.body
-            if len(state.body) > self.max_body_bytes and not state.answered:
+            if len(state.body) > self.max_body_bytes:
                 return [self._refuse(state, _too_large(self.max_body_bytes))]
-            if message.request_body.end_of_stream and not state.answered:
+            if message.request_body.end_of_stream:
                 return await self._answer(state, with_body=True)
             return []
         if kind == "request_trailers":
