@@ -21,6 +21,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from dynamo_api.errors import DynamoError
+
 from dynamo_worker.protocol import LoadMetrics
 
 __all__ = ["FlowControl", "QueueFull", "QueueTimeout"]
@@ -28,12 +30,12 @@ __all__ = ["FlowControl", "QueueFull", "QueueTimeout"]
 Workers = Callable[[], Sequence[str]]  # the instance ids serving a model's prompts now
 
 
-class QueueFull(Exception):
-    pass
+class QueueFull(DynamoError):
+    """The model's queue holds ``--max-queued`` requests already (the picker answers 429)."""
 
 
-class QueueTimeout(Exception):
-    pass
+class QueueTimeout(DynamoError):
+    """A request waited ``--queue-timeout-s`` for a worker that is not saturated (429)."""
 
 
 @dataclass(order=True)
