@@ -57,6 +57,7 @@ ENV_LEADER_SYSTEM_ADDR: Final = "DYN_LEADER_SYSTEM_ADDR"
 # --- ports --------------------------------------------------------------------------------------
 FRONTEND_PORT: Final = 8000  # the OpenAI API (container port and Service port "http")
 SYSTEM_PORT: Final = 9090  # a worker's or planner's /live, /health, /metrics (container port "system")
+EPP_PORT: Final = 9002  # the endpoint picker's ext_proc gRPC server and its gRPC health (GAIE's port)
 REQUEST_PORT: Final = 9100  # a worker's request-plane listener (container port "request")
 NATS_PORT: Final = 4222
 DIST_INIT_PORT: Final = 29500  # a multinode engine's --dist-init-addr on its leader ("dist-init")

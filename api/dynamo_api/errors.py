@@ -16,6 +16,8 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     ├── SettingsError (ValueError)       dynamo_api.settings_sources
     ├── CertError (ValueError)           dynamo_operator.certs
     ├── AliasError (ValueError)          dynamo_worker.aliases
+    ├── QueueFull                        dynamo_worker.epp.flow
+    ├── QueueTimeout                     dynamo_worker.epp.flow
     ├── ApiError                         dynamo_worker.frontend.errors
     │   ├── InvalidRequest
     │   │   └── RequestTimeout

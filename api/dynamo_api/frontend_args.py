@@ -17,7 +17,7 @@ from dynamo_api.sglang_args import flag_value
 
 __all__ = ["DEFAULT_ROUTER_MODE", "RouterMode", "router_mode"]
 
-RouterMode = Literal["round-robin", "random", "kv"]
+RouterMode = Literal["round-robin", "random", "kv", "direct"]
 DEFAULT_ROUTER_MODE: Final[RouterMode] = "round-robin"
 
 

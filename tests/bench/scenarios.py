@@ -25,6 +25,10 @@ generator); processes from ``tests.bench.fleet`` (on ports they bind on 127.0.0.
    fresh fleet of 4 mockers with a small GPU cache and a HiCache host tier, on a longmultiturn-like
    trace (interleaved conversations whose KV is 3.4 times the fleet's GPU caches): TTFT p50/p90 and the
    cached share of prompt tokens, split into found on the GPU and loaded from host memory.
+8. gateway: a real Envoy and the endpoint picker (``--router-mode kv``) in front of a frontend in
+   ``--router-mode direct`` vs that frontend alone in ``--router-mode kv``, each on a fresh fleet of 2
+   mockers, closed loop at concurrency 32 on a shared-prefix workload: the p50 latency the Envoy + picker
+   hop adds (TTFT, E2E) and the cached share of both.
 
 Side by side with NVIDIA Dynamo's frontend: ``python -m tests.bench.peers`` (``make bench-peers``).
 
@@ -37,11 +41,13 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -58,10 +64,13 @@ from dynamo_worker.bench.workload import (
     random_requests,
 )
 
-from tests.bench.fleet import MODEL, Fleet
+from tests.bench.fleet import MODEL, Fleet, Proc
+from tests.support.envoy import envoy_command, envoy_config
+from tests.support.ports import free_ports
+from tests.support.procs import popen as start_process
 
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
-SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers")
+SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers", "gateway")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -462,6 +471,95 @@ LEGEND = (
 )
 
 
+GATEWAY_CONCURRENCY = 32
+
+
+def _gateway(fleet: Fleet, ns: str, frontend: Proc) -> tuple[Proc, Proc]:
+    """The endpoint picker (kv) naming ``frontend``, and Envoy in front of it (the docs' configuration);
+    Envoy's port is its process's ``http``."""
+    epp = fleet.spawn(
+        f"{ns}-epp",
+        [
+            "dynamo_worker.epp", "--host", "127.0.0.1", "--grpc-port", "0", "--metrics-port", "0",
+            "--namespace", ns, "--nats-server", fleet.nats.url,
+            "--frontends", f"127.0.0.1:{frontend.ports['http']}",
+        ],
+        {},
+        listeners={"grpc": "grpc", "metrics": "metrics"},
+    )  # fmt: skip
+    fleet.wait_healthy(epp, f"http://127.0.0.1:{epp.ports['metrics']}/health")
+    (port,) = free_ports(1)
+    config = fleet.workdir / f"{ns}-envoy.yaml"
+    config.write_text(envoy_config(port, epp.ports["grpc"]))
+    log_path = fleet.workdir / f"{ns}-envoy.log"
+    with open(log_path, "wb") as out:
+        popen = start_process(envoy_command(config), stdout=out, stderr=subprocess.STDOUT)
+    envoy = Proc(f"{ns}-envoy", popen, log_path, {"http": port})
+    fleet.procs.append(envoy)
+    fleet.wait_healthy(envoy, f"http://127.0.0.1:{port}/health")  # the frontend's, through Envoy
+    return epp, envoy
+
+
+def _decision_ms(epp: Proc) -> float | None:
+    """The picker's mean time per decision (``dynamo_epp_decision_seconds``: body in -> answer out)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{epp.ports['metrics']}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = re.search(r"^dynamo_epp_decision_seconds_sum (\S+)$", text, re.M)
+    count = re.search(r"^dynamo_epp_decision_seconds_count (\S+)$", text, re.M)
+    if not (total and count and float(count[1])):
+        return None
+    return 1000 * float(total[1]) / float(count[1])
+
+
+def scenario_gateway(workdir: Path, scale: float) -> dict[str, Report]:
+    """Envoy + the endpoint picker + a direct frontend vs the frontend alone (kv), fresh mockers each."""
+    n = max(64, int(640 * scale))
+    print(
+        f"\n== 8. gateway: Envoy + endpoint picker (kv) + frontend (direct) vs frontend alone (kv), 2 "
+        f"mockers each side at speedup 100, closed loop, concurrency {GATEWAY_CONCURRENCY}, {n} requests of "
+        "one of 16 shared prefixes of 256 tokens + 8 unique, 16 tokens out ==",
+        flush=True,
+    )
+    specs = {
+        side: prefix_pool_requests(
+            random.Random(seed), num_prefixes=16, prefix_tokens=256, suffix_tokens=8, num_requests=n,
+            max_tokens=16,
+        )
+        for side, seed in (("alone", 81), ("gateway", 82))
+    }  # fmt: skip
+    reports: dict[str, Report] = {}
+    decision_ms: float | None = None
+    with Fleet(workdir / "gateway") as fleet:
+        for side in ("alone", "gateway"):
+            ns = _namespace(f"gw-{side}")
+            workers = [fleet.mocker(ns, speedup=100) for _ in range(2)]
+            fe = fleet.frontend(ns, "kv" if side == "alone" else "direct")
+            fleet.wait_workers(fe, {"agg": 2})
+            epp, entry = _gateway(fleet, ns, fe) if side == "gateway" else (None, fe)
+            reports[side] = measure(
+                _openai(entry.ports["http"]),
+                lambda s=specs[side]: IteratorWorkload(iter(s)),
+                concurrency=GATEWAY_CONCURRENCY,
+                num_requests=n,
+                duration_s=120,
+                warmup=20,
+            )
+            if epp is not None:
+                decision_ms = _decision_ms(epp)
+            fleet.retire([p for p in fleet.procs if p.name.startswith(ns)] + workers)
+    gateway, alone = reports["gateway"], reports["alone"]
+    print(format_comparison("gateway", gateway, "alone", alone), flush=True)
+    print(_added(gateway, alone).replace("the frontend", "Envoy + the picker"), flush=True)
+    print(
+        f"  cached share: gateway {gateway.cache_hit_rate or 0:.3f}, "
+        f"frontend alone {alone.cache_hit_rate or 0:.3f}",
+        flush=True,
+    )
+    if decision_ms is not None:
+        print(f"  the picker's own time per decision (mean, warm-up included): {decision_ms:.2f} ms")
+    return {**reports, "gateway_decision_ms": {"mean": decision_ms}}
+
+
 def scenario_planner(workdir: Path, scale: float) -> dict:
     from tests.bench import bench_planner
 
@@ -476,6 +574,7 @@ RUNNERS = {
     "operator": scenario_operator,
     "request-plane": scenario_request_plane,
     "planner": scenario_planner,
+    "gateway": scenario_gateway,
 }
 
 

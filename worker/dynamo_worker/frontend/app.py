@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from nats.aio.client import Client as NATS
 
 from dynamo_worker.frontend.http.server import OpenAIServer
@@ -29,6 +30,7 @@ from dynamo_worker.frontend.models.preprocessor import ModelFiles, Preprocessor
 from dynamo_worker.frontend.models.registry import ModelRegistry, UnpairedCounts, WorkerCounts
 from dynamo_worker.frontend.requests.chat_images import ImageFetcher, MultimodalProcessor
 from dynamo_worker.frontend.serving.admission import Admission
+from dynamo_worker.frontend.serving.direct import PIN, pin_from_headers
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.frontend.serving.image_generation import ImagesApi
 from dynamo_worker.frontend.serving.migration import MigratingDispatcher
@@ -48,9 +50,23 @@ from dynamo_worker.runtime.worker import close_nats, connect_nats, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Frontend", "run_frontend"]
+__all__ = ["Frontend", "load_preprocessor", "run_frontend"]
 
 DRAIN_S = 10.0
+
+
+async def load_preprocessor(nc: NATS, record: InstanceRecord, cache: Path) -> Preprocessor:
+    """The tokenizer and chat template of ``record``'s model card, fetched into ``cache`` (also for the
+    endpoint picker, which must tokenize exactly as the frontend does)."""
+    if not record.model_card_checksum:
+        raise ModelCardError(f"worker {record.instance_id} registered no model card checksum")
+    card, local = await fetch_model_card(nc, record.model_card_checksum, cache)
+    files = ModelFiles(
+        context_length=card.context_length,
+        eos_token_ids=tuple(card.eos_token_ids),
+        features=card.features,
+    )
+    return await asyncio.to_thread(Preprocessor.from_dir, local, files)
 
 
 class Frontend:
@@ -90,21 +106,13 @@ class Frontend:
         return f"http://{host}:{self.port}"
 
     async def _load_card(self, record: InstanceRecord) -> Preprocessor:
-        if not record.model_card_checksum:
-            raise ModelCardError(f"worker {record.instance_id} registered no model card checksum")
         assert self.nc is not None
         cache = self.settings.model_cache_dir
         if cache is None:
             if self._tmp is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="dynamo-frontend-cards-")
             cache = Path(self._tmp.name)
-        card, local = await fetch_model_card(self.nc, record.model_card_checksum, cache)
-        files = ModelFiles(
-            context_length=card.context_length,
-            eos_token_ids=tuple(card.eos_token_ids),
-            features=card.features,
-        )
-        return await asyncio.to_thread(Preprocessor.from_dir, local, files)
+        return await load_preprocessor(self.nc, record, cache)
 
     def _rewatch_soon(self) -> None:
         """After a NATS reconnect, start the discovery watch over at once."""
@@ -155,6 +163,7 @@ class Frontend:
             kv_transfer_timeout_s=s.kv_transfer_timeout_s,
             quarantine=self.quarantine,
             warm=warm,
+            on_direct_fallback=lambda model, why: self.metrics.direct_fallbacks.labels(model, why).inc(),
         )
         if warm is not None:
             self.warmer = PairWarmer(
@@ -209,8 +218,11 @@ class Frontend:
         )
         stack.push_async_callback(self.server.embedder.close)
         reuse_port = s.http_reuse_port or s.http_workers > 1
+        application = self.server.app()
+        if s.router_mode == "direct":
+            application.middlewares.append(_pin_named_workers)
         self._runner, self.port = await serve(
-            self.server.app(),
+            application,
             "frontend",
             s.http_host,
             s.http_port,
@@ -268,6 +280,17 @@ class Frontend:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+@web.middleware
+async def _pin_named_workers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """--router-mode direct: the workers the endpoint picker named, for this request's task
+    (``serving.direct``)."""
+    token = PIN.set(pin_from_headers(request.headers))
+    try:
+        return await handler(request)
+    finally:
+        PIN.reset(token)
 
 
 async def run_frontend(

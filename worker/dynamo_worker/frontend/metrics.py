@@ -43,6 +43,13 @@ class FrontendMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.direct_fallbacks = Counter(
+            "dynamo_frontend_direct_fallbacks",
+            "--router-mode direct: requests this frontend routed itself, by why the endpoint picker's "
+            "choice was not served (no_pin: no worker header; stale_worker: the named worker cannot serve).",
+            ["model", "reason"],
+            registry=r,
+        )
         self.input_tokens = Counter("dynamo_frontend_input_tokens", "Prompt tokens.", ["model"], registry=r)
         self.output_tokens = Counter(
             "dynamo_frontend_output_tokens", "Generated tokens.", ["model"], registry=r

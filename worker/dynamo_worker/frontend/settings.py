@@ -77,7 +77,10 @@ class FrontendSettings(Settings):
     )
     router_mode: RouterMode = Field(
         DEFAULT_ROUTER_MODE,
-        description="How a worker is picked: round-robin, random, or kv (prefix-cache overlap + load).",
+        description="How a worker is picked: round-robin, random, kv (prefix-cache overlap + load), or "
+        "direct: the worker(s) a gateway's endpoint picker (python -m dynamo_worker.epp) named in the "
+        "x-dynamo-worker-instance-id / x-dynamo-prefill-instance-id headers, round-robin when they cannot "
+        "serve (docs/gateway-api.md).",
         json_schema_extra={"env": contract.ENV_ROUTER_MODE},
     )
     kv_overlap_weight: float = Field(

@@ -393,7 +393,8 @@ class Router:
         if not candidates:
             raise ValueError("no candidates to choose from")
         by_id = {c.instance_id: c for c in candidates}
-        if self.mode == "round-robin":
+        # direct: what a frontend routes itself, the picker's pin aside (frontend.serving.direct)
+        if self.mode in ("round-robin", "direct"):
             worker = by_id[self._round_robin.choose(key, list(by_id))]
             return Choice(worker, len(token_ids) // worker.page_size, 0, lora_name=lora_name)
         if self.mode == "random":

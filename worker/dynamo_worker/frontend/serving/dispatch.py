@@ -30,6 +30,7 @@ from dynamo_worker.frontend.models.pairing import (
     routable_pair,
 )
 from dynamo_worker.frontend.models.registry import ModelEntry
+from dynamo_worker.frontend.serving.direct import FallbackHook, pinned_choices
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.protocol import (
     MAX_ROOM,
@@ -151,8 +152,10 @@ class Dispatcher:
         kv_transfer_timeout_s: float = 60.0,
         quarantine: Quarantine | None = None,
         warm: WarmPairs | None = None,
+        on_direct_fallback: FallbackHook | None = None,
     ) -> None:
         self.router = router
+        self.on_direct_fallback = on_direct_fallback  # direct mode: a pin not served (serving.direct)
         self.client = client
         self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.quarantine = quarantine if quarantine is not None else Quarantine()
@@ -163,6 +166,10 @@ class Dispatcher:
     ) -> Route:
         mode = route_mode(entry)
         out = exclude | self.quarantine.ids
+        if self.router.mode == "direct":  # the endpoint picker's choice, when it can serve (serving.direct)
+            pinned = pinned_choices(entry, mode, token_ids, out, self.on_direct_fallback)
+            if pinned is not None:
+                return Route(mode, *pinned)
         if mode == "disagg":
             prefill, decode = self._live(entry, "prefill", out), self._live(entry, "decode", out)
             newest = entry.pair() if not out else newest_pair(prefill, decode)
