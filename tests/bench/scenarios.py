@@ -26,6 +26,10 @@ generator); processes from ``tests.bench.fleet`` (on ports they bind on 127.0.0.
    trace (interleaved conversations whose KV is 3.4 times the fleet's GPU caches): TTFT p50/p90 and the
    cached share of prompt tokens, split into found on the GPU and loaded from host memory.
 
+8. small-engine: one mocker with the 1B shape's H200 profile, chat requests at c1, c16 and c64 through
+   our frontend, kv routing vs round-robin: TTFT p50, tokens/s, frontend CPU per token and the ratios
+   (``tests/bench/small_engine.py``).
+
 Side by side with NVIDIA Dynamo's frontend: ``python -m tests.bench.peers`` (``make bench-peers``).
 
 Caps keep the whole run within 10 minutes on a 2-core machine (``--scale`` scales request counts).
@@ -61,7 +65,9 @@ from dynamo_worker.bench.workload import (
 from tests.bench.fleet import MODEL, Fleet
 
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
-SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers")
+SCENARIOS = (
+    "frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers", "small-engine",
+)  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -468,6 +474,12 @@ def scenario_planner(workdir: Path, scale: float) -> dict:
     return bench_planner.run(workdir / "planner")
 
 
+def scenario_small_engine(workdir: Path, scale: float) -> dict:
+    from tests.bench import small_engine
+
+    return small_engine.run(workdir, scale, measure, lambda seed, words, out: _random(seed, words, out))
+
+
 RUNNERS = {
     "frontend": scenario_frontend,
     "router": scenario_router,
@@ -476,6 +488,7 @@ RUNNERS = {
     "operator": scenario_operator,
     "request-plane": scenario_request_plane,
     "planner": scenario_planner,
+    "small-engine": scenario_small_engine,
 }
 
 
