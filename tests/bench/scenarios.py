@@ -30,6 +30,10 @@ generator); processes from ``tests.bench.fleet`` (on ports they bind on 127.0.0.
    mockers, closed loop at concurrency 32 on a shared-prefix workload: the p50 latency the Envoy + picker
    hop adds (TTFT, E2E) and the cached share of both.
 
+8. small-engine: one mocker with the 1B shape's H200 profile, chat requests at c1, c16 and c64 through
+   our frontend, kv routing vs round-robin: TTFT p50, tokens/s, frontend CPU per token and the ratios
+   (``tests/bench/small_engine.py``).
+
 Side by side with NVIDIA Dynamo's frontend: ``python -m tests.bench.peers`` (``make bench-peers``).
 
 Caps keep the whole run within 10 minutes on a 2-core machine (``--scale`` scales request counts).
@@ -70,7 +74,9 @@ from tests.support.ports import free_ports
 from tests.support.procs import popen as start_process
 
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
-SCENARIOS = ("frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers", "gateway")
+SCENARIOS = (
+    "frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers", "gateway", "small-engine",
+)  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -566,6 +572,12 @@ def scenario_planner(workdir: Path, scale: float) -> dict:
     return bench_planner.run(workdir / "planner")
 
 
+def scenario_small_engine(workdir: Path, scale: float) -> dict:
+    from tests.bench import small_engine
+
+    return small_engine.run(workdir, scale, measure, lambda seed, words, out: _random(seed, words, out))
+
+
 RUNNERS = {
     "frontend": scenario_frontend,
     "router": scenario_router,
@@ -575,6 +587,7 @@ RUNNERS = {
     "request-plane": scenario_request_plane,
     "planner": scenario_planner,
     "gateway": scenario_gateway,
+    "small-engine": scenario_small_engine,
 }
 
 

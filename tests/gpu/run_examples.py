@@ -721,14 +721,15 @@ def gpu_list() -> list[str]:
     return out.stdout.split()
 
 
-def make_long_model(context: int) -> None:
+def make_long_model(context: int, shape: dict | None = None) -> None:
     """The model folder (``MODEL_DIR``) with a context of ``context`` tokens, and the user's
-    ``--context-length`` to match: the long prompts of ``run_peers`` and ``run_hicache``."""
+    ``--context-length`` to match: the long prompts of ``run_peers`` and ``run_hicache``. ``shape``:
+    config.json fields that replace ``tests/gpu/model``'s (``run_peers``' ``MODEL_SHAPE``)."""
     sys.path.insert(0, str(HERE))
     from run_gpu import make_model
 
     MODEL_DIR.mkdir(parents=True, exist_ok=True)
-    make_model(MODEL_DIR)
+    make_model(MODEL_DIR, {**json.loads((HERE / "model" / "config.json").read_text()), **(shape or {})})
     config = json.loads((MODEL_DIR / "config.json").read_text())
     config["max_position_embeddings"] = context
     (MODEL_DIR / "config.json").write_text(json.dumps(config, indent=1))

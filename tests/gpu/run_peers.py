@@ -41,6 +41,12 @@ greedy, as every other GPU script sends; each point records it). Points measured
 ours no temperature, so ours sampled at the OpenAI default of 1 (a softmax and a draw over the vocabulary
 every decode step) while the gateway's engines decoded greedily.
 
+Model shape (``MODEL_SHAPE``): ``8b`` (default, ``tests/gpu/model``: Llama 3 8B, hidden 4096, 32 layers)
+or ``1b`` (hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 KV heads: a decode step of about 2 ms
+on an H200, where what our stack adds per request and per token shows); both dummy weights, written
+into ``MODEL_DIR``. Every point records its shape (``model_shape``, ``hidden_size``, ``layers``), so
+points of both shapes share a report (goodput and ratios per workload and shape).
+
 Engine flags, the same for both stacks: ``HICACHE=1`` adds SGLang's hierarchical cache
 (``--enable-hierarchical-cache --hicache-ratio HICACHE_RATIO`` (4) ``--hicache-write-policy
 write_through``; without longmultiturn's cut KV cache, ``--hicache-size``: half the machine's memory over
@@ -114,6 +120,13 @@ STACK_BUDGET_S = float(os.environ.get("STACK_BUDGET_S", "inf"))
 CONTEXT = 16384  # rag's 8192 + 256 needs more than the 8192 of the model's config
 PAGE_SIZE = 16  # every engine's --page-size: the gateway's engines get it here, ours from the examples
 STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
+# config.json fields over tests/gpu/model's (the 8B shape) per MODEL_SHAPE
+MODEL_SHAPES: dict[str, dict[str, int]] = {
+    "8b": {},
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+           "num_attention_heads": 32, "num_key_value_heads": 8},
+}  # fmt: skip
+MODEL_SHAPE = os.environ.get("MODEL_SHAPE", "8b")
 
 
 @dataclass(frozen=True)
@@ -192,6 +205,9 @@ class Point:
     # the most of them any router finds cached (``cacheable_share``; None: points before 2026-12-01)
     cacheable_share: float | None = None
     temperature: float | None = None  # what every request asked (None: before 2026-11-29, see above)
+    model_shape: str = "8b"  # MODEL_SHAPE (points before 2026-12-01: the 8B shape)
+    hidden_size: int | None = None  # the served config.json's (None: before 2026-12-01)
+    layers: int | None = None
 
     @property
     def within_slo(self) -> bool:
@@ -199,6 +215,13 @@ class Point:
 
     def within(self, ttft_ms: float, itl_ms: float) -> bool:
         return self.errors == 0 and self.ttft_p90 <= ttft_ms and self.itl_p90 <= itl_ms
+
+
+def shape_fields() -> dict[str, object]:
+    """What a point records of the model it served: MODEL_SHAPE and the config.json's figures."""
+    config = json.loads((ex.MODEL_DIR / "config.json").read_text())
+    return {"model_shape": MODEL_SHAPE, "hidden_size": config["hidden_size"],
+            "layers": config["num_hidden_layers"]}  # fmt: skip
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -366,7 +389,7 @@ async def measure(stack: str, gpus: int, w: Workload, conc: int, one, host_total
     point = Point(stack, w.name, conc, gpus, sum(len(c) for c in convs), seconds, tokens[0] / seconds / gpus,
                   pct(ttft, 0.5), pct(ttft, 0.9), pct(itl, 0.5), pct(itl, 0.9), share(cached[0]), errors[0],
                   cached_share_host=share(host[0]), temperature=TEMPERATURE,
-                  cacheable_share=cacheable_share(convs))  # fmt: skip
+                  cacheable_share=cacheable_share(convs), **shape_fields())  # fmt: skip
     ex.log(f"{fmt(point)}")
     return point
 
@@ -565,17 +588,23 @@ def run_stack(stack: str, gpus: list[str], prefill: int) -> list[Point]:
 
 def fmt(p: Point) -> str:
     share = lambda x: "     -" if x is None else f"{x:6.2f}"  # noqa: E731
-    return (f"{p.stack:14} {p.workload:13} {p.conc:4d} {p.requests:4d} {p.out_tok_s_per_gpu:8.0f} "
+    return (f"{p.stack:14} {p.model_shape:3} {p.workload:13} {p.conc:4d} {p.requests:4d} "
+            f"{p.out_tok_s_per_gpu:8.0f} "
             f"{p.ttft_p50:8.0f} {p.ttft_p90:8.0f} {p.itl_p50:6.1f} {p.itl_p90:6.1f} {p.cached_share:6.2f} "
             f"{share(p.cacheable_share)} {share(p.cached_share_host)} {p.errors:3d}"
             f"{'' if p.within_slo else '  past SLO'}")  # fmt: skip
 
 
-def goodput(points: list[Point], stack: str, workload: str, itl_ms: float = ITL_SLO_MS) -> float:
+def goodput(
+    points: list[Point], stack: str, workload: str, itl_ms: float = ITL_SLO_MS, shape: str | None = None
+) -> float:
     ok = [
         p.out_tok_s_per_gpu
         for p in points
-        if p.stack == stack and p.workload == workload and p.within(TTFT_SLO_MS, itl_ms)
+        if p.stack == stack
+        and p.workload == workload
+        and (shape is None or p.model_shape == shape)
+        and p.within(TTFT_SLO_MS, itl_ms)
     ]
     return max(ok, default=0.0)
 
@@ -591,7 +620,8 @@ PAIRS = (
 
 
 def report(points: list[Point]) -> str:
-    lines = [f"{'stack':14} {'workload':13} {'conc':>4} {'req':>4} {'tok/s/GPU':>8} {'TTFT50':>8} "
+    lines = [f"{'stack':14} {'shape':3} {'workload':13} {'conc':>4} {'req':>4} {'tok/s/GPU':>8} "
+             f"{'TTFT50':>8} "
              f"{'TTFT90':>8} {'ITL50':>6} {'ITL90':>6} {'cached':>6} {'max':>6} {'host':>6} {'err':>3}   "
              "(ms; cached: the share of prompt tokens found cached, max: the most any router could find, "
              "host: the share loaded from host memory)"]  # fmt: skip
@@ -601,11 +631,15 @@ def report(points: list[Point]) -> str:
     stacks = list(dict.fromkeys(p.stack for p in points))
     for itl in dict.fromkeys((ITL_SLO_MS, TIGHT_ITL_SLO_MS)):
         lines.append(f"\ngoodput per GPU at TTFT p90 <= {TTFT_SLO_MS:.0f} ms and ITL p90 <= {itl:.0f} ms:")
-        for w in WORKLOADS:
-            ran = [s for s in stacks if any(p.stack == s and p.workload == w for p in points)]
-            cells = {s: goodput(points, s, w, itl) for s in ran}  # a stack without points: "-", not 0
+        shapes = list(dict.fromkeys(p.model_shape for p in points))
+        for w, shape in ((w, m) for w in WORKLOADS for m in shapes):
+            mine = [p for p in points if p.workload == w and p.model_shape == shape]
+            ran = [s for s in stacks if any(p.stack == s for p in mine)]
+            if not ran:
+                continue
+            cells = {s: goodput(mine, s, w, itl) for s in ran}  # a stack without points: "-", not 0
             shown = {s: f"{cells[s]:7.0f}" if s in cells else f"{'-':>7}" for s in stacks}
-            line = f"  {w:13} " + "  ".join(f"{s} {v}" for s, v in shown.items())
+            line = f"  {w:13} {shape:3} " + "  ".join(f"{s} {v}" for s, v in shown.items())
             for ours, theirs in PAIRS:
                 if cells.get(theirs) and ours in cells:
                     line += f"  {ours}/{theirs} {cells[ours] / cells[theirs]:.2f}"
@@ -631,10 +665,10 @@ def plot(points: list[Point], path: Path) -> None:
             )
         ):
             ax = axes[row][col]
-            for stack in dict.fromkeys(p.stack for p in points):
-                mine = [p for p in points if p.stack == stack and p.workload == w]
+            for stack, shape in dict.fromkeys((p.stack, p.model_shape) for p in points):
+                mine = [p for p in points if (p.stack, p.model_shape, p.workload) == (stack, shape, w)]
                 ax.plot([getattr(p, attr) for p in mine], [p.out_tok_s_per_gpu for p in mine], marker="o",
-                        label=stack)  # fmt: skip
+                        label=f"{stack} {shape}")  # fmt: skip
             for slo in dict.fromkeys(slos):
                 ax.axvline(slo, linestyle="--", color="grey")
             ax.set(title=w, xlabel=label, ylabel="output tokens/s per GPU")
@@ -701,10 +735,12 @@ def hicache_size_flags(share: float) -> list[str]:
 
 
 def save_points(stack: str, points: list[Point]) -> None:
-    """A stack's points so far, where the report of this call and of later ones finds them."""
+    """A stack's points so far, where the report of this call and of later ones finds them (one file
+    per stack and model shape: a call of the other shape keeps them)."""
     text = json.dumps([asdict(p) for p in points], indent=1)
+    name = f"peers-{stack}.json" if MODEL_SHAPE == "8b" else f"peers-{stack}-{MODEL_SHAPE}.json"
     for folder in (STATE, OUT):
-        (folder / f"peers-{stack}.json").write_text(text)
+        (folder / name).write_text(text)
 
 
 def main(argv: list[str]) -> int:
@@ -719,7 +755,11 @@ def main(argv: list[str]) -> int:
         stacks = [s for s in stacks if s != "smg-pd"]
     if HOST_WEIGHT:  # GPU-only routing (0) or another weight: its points apart from the default's
         stacks = [f"{s}-hw{HOST_WEIGHT}" if s.startswith("ours") else s for s in stacks]
-    ex.make_long_model(CONTEXT)  # every run (the mocker's too): rag's context on both stacks' engines
+    if MODEL_SHAPE not in MODEL_SHAPES:
+        ex.log(f"MODEL_SHAPE={MODEL_SHAPE!r} is not one of {', '.join(MODEL_SHAPES)}; set one of those")
+        return 2
+    # every run (the mocker's too): rag's context on both stacks' engines, in the model shape asked
+    ex.make_long_model(CONTEXT, MODEL_SHAPES[MODEL_SHAPE])
     gpus = ex.gpu_list()
     prefill = int(os.environ.get("SPLIT") or max(1, len(gpus) // 2))
     if "longmultiturn" in WORKLOADS:
@@ -731,7 +771,8 @@ def main(argv: list[str]) -> int:
             mine = run_stack(stack, gpus, prefill)
         except Exception as e:  # one stack failing to start is reported; the others still run
             ex.log(f"{stack}: FAILED {type(e).__name__}: {e}")
-            mine = [Point(stack, "-", 0, len(gpus), notes=[f"{type(e).__name__}: {e}"[:500]])]
+            mine = [Point(stack, "-", 0, len(gpus), notes=[f"{type(e).__name__}: {e}"[:500]],
+                          model_shape=MODEL_SHAPE)]  # fmt: skip
         points += mine
         save_points(stack, mine)
     write_report(STATE)

@@ -44,7 +44,7 @@ def test_a_bad_profile_names_the_field_and_the_fix(tmp_path):
     path.write_text(json.dumps(bad))
     with pytest.raises(ProfileError, match=r"p.json is not valid: decode.*one row per batch size"):
         load_profile(path)
-    with pytest.raises(ProfileError, match="available: sglang-8b-h100"):
+    with pytest.raises(ProfileError, match="available: sglang-1b-h200, sglang-8b-h100"):
         load_profile("builtin:nope")
 
 

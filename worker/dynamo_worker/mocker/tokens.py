@@ -4,7 +4,12 @@ so far), as a greedy model does. So the same request always gets the same answer
 continued from its prompt plus the tokens it already emitted (a migrated stream) gets exactly the tokens
 it would have got next: its continuation can be checked token for token. The sequence is folded into a
 64-bit state one token at a time (``prompt_digest``, ``next_state``), so a token costs the same however
-long the sequence.
+long the sequence. The state is two running checksums of the tokens as 8-byte integers (CRC-32 in the
+high half, Adler-32 in the low one): both continue from a previous value, so folding a prompt at once
+(``zlib``, in C) gives the state that folding it token by token does, and a 2048-token prompt costs
+about 40 us, where a per-token mixing function in Python took about 3 ms (in a burst of 16 such
+prompts the simulated engine's first prefill waited for that, which no engine spends). The tokens come
+from a hash of the state (``TokenSampler``), so their mixing is that hash's.
 
 The candidates are the ids whose text is a short word (optionally with a leading space), so the
 detokenized output is readable and never splits a UTF-8 character; special tokens are excluded.
@@ -17,6 +22,7 @@ import hashlib
 import logging
 import re
 import struct
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,22 +35,23 @@ _PRINTABLE = re.compile(r"^[ -~]{1,16}$")
 
 
 _M64 = (1 << 64) - 1
+_TOKEN = struct.Struct("<q")
+_SEED = struct.Struct("<Q")
+
+
+def _fold(state: int, data: bytes) -> int:
+    return zlib.crc32(data, state >> 32) << 32 | zlib.adler32(data, state & 0xFFFFFFFF)
 
 
 def next_state(state: int, token: int) -> int:
-    """The state after one more token (splitmix64's mixing of the state and the token)."""
-    x = (state ^ token) + 0x9E3779B97F4A7C15 & _M64
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _M64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
-    return x ^ (x >> 31)
+    """The state after one more token."""
+    return _fold(state, _TOKEN.pack(token))
 
 
 def prompt_digest(token_ids: Sequence[int], seed: int) -> int:
-    """The state after the seed and every token of ``token_ids``."""
-    state = next_state(seed & _M64, 0)
-    for token in token_ids:
-        state = next_state(state, token)
-    return state
+    """The state after the seed and every token of ``token_ids`` (``next_state`` over each, at once)."""
+    start = _fold(1, _SEED.pack(seed & _M64))
+    return _fold(start, struct.pack(f"<{len(token_ids)}q", *token_ids))
 
 
 def _u64(digest: int, position: int, salt: int) -> int:
