@@ -149,3 +149,4 @@ def port_forward(namespace: str, target: str, port: int, timeout: float = 30) ->
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+        proc.stdout.close()

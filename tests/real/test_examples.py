@@ -101,6 +101,12 @@ def test_example_is_ready_and_answers_through_port_forward(real: Real, window: W
         assert (
             answer.usage is not None and answer.usage.completion_tokens > 0 and answer.usage.prompt_tokens > 0
         )
+        for model in (d for d in g.docs if d["kind"] == "DynamoModel"):  # an adapter, from its volume
+            name = model["metadata"]["name"]
+            ready = ["--for=condition=Ready", f"dynamomodel/{name}", "--timeout=120s"]
+            real.kubectl("wait", "-n", g.namespace, *ready, timeout=150)
+            adapter = graphs.ask(real, g.namespace, model=model["spec"]["modelName"])
+            assert adapter.chat and adapter.usage is not None and adapter.usage.completion_tokens > 0
         pods = real.pods(g.namespace)
         roles = {p["metadata"]["name"]: _role(p) for p in pods}
         prefill = [n for n, role in roles.items() if role == "prefill"]

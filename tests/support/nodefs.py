@@ -79,13 +79,17 @@ def leave(state: Path) -> None:
 def _pod_pids() -> set[int]:
     pids: set[int] = set()
     for hierarchy in CGROUP_ROOT.iterdir():
-        root = hierarchy / POD_CGROUP
-        if not root.is_dir():
-            continue
-        for procs in root.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                pids.update(int(p) for p in procs.read_text().split())
+        # os.walk, not rglob: pod cgroups go away while this walks them (a removed one is skipped).
+        for folder, _, files in os.walk(hierarchy / POD_CGROUP):
+            if "cgroup.procs" in files:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(p) for p in Path(folder, "cgroup.procs").read_text().split())
     return pids
+
+
+def pod_processes() -> set[int]:
+    """The processes in pod cgroups on this machine: none unless a real node runs (or ran and leaked)."""
+    return _pod_pids()
 
 
 def _namespace_mates() -> set[int]:
@@ -121,18 +125,19 @@ def kill_namespace_mates(timeout: float) -> None:
     _kill_until_gone(_namespace_mates, timeout)
 
 
-def remove_cgroups() -> None:
-    """The pod cgroups the kubelet made in every hierarchy, deepest first."""
-    for hierarchy in CGROUP_ROOT.iterdir():
-        root = hierarchy / POD_CGROUP
-        if root.is_dir():
-            for sub in sorted(
-                (p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-            ):
+def remove_cgroups(timeout: float = 15.0) -> None:
+    """The pod cgroups the kubelet made in every hierarchy, deepest first; a cgroup whose last killed
+    process has not exited yet is busy, so this tries again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        roots = [h / POD_CGROUP for h in CGROUP_ROOT.iterdir() if (h / POD_CGROUP).is_dir()]
+        for root in roots:
+            for folder, _, _ in os.walk(root, topdown=False):
                 with contextlib.suppress(OSError):
-                    sub.rmdir()
-            with contextlib.suppress(OSError):
-                root.rmdir()
+                    os.rmdir(folder)
+        if not any(r.exists() for r in roots) or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 def leftovers() -> list[str]:

@@ -116,6 +116,9 @@ class RealNodeCluster(LocalCluster):
             self.bins = bin_dir()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
+        if nodefs.pod_processes():  # the pod cgroups are the machine's: two kubelets would fight over them
+            raise ClusterError("another real-node cluster runs on this machine (its pods are in the kubepods "
+                               "cgroups): stop it first (make cluster-down)")  # fmt: skip
         try:
             nodefs.enter(self.dir, KUBELET_SYSCTLS)
             self._network()
@@ -332,11 +335,15 @@ class RealNodeCluster(LocalCluster):
 
     def stop(self, timeout: float = 30.0) -> None:
         """Every pod's processes, then the components, then what the node left: cgroups and mounts."""
-        nodefs.kill_pods(timeout)
-        super().stop(timeout)
-        nodefs.kill_namespace_mates(timeout)
-        nodefs.remove_cgroups()
-        nodefs.leave(self.dir)
+        try:
+            nodefs.kill_pods(timeout)
+        finally:  # whatever failed above, the components and the rest still go
+            try:
+                super().stop(timeout)
+                nodefs.kill_namespace_mates(timeout)
+            finally:
+                nodefs.remove_cgroups()
+                nodefs.leave(self.dir)
 
 
 def _run(cmd: list[str]) -> str:
