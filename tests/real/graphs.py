@@ -65,10 +65,10 @@ def for_cluster(path: Path) -> list[dict[str, Any]]:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     uses_adapters = False
     for doc in docs:
-        if doc["kind"] == "DynamoModel" and str(doc["spec"].get("source", {}).get("uri", "")).startswith(
-            "file://adapters/"
-        ):
-            doc["spec"]["source"]["uri"] = "file:///" + doc["spec"]["source"]["uri"][len("file://") :]
+        uri = str(doc["spec"].get("source", {}).get("uri", "")) if doc["kind"] == "DynamoModel" else ""
+        if uri.startswith("file://") and not uri.startswith("file:///"):  # relative to the manifest
+            adapter = (path.parent / uri[len("file://") :]).resolve().relative_to(ADAPTERS)
+            doc["spec"]["source"]["uri"] = f"file:///adapters/{adapter}"
             uses_adapters = True
     dgd = next(d for d in docs if d["kind"] == "DynamoGraphDeployment")
     for service in _services(dgd):

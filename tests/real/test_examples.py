@@ -42,7 +42,7 @@ GRAPHS = [
 # with HF transformers, which the CPU image does not carry) and Dynamo's embedding and image manifests
 # (served by dynamo-run's e2e tier; the same worker modules).
 GRAPHS = [g for g in GRAPHS if "embed" not in g.name and "diffusion" not in g.name]
-WINDOW = 4
+WINDOW = 6
 pytestmark = pytest.mark.timeout(600)  # the first also waits for the operator's helm install
 
 

@@ -35,6 +35,9 @@ __all__ = [
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "shared-memory"
 _PROBE_PERIOD_S = 10
+# A frontend process on a busy node (2 cores starting a graph's pods at once) took over 30 s to listen,
+# and liveness (3 x 10 s) restarted it mid-start: liveness waits until it has answered once.
+FRONTEND_STARTUP_S = 120
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -148,6 +151,8 @@ def _probes(c: Component, config: OperatorConfig) -> dict[str, Any]:
     if c.kind == "frontend":
         out["livenessProbe"] = _http_probe(contract.LIVE_PATH, "http", 3)
         out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "http", 3)
+        failures = math.ceil(FRONTEND_STARTUP_S / _PROBE_PERIOD_S)
+        out["startupProbe"] = _http_probe(contract.LIVE_PATH, "http", failures)
     elif c.kind == "worker":
         out["livenessProbe"] = _http_probe(contract.LIVE_PATH, "system", 3)
         out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "system", 3)

@@ -58,12 +58,12 @@ ENV = [
 ]
 
 
-def _probe(path: str) -> dict:
+def _probe(path: str, failures: int = 3) -> dict:
     return {
         "httpGet": {"path": path, "port": "http"},
         "periodSeconds": 10,
         "timeoutSeconds": 5,
-        "failureThreshold": 3,
+        "failureThreshold": failures,
     }
 
 
@@ -102,6 +102,7 @@ def test_frontend_objects():
                             "volumeMounts": [{"name": "shared-memory", "mountPath": "/dev/shm"}],
                             "livenessProbe": _probe("/live"),
                             "readinessProbe": _probe("/health"),
+                            "startupProbe": _probe("/live", 12),  # liveness waits for the first answer
                         }
                     ],
                     "volumes": [
