@@ -105,15 +105,16 @@ def apply(real: Real, graph: Graph, edit: Callable[[dict[str, Any]], None] | Non
     real.apply(graph.namespace, graph.docs)
 
 
-def wait_ready(real: Real, graph: Graph, timeout: float) -> float:
-    """Seconds from ``kubectl apply`` to the graph's Ready condition."""
+def wait_ready(real: Real, graph: Graph, timeout: float, resource: str | None = None) -> float:
+    """Seconds from ``kubectl apply`` to the graph's Ready condition (read at the manifest's API version,
+    or at ``resource``: the stored v1beta1 needs no conversion webhook, where the operator may be down)."""
     left = max(1, int(timeout - (time.monotonic() - graph.applied_at)))
     real.kubectl(
         "wait",
         "-n",
         graph.namespace,
         "--for=condition=Ready",
-        f"{graph.resource}/{graph.name}",
+        f"{resource or graph.resource}/{graph.name}",
         f"--timeout={left}s",
         timeout=left + 30,
     )

@@ -207,7 +207,7 @@ def test_kubectl_replace_and_helm_upgrade_force_leak_and_duplicate_nothing(
     graphs.apply(real, g)
     graphs.wait_ready(real, g, READY_S)
     before = _graph_children(real, namespace)
-    live = real.json("get", "dgd", g.name, "-n", namespace)
+    live = real.json("get", f"{g.resource}/{g.name}", "-n", namespace)  # as applied: v1alpha1
     live["spec"]["services"]["decode"]["envs"] = [{"name": "REPLACED", "value": "1"}]
     for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
         live["metadata"].pop(key, None)
@@ -239,7 +239,8 @@ def test_kubectl_replace_and_helm_upgrade_force_leak_and_duplicate_nothing(
             break
         assert time.monotonic() < deadline, f"children {after} (before {before}), decode rolled: {rolled}"
         time.sleep(1)
-    graphs.wait_ready(real, g, READY_S + time.monotonic() - g.applied_at)
+    stored = "dynamographdeployments.v1beta1.nvidia.com"  # no conversion: the operator was just replaced
+    graphs.wait_ready(real, g, READY_S + time.monotonic() - g.applied_at, resource=stored)
     row.observed_s = float(sum(after.values()) - sum(before.values()))
     assert row.within_bound()
 
@@ -262,7 +263,8 @@ def test_the_operator_pod_killed_mid_reconcile_resumes_and_leaves_children_alone
             time.sleep(0.1)
         op = real.pods(realnode.RELEASE, "app.kubernetes.io/component=operator")[0]["metadata"]["name"]
         real.kubectl("delete", "pod", op, "-n", realnode.RELEASE, "--grace-period=0", "--force")
-        graphs.wait_ready(real, g, READY_S)
+        # Read at the stored version: v1alpha1 reads need the conversion webhook, down with the operator.
+        graphs.wait_ready(real, g, READY_S, resource="dynamographdeployments.v1beta1.nvidia.com")
     kids = _graph_children(real, namespace)
     assert kids["deployments"] == 3, kids  # frontend, prefill, decode: once each
     assert row.within_bound()
