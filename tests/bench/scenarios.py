@@ -30,7 +30,7 @@ generator); processes from ``tests.bench.fleet`` (on ports they bind on 127.0.0.
    mockers, closed loop at concurrency 32 on a shared-prefix workload: the p50 latency the Envoy + picker
    hop adds (TTFT, E2E) and the cached share of both.
 
-8. small-engine: one mocker with the 1B shape's H200 profile, chat requests at c1, c16 and c64 through
+9. small-engine: one mocker with the 1B shape's H200 profile, chat requests at c1, c16 and c64 through
    our frontend, kv routing vs round-robin: TTFT p50, tokens/s, frontend CPU per token and the ratios
    (``tests/bench/small_engine.py``).
 
@@ -75,7 +75,8 @@ from tests.support.procs import popen as start_process
 
 OPERATOR_BOUND_S = 450  # the operator benchmark (cluster start + K = 1, 10, 100) must end by then
 SCENARIOS = (
-    "frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers", "gateway", "small-engine",
+    "frontend", "router", "disagg", "operator", "request-plane", "planner", "kv-tiers", "gateway",
+    "small-engine",
 )  # fmt: skip
 REPO = Path(__file__).resolve().parents[2]
 

@@ -33,7 +33,7 @@ def _requests(conc: int, scale: float) -> int:
 def run(workdir: Path, scale: float, measure: Callable[..., Report], workload: Callable) -> dict:
     """``measure`` and ``workload`` are the scenarios' (``tests.bench.scenarios``)."""
     print(
-        f"\n== 8. small engine: 1 mocker with {PROFILE} at speedup 1, {WORDS} words in / {OUT} tokens out, "
+        f"\n== 9. small engine: 1 mocker with {PROFILE} at speedup 1, {WORDS} words in / {OUT} tokens out, "
         f"closed loop at concurrency {', '.join(map(str, CONCURRENCY))}, kv routing vs round-robin ==",
         flush=True,
     )

@@ -3,7 +3,8 @@ within the bound it promises users, and records one row of the table printed at 
 
     fault | what was done | bound | observed (time to a clear answer) | requests lost
 
-``fault_row(name, done, bound_s)`` (a fixture of ``tests/support/faults_table.py``) returns a ``Row``; the test times the clear answer with
+``fault_row(name, done, bound_s)`` (a fixture of ``tests/support/faults_table.py``) returns a
+``Row``; the test times the clear answer with
 ``row.answered(seconds)`` (or ``with row.timing(): ...``), counts ``row.lost``, and asserts
 ``row.within_bound()``. The table is printed (and written as JSON to ``$FAULTS_TABLE``) by
 ``tests/support/faults_table.py``, whole under pytest-xdist too. Real parts throughout: nats-server, mocker

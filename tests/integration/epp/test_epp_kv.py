@@ -8,7 +8,7 @@ import random
 
 import openai
 import pytest
-from dynamo_worker.frontend.models.registry import Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
 from dynamo_worker.protocol import hash_token_blocks
 
 from tests.integration.epp.support import picks, scrape

@@ -30,7 +30,8 @@ from dynamo_worker.epp.picker import Picker
 from dynamo_worker.epp.server import ExtProc
 from dynamo_worker.epp.settings import EppSettings
 from dynamo_worker.frontend.app import load_preprocessor
-from dynamo_worker.frontend.models.registry import ModelRegistry, Preprocessor
+from dynamo_worker.frontend.models.preprocessor import Preprocessor
+from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
 from dynamo_worker.frontend.serving.quarantine import Quarantine
 from dynamo_worker.protocol import InstanceRecord
@@ -108,16 +109,9 @@ class EndpointPicker:
         stack.push_async_callback(watcher.stop)
         self.discovery = self._background(self.registry.run(watcher.events()), "discovery")
         # Dispatcher.route decides; nothing here streams to a worker, so its client never connects.
-        client = RequestClient(connect_timeout=1.0, first_chunk_timeout=1.0, idle_timeout=1.0)
+        client = RequestClient(connect_timeout_s=1.0, first_token_timeout_s=1.0, inter_token_timeout_s=1.0)
         stack.push_async_callback(client.close)
-        dispatcher = Dispatcher(
-            self.router,
-            client,
-            connect_timeout_s=1.0,
-            first_token_timeout_s=1.0,
-            inter_token_timeout_s=1.0,
-            quarantine=Quarantine(self.registry.has_worker),
-        )
+        dispatcher = Dispatcher(self.router, client, quarantine=Quarantine(self.registry.has_worker))
         picker = Picker(self.registry, dispatcher)
         extproc = ExtProc(
             picker,

@@ -25,9 +25,10 @@ from typing import Any
 from dynamo_worker.epp.flow import Workers
 from dynamo_worker.frontend.models.registry import ModelRegistry
 from dynamo_worker.frontend.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from dynamo_worker.frontend.requests.chat import Job, image_urls, prepare_chat
+from dynamo_worker.frontend.requests.chat import image_urls, prepare_chat
 from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
+from dynamo_worker.frontend.requests.job import Job
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
 
 __all__ = ["ENDPOINTS", "Decision", "Parsed", "Picker", "parse"]

@@ -212,7 +212,10 @@ def test_stuck_containers_name_the_kubelet_reason_and_the_fix():
 
 def test_a_container_oom_killed_at_its_limit_is_named_until_it_is_ready_again():
     oom = pod("p", phase="Running", waiting={"reason": "CrashLoopBackOff"})
-    oom["status"]["containerStatuses"][0] |= {"restartCount": 2, "lastState": {"terminated": {"reason": "OOMKilled"}}}
+    oom["status"]["containerStatuses"][0] |= {
+        "restartCount": 2,
+        "lastState": {"terminated": {"reason": "OOMKilled"}},
+    }
     assert pod_problem(oom) == (
         "pod p container main was OOMKilled at its memory limit (restarted 2 times; raise the service's "
         "resources.limits.memory)"
