@@ -59,9 +59,10 @@ IMAGES = (OPERATOR_IMAGE, RUNTIME_IMAGE, PAUSE_IMAGE, NATS_IMAGE)
 # bind-mounted over them in the private mount namespace. Per-namespace ones are set there for real.
 KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 NETNS_SYSCTLS = {"net/ipv4/ip_forward": "1", "net/bridge/bridge-nf-call-iptables": "1"}
+# The cache of hack/image-lib.sh, found as it finds it: ${DYNAMO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/...}
 CACHE = Path(
     os.environ.get("DYNAMO_CACHE")
-    or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dynamo-sglang"
+    or f"{os.environ.get('XDG_CACHE_HOME') or os.environ.get('HOME', '') + '/.cache'}/dynamo-sglang"
 )
 STARTUP_S = 180.0
 # What the node runs, from Debian's packages: a path each, and its package. Installed when missing (as
