@@ -87,20 +87,7 @@ def operator(real: Real) -> dict[str, float]:
     """``helm install`` of charts/dynamo-operator with the images built here (the first test's subject);
     the seconds it took to be Ready."""
     t0 = time.monotonic()
-    args = [
-        "upgrade",
-        "--install",
-        realnode.RELEASE,
-        str(REPO / "charts" / "dynamo-operator"),
-        "--namespace",
-        realnode.RELEASE,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "5m",
-    ]
-    for value in realnode.helm_values():
-        args += ["--set", value]
+    args = realnode.helm_upgrade()
     r = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=400)
     if r.returncode != 0:
         pytest.fail(f"helm install failed: {r.stderr.strip()}\n{real.explain(realnode.RELEASE)}")

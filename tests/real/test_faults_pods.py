@@ -213,19 +213,7 @@ def test_kubectl_replace_and_helm_upgrade_force_leak_and_duplicate_nothing(
         live["metadata"].pop(key, None)
     live.pop("status", None)
     real.kubectl("replace", "-n", namespace, "-f", "-", input=json.dumps(live))
-    args = [
-        "upgrade",
-        realnode.RELEASE,
-        str(REPO / "charts" / "dynamo-operator"),
-        "-n",
-        realnode.RELEASE,
-        "--force",
-        "--wait",
-        "--timeout",
-        "5m",
-    ]
-    for value in realnode.helm_values():
-        args += ["--set", value]
+    args = realnode.helm_upgrade("--force")
     r = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr
     deadline = time.monotonic() + READY_S

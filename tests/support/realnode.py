@@ -457,22 +457,20 @@ def started(cluster_dir: Path, helm: bool) -> Iterator[RealNodeCluster]:
         yield cluster
 
 
-def helm_install(cluster: RealNodeCluster) -> None:
-    t0 = time.monotonic()
-    args = [
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(REPO / "charts" / "dynamo-operator"),
-        "--namespace",
-        RELEASE,
-        "--create-namespace",
-        "--wait",
-        "--timeout",
-        "5m",
-    ]
+def helm_upgrade(*extra: str) -> list[str]:
+    """The ``helm upgrade --install`` of the chart with the images built here (``extra``: more flags),
+    after ``helm``."""
+    chart = str(REPO / "charts" / "dynamo-operator")
+    args = ["upgrade", "--install", RELEASE, chart, "--namespace", RELEASE, "--create-namespace", "--wait"]
+    args += ["--timeout", "5m", *extra]
     for value in helm_values():
         args += ["--set", value]
+    return args
+
+
+def helm_install(cluster: RealNodeCluster) -> None:
+    t0 = time.monotonic()
+    args = helm_upgrade()
     r = subprocess.run(
         [str(cluster.bin_dir / "helm"), *args], env=cluster.env(), capture_output=True, text=True
     )
