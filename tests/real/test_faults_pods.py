@@ -6,6 +6,7 @@ the state a user waits for, and the requests lost (any that did not finish with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import openai
 import pytest
@@ -20,6 +22,7 @@ import pytest
 from tests.real import graphs
 from tests.real.conftest import READY_S, REPO, Real, port_forward
 from tests.support import realnode
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 STREAMS = 4  # concurrent clients of the load
@@ -69,17 +72,35 @@ class Load:
 
     def wait_for(self, more: int, timeout: float = 60) -> None:
         """Until ``more`` further requests succeeded."""
-        target, deadline = self.ok + more, time.monotonic() + timeout
-        while self.ok < target:
-            assert time.monotonic() < deadline, (
-                f"the load got {self.ok}/{target} answers; failures: {self.failed[-3:]}"
-            )
-            time.sleep(0.1)
+        target = self.ok + more
+        wait_until(
+            lambda: self.ok >= target,
+            f"{target} answers of the load",
+            timeout_s=timeout,
+            interval_s=0.1,
+            explain=lambda: f"it got {self.ok}; failures: {self.failed[-3:]}",
+        )
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=70)
+
+
+@contextlib.contextmanager
+def under_load(real: Real, namespace: str) -> Iterator[Load]:
+    """The load, through ``kubectl port-forward`` to the graph's frontend Service."""
+    with (
+        port_forward(namespace, f"svc/{graphs.frontend_service(real, namespace)}", 8000) as port,
+        Load(port) as load,
+    ):
+        yield load
+
+
+def _no_request_lost(row: Any, load: Load) -> None:
+    row.lost = len(load.failed)
+    assert not load.failed, load.failed[:5]
+    assert row.within_bound()
 
 
 @pytest.fixture
@@ -96,19 +117,12 @@ def disagg(real: Real, operator: dict[str, float], namespace: str) -> Iterator[g
     yield g
 
 
-def _wait_replicas(real: Real, namespace: str, deployment: str, n: int, timeout: float = READY_S) -> float:
-    t0 = time.monotonic()
-    while True:
-        d = real.json("get", "deployment", deployment, "-n", namespace)
-        st = d.get("status", {})
-        if (
-            st.get("readyReplicas", 0) == n
-            and st.get("replicas", 0) == n
-            and st.get("updatedReplicas", 0) == n
-        ):
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < timeout, f"{deployment}: {st} after {timeout:.0f}s, wanted {n} ready"
-        time.sleep(0.5)
+def _wait_replicas(real: Real, namespace: str, deployment: str, n: int, timeout: float = READY_S) -> None:
+    def settled() -> bool:
+        st = real.json("get", "deployment", deployment, "-n", namespace).get("status", {})
+        return all(st.get(k, 0) == n for k in ("readyReplicas", "replicas", "updatedReplicas"))
+
+    wait_until(settled, f"{deployment}: {n} ready replicas", timeout_s=timeout, interval_s=0.5)
 
 
 def _decode_pods(real: Real, namespace: str) -> list[str]:
@@ -123,16 +137,14 @@ def test_a_deleted_decode_pod_loses_no_request(real: Real, disagg: graphs.Graph,
         120.0,
     )
     ns = disagg.namespace
-    with port_forward(ns, f"svc/{graphs.frontend_service(real, ns)}", 8000) as port, Load(port) as load:
+    with under_load(real, ns) as load:
         victim = _decode_pods(real, ns)[0]
         with row.timing():
             real.kubectl("delete", "pod", victim, "-n", ns, "--wait=false")
             load.wait_for(8)
             _wait_replicas(real, ns, "sglang-disagg-decode", 2)
         load.wait_for(4)
-    row.lost = len(load.failed)
-    assert not load.failed, load.failed[:5]
-    assert row.within_bound()
+    _no_request_lost(row, load)
 
 
 def test_scaling_decode_down_through_its_adapter_fails_no_request(
@@ -144,18 +156,18 @@ def test_scaling_decode_down_through_its_adapter_fails_no_request(
         90.0,
     )
     ns = disagg.namespace
-    with port_forward(ns, f"svc/{graphs.frontend_service(real, ns)}", 8000) as port, Load(port) as load:
+    with under_load(real, ns) as load:
         with row.timing():
             real.kubectl("scale", "dgdsa/sglang-disagg-decode", "-n", ns, "--replicas=1")
             _wait_replicas(real, ns, "sglang-disagg-decode", 1)
-            deadline = time.monotonic() + 90
-            while len(real.pods(ns, "nvidia.com/dynamo-component=decode")) != 1:  # gone, not only terminating
-                assert time.monotonic() < deadline, "the removed decode pod did not exit within 90 s"
-                time.sleep(0.5)
+            wait_until(  # gone, not only terminating
+                lambda: len(real.pods(ns, "nvidia.com/dynamo-component=decode")) == 1,
+                "the removed decode pod gone",
+                timeout_s=90,
+                interval_s=0.5,
+            )
         load.wait_for(8)
-    row.lost = len(load.failed)
-    assert not load.failed, load.failed[:5]
-    assert row.within_bound()
+    _no_request_lost(row, load)
 
 
 def test_a_rolling_update_of_decode_fails_no_request(real: Real, disagg: graphs.Graph, fault_row) -> None:
@@ -170,20 +182,20 @@ def test_a_rolling_update_of_decode_fails_no_request(real: Real, disagg: graphs.
         "--max-running-requests",
         "64",
     ]
-    with port_forward(ns, f"svc/{graphs.frontend_service(real, ns)}", 8000) as port, Load(port) as load:
+    with under_load(real, ns) as load:
         old = set(_decode_pods(real, ns))
         with row.timing():
             real.apply(ns, [dgd])
-            deadline = time.monotonic() + 180
-            while set(_decode_pods(real, ns)) & old or len(_decode_pods(real, ns)) != 2:
-                assert time.monotonic() < deadline, "the rollout did not replace both decode pods"
-                time.sleep(0.5)
+            wait_until(
+                lambda: not (set(pods := _decode_pods(real, ns)) & old) and len(pods) == 2,
+                "both decode pods replaced",
+                timeout_s=180,
+                interval_s=0.5,
+            )
             _wait_replicas(real, ns, "sglang-disagg-decode", 2)
             graphs.wait_ready(real, disagg, 180 + time.monotonic() - disagg.applied_at)
         load.wait_for(8)
-    row.lost = len(load.failed)
-    assert not load.failed, load.failed[:5]
-    assert row.within_bound()
+    _no_request_lost(row, load)
 
 
 def _graph_children(real: Real, namespace: str) -> dict[str, int]:
@@ -216,17 +228,23 @@ def test_kubectl_replace_and_helm_upgrade_force_leak_and_duplicate_nothing(
     args = realnode.helm_upgrade("--force")
     r = subprocess.run(["helm", *args], capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr
-    deadline = time.monotonic() + READY_S
-    while True:
-        after = _graph_children(real, namespace)
+
+    def settled() -> dict[str, int] | None:
+        """The children once the replaced decode pods run and their count is back to before."""
         pods = real.pods(namespace, "nvidia.com/dynamo-component=decode")
         rolled = pods and all(
             any(e["name"] == "REPLACED" for e in p["spec"]["containers"][0].get("env", [])) for p in pods
         )
-        if rolled and after == before:
-            break
-        assert time.monotonic() < deadline, f"children {after} (before {before}), decode rolled: {rolled}"
-        time.sleep(1)
+        after = _graph_children(real, namespace)
+        return after if rolled and after == before else None
+
+    after = wait_until(
+        settled,
+        f"the decode pods replaced and the children as before ({before})",
+        timeout_s=READY_S,
+        interval_s=1,
+        explain=lambda: str(_graph_children(real, namespace)),
+    )
     stored = "dynamographdeployments.v1beta1.nvidia.com"  # no conversion: the operator was just replaced
     graphs.wait_ready(real, g, READY_S + time.monotonic() - g.applied_at, resource=stored)
     row.observed_s = float(sum(after.values()) - sum(before.values()))
@@ -245,10 +263,12 @@ def test_the_operator_pod_killed_mid_reconcile_resumes_and_leaves_children_alone
     g = graphs.Graph(REPO / "examples" / "disagg.yaml", namespace)
     with row.timing():
         graphs.apply(real, g)
-        deadline = time.monotonic() + 60
-        while not real.json("get", "deployments", "-n", namespace)["items"]:
-            assert time.monotonic() < deadline, "the operator made no child within 60 s"
-            time.sleep(0.1)
+        wait_until(
+            lambda: real.json("get", "deployments", "-n", namespace)["items"],
+            "the graph's first child",
+            timeout_s=60,
+            interval_s=0.1,
+        )
         op = real.pods(realnode.RELEASE, "app.kubernetes.io/component=operator")[0]["metadata"]["name"]
         real.kubectl("delete", "pod", op, "-n", realnode.RELEASE, "--grace-period=0", "--force")
         # Read at the stored version: v1alpha1 reads need the conversion webhook, down with the operator.
@@ -268,16 +288,11 @@ def test_a_restarted_nats_pod_and_discovery_and_routing_recover(
     )
     ns = disagg.namespace
     nats = real.pods(realnode.RELEASE, "app.kubernetes.io/component=nats")[0]["metadata"]["name"]
-    with port_forward(ns, f"svc/{graphs.frontend_service(real, ns)}", 8000) as port, Load(port) as load:  # noqa: SIM117
-        with row.timing():
-            real.kubectl("delete", "pod", nats, "-n", realnode.RELEASE)
-            real.kubectl(
-                "wait", "--for=condition=Ready", f"pod/{nats}", "-n", realnode.RELEASE, "--timeout=120s"
-            )
-            load.wait_for(8)
-    row.lost = len(load.failed)
-    assert not load.failed, load.failed[:5]
-    assert row.within_bound()
+    with under_load(real, ns) as load, row.timing():
+        real.kubectl("delete", "pod", nats, "-n", realnode.RELEASE)
+        real.kubectl("wait", "--for=condition=Ready", f"pod/{nats}", "-n", realnode.RELEASE, "--timeout=120s")
+        load.wait_for(8)
+    _no_request_lost(row, load)
 
 
 def test_a_container_oom_killed_at_its_limit_restarts_and_the_graph_names_it(
@@ -295,14 +310,13 @@ def test_a_container_oom_killed_at_its_limit_restarts_and_the_graph_names_it(
 
     with row.timing():
         graphs.apply(real, g, small)
-        deadline = time.monotonic() + 120
-        while True:
+
+        def oom_named() -> dict | None:
             conds = real.json("get", "dgd", g.name, "-n", namespace).get("status", {}).get("conditions", [])
             ready = next((c for c in conds if c["type"] == "Ready"), {})
-            if "OOMKilled" in ready.get("message", ""):
-                break
-            assert time.monotonic() < deadline, f"Ready is {ready} after 120 s"
-            time.sleep(1)
+            return ready if "OOMKilled" in ready.get("message", "") else None
+
+        ready = wait_until(oom_named, "the Ready condition naming OOMKilled", timeout_s=120, interval_s=1)
     pod = real.pods(namespace, "nvidia.com/dynamo-component=decode")[0]
     assert pod["status"]["containerStatuses"][0]["restartCount"] >= 1
     assert "raise the service's resources.limits.memory" in ready["message"]

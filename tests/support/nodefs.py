@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 CONTAINERD_SOCK = "/run/containerd/containerd.sock"
@@ -64,7 +66,7 @@ def enter(state: Path, sysctls: dict[str, str]) -> None:
 
 
 def leave(state: Path) -> None:
-    """Undo ``enter``: unmount, then remove the mount points it had to create (newest first)."""
+    """Undo ``enter``: unmount, then remove the mount points it had to create (deepest first)."""
     mounts = Path("/proc/self/mounts").read_text().splitlines()
     targets = [m.split()[1] for m in mounts]
     for target in reversed(targets):
@@ -72,8 +74,8 @@ def leave(state: Path) -> None:
             subprocess.run(["umount", "-l", target], capture_output=True)
     created = (state / "created").read_text().split() if (state / "created").exists() else []
     for path in sorted(created, key=len, reverse=True):
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
+        # Made by enter, so whatever is in one now was written by the node: removed with it.
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _pod_pids() -> set[int]:
@@ -103,9 +105,9 @@ def _namespace_mates() -> set[int]:
     return mates
 
 
-def _kill_until_gone(find: object, timeout: float) -> None:
+def _kill_until_gone(find: Callable[[], set[int]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while callable(find) and (pids := find()) and time.monotonic() < deadline:
+    while (pids := find()) and time.monotonic() < deadline:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

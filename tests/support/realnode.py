@@ -33,13 +33,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support import nodefs
-from tests.support.cluster import REPO, ClusterError, LocalCluster, kubeconfig_text, make_pki
+from tests.support.cluster import (
+    REPO,
+    ClusterError,
+    LocalCluster,
+    bin_dir,
+    kubeconfig_text,
+    make_pki,
+    stop_pids,
+)
 
 NODE = "dynamo-node"
 NODE_IP = (
@@ -112,8 +121,6 @@ class RealNodeCluster(LocalCluster):
 
     def start(self) -> RealNodeCluster:
         if self.bins is None:
-            from tests.support.cluster import bin_dir
-
             self.bins = bin_dir()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -323,20 +330,24 @@ class RealNodeCluster(LocalCluster):
                 ]
             )
 
-    def _wait_for(self, name: str, ready: object) -> None:
+    def _wait_for(self, name: str, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None:
                 raise ClusterError(f"{name} exited with code {proc.returncode}:\n{self.log_tail(name)}")
-            if callable(ready) and ready():
+            if ready():
                 return
             time.sleep(0.3)
         raise ClusterError(f"{name} not ready after {self.startup_timeout:.0f}s:\n{self.log_tail(name)}")
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Every pod's processes, then the components, then what the node left: cgroups and mounts."""
+        """The kubelet (so that it restarts nothing), every pod's processes, then the other components,
+        then what the node left: cgroups and mounts."""
         try:
+            if (kubelet := self.procs.pop("kubelet", None)) is not None:
+                stop_pids([("kubelet", kubelet.pid)], timeout)
+                kubelet.wait(timeout=5)
             nodefs.kill_pods(timeout)
         finally:  # whatever failed above, the components and the rest still go
             try:
@@ -487,13 +498,12 @@ def _inside_run(a: argparse.Namespace) -> int:
 
 
 def _inside_serve(a: argparse.Namespace) -> int:
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with started(a.dir, a.helm) as cluster:
         (a.dir / "bins").write_text(str(cluster.bin_dir))
         (a.dir / "ready").write_text("ready\n")
-        while not stop["now"]:
-            time.sleep(0.5)
+        stop.wait()  # until `make cluster-down`
     return 0
 
 
