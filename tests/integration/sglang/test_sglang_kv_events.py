@@ -68,9 +68,8 @@ def sglang_batch(src, rank: int) -> bytes:
     return msgspec.msgpack.encode(classes["KVEventBatch"](ts=12.5, events=events, attn_dp_rank=rank))
 
 
-EXPECTED = [
-    BlockStored(parent_hash=None, block_hashes=[7001, 7002], token_ids=TOKENS[:4]),
-    BlockStored(parent_hash=7002, block_hashes=[7003], token_ids=TOKENS[4:]),
+EXPECTED = [  # the second store continues the first's chain: one event
+    BlockStored(parent_hash=None, block_hashes=[7001, 7002, 7003], token_ids=TOKENS),
     BlockStored(parent_hash=None, block_hashes=[8001], token_ids=TOKENS[:2], medium="host"),
     BlockRemoved(block_hashes=[7003]),
     BlockRemoved(block_hashes=[8001], medium="host"),
@@ -137,10 +136,8 @@ def test_host_tier_events_demote_and_lose_blocks_alike_in_both_encodings(oldest_
     for worker, src in (("old", oldest_src), ("new", newest_src)):
         index.add_worker(worker, PAGE)
         decoded = decode_batch(msgspec.msgpack.decode(hicache_batch(src)))
-        assert [getattr(e, "medium", None) for e in decoded.events] == ["gpu"] * 3 + ["host"] * 3 + [
-            "gpu",
-            "host",
-        ]
+        # one chain per tier (SGLang sends a store per page), then the two removals
+        assert [getattr(e, "medium", None) for e in decoded.events] == ["gpu", "host", "gpu", "host"]
         result = index.apply(KvEventBatch(instance_id=worker, seq=0, events=decoded.events))
         assert result is not None and (result.removed, result.demoted) == (3, 2)  # 2 demoted, 1 lost
     prompt = hash_token_blocks(TOKENS, PAGE)
@@ -150,6 +147,59 @@ def test_host_tier_events_demote_and_lose_blocks_alike_in_both_encodings(oldest_
         "new": TierOverlap(gpu=1, host=1),
     }
     assert index.block_count("old") == 1 and index.block_count("old", medium="host") == 2
+
+
+def per_page(hashes, tokens, parent=None, **fields):
+    """SGLang's stores of one prompt: an event per page, each naming the page before it."""
+    events = []
+    for i, h in enumerate(hashes):
+        events.append(
+            {
+                "type": "BlockStored",
+                "block_hashes": [h],
+                "parent_block_hash": parent,
+                "token_ids": tokens[i * PAGE : (i + 1) * PAGE],
+                **fields,
+            }
+        )
+        parent = h
+    return events
+
+
+def test_a_prompts_stores_page_by_page_are_one_event_per_chain():
+    """A prefill of 4 prompts brings hundreds of one-page stores at once: the relay sends a chain as one
+    event, and breaks it where the parent, the tier or the adapter changes."""
+    other = [201, 202, 203, 204]
+    events = [
+        *per_page([1, 2, 3], TOKENS),
+        *per_page([11, 12], other),  # another prompt: a new chain
+        *per_page([4], TOKENS[:2], parent=3, medium="CPU_PINNED"),  # another tier
+        *per_page([5], TOKENS[2:4], parent=4, medium="CPU_PINNED"),
+        *per_page([21], other[:2], lora_name="sql"),  # another adapter
+        *per_page([22], other[2:], parent=21),  # continues 21's blocks, but of the base model
+        {"type": "BlockRemoved", "block_hashes": [3]},
+        *per_page([3], TOKENS[4:], parent=2),  # after a removal: not merged across it
+    ]
+    got = decode_batch([0.0, events, 0]).events
+    assert got == [
+        BlockStored(parent_hash=None, block_hashes=[1, 2, 3], token_ids=TOKENS),
+        BlockStored(parent_hash=None, block_hashes=[11, 12], token_ids=other),
+        BlockStored(parent_hash=3, block_hashes=[4, 5], token_ids=TOKENS[:4], medium="host"),
+        BlockStored(parent_hash=None, block_hashes=[21], token_ids=other[:2], lora_name="sql"),
+        BlockStored(parent_hash=21, block_hashes=[22], token_ids=other[2:]),
+        BlockRemoved(block_hashes=[3]),
+        BlockStored(parent_hash=2, block_hashes=[3], token_ids=TOKENS[4:]),
+    ]
+    # the router ends up where the page-by-page events would have put it
+    merged, paged = KvIndex(), KvIndex()
+    for index in (merged, paged):
+        index.add_worker("w", PAGE)
+    merged.apply(KvEventBatch(instance_id="w", seq=0, events=got))
+    for seq, event in enumerate(events):
+        paged.apply(KvEventBatch(instance_id="w", seq=seq, events=decode_batch([0.0, [event], 0]).events))
+    for prompt in (hash_token_blocks(TOKENS, PAGE), hash_token_blocks(other, PAGE)):
+        assert merged.tier_overlaps(prompt, ["w"]) == paged.tier_overlaps(prompt, ["w"])
+    assert merged.tier_overlaps(hash_token_blocks(TOKENS, PAGE), ["w"]) == {"w": TierOverlap(gpu=3)}
 
 
 def test_an_unknown_storage_medium_is_skipped_and_named():

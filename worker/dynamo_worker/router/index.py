@@ -63,8 +63,11 @@ class _Cache:
 
     def mask(self, our_hash: int) -> int:
         """The tiers holding ``our_hash`` (stored, not predicted)."""
-        counts = self.refs.get(our_hash)
-        return sum(1 << i for i, n in enumerate(counts) if n) if counts else 0
+        mask = 0
+        for i, n in enumerate(self.refs.get(our_hash, ())):
+            if n:
+                mask |= 1 << i
+        return mask
 
 
 @dataclass
@@ -226,7 +229,9 @@ class KvIndex:
                 c.held[tier] += 1
             if bit == GPU:
                 c.predicted.pop(our_hash, None)  # confirmed
-            self._refresh(target, c, our_hash)
+            # _refresh's work, inline (a prefill's chain stores hundreds of blocks): it is held now
+            mask = c.mask(our_hash) | (GPU if our_hash in c.predicted else 0)
+            self._holders.setdefault(our_hash, {})[target] = mask
         return min(len(ours), len(event.block_hashes))
 
     def _remove(self, target: Target, c: _Cache, engine_hashes: Iterable[int], bit: int) -> tuple[int, int]:

@@ -243,8 +243,7 @@ def _kv_round_trip_problems(index: SourceIndex) -> list[str]:
     payload = msgspec.msgpack.encode(batch)
     expected = DecodedBatch(
         events=[
-            BlockStored(parent_hash=None, block_hashes=[11, 12], token_ids=[1, 2, 3, 4]),
-            BlockStored(parent_hash=12, block_hashes=[13], token_ids=[5, 6]),
+            BlockStored(parent_hash=None, block_hashes=[11, 12, 13], token_ids=[1, 2, 3, 4, 5, 6]),  # a chain
             BlockStored(parent_hash=None, block_hashes=[99], token_ids=[7, 8], medium="host"),
             BlockRemoved(block_hashes=[11]),
             BlockRemoved(block_hashes=[13]),

@@ -14,7 +14,8 @@ A ``BlockStored`` of an adapter's prefix cache names the adapter in ``lora_name`
 map field), which our event carries on: the router keys the blocks on it. SGLang 0.5.17's events
 carry no adapter (``lora_id`` is always None there).
 
-``decode_batch`` turns one decoded batch into our ``KvEvent`` models and its attention-dp rank (pure);
+``decode_batch`` turns one decoded batch into our ``KvEvent`` models and its attention-dp rank (pure),
+a chain of stores that continue one another (SGLang stores a page per event) as one event;
 ``KvEventRelay`` does the ZMQ I/O. Every tier is relayed, its ``medium`` mapped onto ours (``MEDIA``):
 SGLang's ``GPU`` (or none) is ``gpu``; ``CPU_PINNED`` is ``host`` (HiCache's host memory, L2); ``DISK``
 and ``EXTERNAL`` are ``disk`` (HiCache's storage tier, L3; neither 0.5.17 nor 0.5.23 publishes them yet).
@@ -91,26 +92,70 @@ def _fields(raw: Any, index: int) -> tuple[str, dict[str, Any]]:
     raise KvEventDecodeError(f"event {index} is neither a tagged array nor a tagged map: {_short(raw)}")
 
 
-def _event(tag: str, f: dict[str, Any], index: int) -> KvEvent | None:
-    for name in _REQUIRED.get(tag, ()):
-        if not isinstance(f.get(name), list):
-            raise KvEventDecodeError(f"event {index} ({tag}) has no list {name!r}: {_short(f)}")
+def _medium(f: dict[str, Any]) -> Medium | None:
+    raw = f.get("medium")
+    return MEDIA.get(raw) if raw is None or isinstance(raw, str) else None  # None: a tier we do not know
+
+
+def _lora(f: dict[str, Any]) -> str | None:
+    lora = f.get("lora_name")
+    return lora if isinstance(lora, str) and lora else None
+
+
+@dataclass
+class _Chain:
+    """Consecutive ``BlockStored`` events that continue one another (each one's parent is the last
+    block before it, same tier, adapter and page size): sent on as one event. SGLang stores a page per
+    event, so a prefill of 4 x 2048 tokens brings 512 of them; as chains they are 4 events to build,
+    mirror, encode and index."""
+
+    first: int  # the index of its first event, for error messages
+    f: dict[str, Any]  # the first event's fields; its lists grow with the events that continue it
+    medium: Medium
+    page: int
+
+    def continues(self, f: dict[str, Any], medium: Medium) -> bool:
+        hashes, tokens = f["block_hashes"], f["token_ids"]
+        return (
+            medium == self.medium
+            and _lora(f) == _lora(self.f)
+            and f.get("parent_block_hash") == self.f["block_hashes"][-1]
+            and len(tokens) == self.page * len(hashes) > 0
+        )
+
+    def extend(self, f: dict[str, Any]) -> None:
+        self.f["block_hashes"].extend(f["block_hashes"])
+        self.f["token_ids"].extend(f["token_ids"])
+
+    def event(self) -> BlockStored:
+        try:
+            return BlockStored(
+                parent_hash=self.f.get("parent_block_hash"),
+                block_hashes=self.f["block_hashes"],
+                token_ids=self.f["token_ids"],
+                medium=self.medium,
+                lora_name=_lora(self.f),
+            )
+        except ValidationError as e:
+            problem = f"event {self.first} (BlockStored) has fields of the wrong type: {_short(self.f)} ({e})"
+            raise KvEventDecodeError(problem) from None
+
+
+def _chain(f: dict[str, Any], index: int, medium: Medium) -> _Chain:
+    hashes, tokens = f["block_hashes"], f["token_ids"]
+    page = len(tokens) // len(hashes) if hashes and len(tokens) % len(hashes) == 0 else 0
+    own = dict(f, block_hashes=list(hashes), token_ids=list(tokens))  # grown in place, not the batch's
+    return _Chain(index, own, medium, page)
+
+
+def _event(tag: str, f: dict[str, Any], index: int, medium: Medium) -> KvEvent:
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
-    raw = f.get("medium")
-    medium = MEDIA.get(raw) if raw is None or isinstance(raw, str) else None
-    if medium is None:
-        return None  # a tier we do not know: the caller names it
-    if tag == "BlockStored":
-        lora = f.get("lora_name")
-        return BlockStored(
-            parent_hash=f.get("parent_block_hash"),
-            block_hashes=f["block_hashes"],
-            token_ids=f["token_ids"],
-            medium=medium,
-            lora_name=lora if isinstance(lora, str) and lora else None,
-        )
-    return BlockRemoved(block_hashes=f["block_hashes"], medium=medium)
+    try:
+        return BlockRemoved(block_hashes=f["block_hashes"], medium=medium)
+    except ValidationError as e:
+        problem = f"event {index} ({tag}) has fields of the wrong type: {_short(f)} ({e})"
+        raise KvEventDecodeError(problem) from None
 
 
 def decode_batch(batch: Any) -> DecodedBatch:
@@ -132,20 +177,33 @@ def decode_batch(batch: Any) -> DecodedBatch:
     events: list[KvEvent] = []
     unknown: list[str] = []
     unknown_media: list[str] = []
+    chain: _Chain | None = None
     for i, raw in enumerate(raw_events):
         tag, f = _fields(raw, i)
         if tag not in _ARRAY_FIELDS:
             unknown.append(tag)
             continue
-        try:
-            event = _event(tag, f, i)
-        except ValidationError as e:
-            problem = f"event {i} ({tag}) has fields of the wrong type: {_short(f)} ({e})"
-            raise KvEventDecodeError(problem) from None
-        if event is not None:
-            events.append(event)
-        else:
+        for name in _REQUIRED.get(tag, ()):
+            if not isinstance(f.get(name), list):
+                raise KvEventDecodeError(f"event {i} ({tag}) has no list {name!r}: {_short(f)}")
+        medium = _medium(f)
+        if medium is None and tag != "AllBlocksCleared":
             unknown_media.append(str(f.get("medium")))
+            continue
+        if tag == "BlockStored" and medium is not None:
+            if chain is not None and chain.continues(f, medium):
+                chain.extend(f)
+                continue
+            if chain is not None:
+                events.append(chain.event())
+            chain = _chain(f, i, medium)
+            continue
+        if chain is not None:
+            events.append(chain.event())
+            chain = None
+        events.append(_event(tag, f, i, medium or "gpu"))
+    if chain is not None:
+        events.append(chain.event())
     return DecodedBatch(
         events=events, dp_rank=rank or 0, unknown_tags=tuple(unknown), unknown_media=tuple(unknown_media)
     )
