@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["FrontendMetrics"]
+__all__ = ["FrontendMetrics", "Tally"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -134,3 +137,40 @@ class FrontendMetrics:
             ["type"],
             registry=r,
         )
+
+
+class Tally:
+    """Observations of one histogram child counted here and added to it in one go (``flush``), the
+    same buckets and sum ``observe`` would give. For the event loop's per-token figures: a histogram's
+    ``observe`` takes a lock for its sum and another for its bucket, which per streamed token cost the
+    frontend more than the bucket search. Flushes itself every ``every`` observations, so a long stream
+    shows on ``/metrics`` while it runs."""
+
+    __slots__ = ("_bounds", "_buckets", "_counts", "_every", "_n", "_sum", "_total")
+
+    def __init__(self, child: Any, every: int = 256) -> None:
+        # prometheus_client's histogram child: upper bounds (+Inf last), a value per bucket, the sum
+        self._bounds: list[float] = child._upper_bounds
+        self._buckets, self._sum = child._buckets, child._sum
+        self._counts = [0] * len(self._bounds)
+        self._total = 0.0
+        self._n = 0
+        self._every = every
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self._counts[bisect_left(self._bounds, value)] += times
+        self._total += value * times
+        self._n += times
+        if self._n >= self._every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._n:
+            return
+        for bucket, n in zip(self._buckets, self._counts, strict=True):
+            if n:
+                bucket.inc(n)
+        self._sum.inc(self._total)
+        self._counts = [0] * len(self._bounds)
+        self._total = 0.0
+        self._n = 0

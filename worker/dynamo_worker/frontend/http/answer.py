@@ -31,6 +31,7 @@ import orjson
 from aiohttp import web
 
 from dynamo_worker.frontend.errors import ApiError
+from dynamo_worker.frontend.metrics import Tally
 from dynamo_worker.frontend.output.chat_output import AnswerStream
 from dynamo_worker.frontend.output.shaping import (
     SSE_DONE,
@@ -139,7 +140,7 @@ class Run:
     ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
-        self.ttft, self.itl = metrics.ttft.labels(job.model), metrics.itl.labels(job.model)
+        self.ttft, self.itl = metrics.ttft.labels(job.model), Tally(metrics.itl.labels(job.model))
         self.http_request = http_request
         self.job = job
         self.started = started
@@ -191,6 +192,12 @@ class Run:
 
     async def _generate(self) -> None:
         """Relay the worker's chunks (a coroutine per chunk would cost more than the chunk's event)."""
+        try:
+            await self._relay()
+        finally:
+            self.itl.flush()
+
+    async def _relay(self) -> None:
         job = self.job
         async with contextlib.aclosing(self.dispatcher.generate(job.entry, job.generate)) as chunks:
             async for chunk in chunks:
@@ -199,9 +206,7 @@ class Run:
                     if last is None:
                         self.ttft.observe(now - self.started)
                     else:  # per token: a chunk of k tokens (a batched hand-over) is k gaps of 1/k
-                        gap = (now - last) / len(chunk.token_ids)
-                        for _ in chunk.token_ids:
-                            self.itl.observe(gap)
+                        self.itl.observe((now - last) / len(chunk.token_ids), len(chunk.token_ids))
                     self.last_token_at = now
                     parts = self._decode(chunk)
                     if self.finish is not None:  # a stop string or token
