@@ -24,12 +24,16 @@ from dynamo_worker.protocol import MEDIA, AllBlocksCleared, BlockRemoved, BlockS
 __all__ = ["KvMirror"]
 
 
-@dataclass
 class _Block:
-    parent: int | None
-    tokens: list[int]
-    media: set[Medium] = field(default_factory=set)
-    lora: str | None = None
+    """One block the worker told of (a plain class: a prefill stores hundreds at once)."""
+
+    __slots__ = ("lora", "media", "parent", "tokens")
+
+    def __init__(self, parent: int | None, tokens: list[int], lora: str | None) -> None:
+        self.parent = parent
+        self.tokens = tokens
+        self.media: set[Medium] = set()
+        self.lora = lora
 
 
 @dataclass
@@ -46,10 +50,10 @@ class KvMirror:
                 page = len(event.token_ids) // n
                 parent = event.parent_hash
                 for i, h in enumerate(event.block_hashes):
-                    tokens = list(event.token_ids[i * page : (i + 1) * page])
+                    tokens = event.token_ids[i * page : (i + 1) * page]
                     block = blocks.get(h)
-                    if block is None or block.tokens != tokens or block.parent != parent:
-                        block = blocks[h] = _Block(parent, tokens, lora=event.lora_name)  # new content
+                    if block is None or block.parent != parent or block.tokens != tokens:
+                        block = blocks[h] = _Block(parent, tokens, event.lora_name)  # new content
                     block.media.add(event.medium)
                     parent = h
             elif isinstance(event, BlockRemoved):
