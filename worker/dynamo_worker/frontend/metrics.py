@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["FrontendMetrics", "Tally"]
+__all__ = ["FrontendMetrics", "ModelMetrics", "Tally"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -137,6 +138,46 @@ class FrontendMetrics:
             ["type"],
             registry=r,
         )
+        self._models: dict[str, ModelMetrics] = {}
+        self._finished: dict[tuple[str, str, str], Any] = {}
+
+    def of(self, model: str) -> ModelMetrics:
+        """The per-model children a request updates, looked up once per model, not per request."""
+        found = self._models.get(model)
+        if found is None:
+            found = self._models[model] = ModelMetrics(
+                inflight=self.inflight.labels(model),
+                duration=self.duration.labels(model),
+                ttft=self.ttft.labels(model),
+                itl=self.itl.labels(model),
+                input_tokens=self.input_tokens.labels(model),
+                output_tokens=self.output_tokens.labels(model),
+                cached_tokens=self.cached_tokens.labels(model),
+                cached_tokens_host=self.cached_tokens_host.labels(model),
+            )
+        return found
+
+    def finished(self, model: str, endpoint: str, status: int | str) -> None:
+        """Count a finished request (``requests``)."""
+        key = (model, endpoint, str(status))
+        child = self._finished.get(key)
+        if child is None:
+            child = self._finished[key] = self.requests.labels(*key)
+        child.inc()
+
+
+@dataclass(frozen=True)
+class ModelMetrics:
+    """A model's children of the per-request metrics (``FrontendMetrics.of``)."""
+
+    inflight: Any
+    duration: Any
+    ttft: Any
+    itl: Any
+    input_tokens: Any
+    output_tokens: Any
+    cached_tokens: Any
+    cached_tokens_host: Any
 
 
 class Tally:

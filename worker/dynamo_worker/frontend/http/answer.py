@@ -140,7 +140,8 @@ class Run:
     ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
-        self.ttft, self.itl = metrics.ttft.labels(job.model), Tally(metrics.itl.labels(job.model))
+        per_model = metrics.of(job.model)
+        self.ttft, self.itl = per_model.ttft, Tally(per_model.itl)
         self.http_request = http_request
         self.job = job
         self.started = started
@@ -226,7 +227,8 @@ class Run:
     async def run(self) -> web.StreamResponse:
         """Serve the job; raises ``ApiError`` only before the stream started."""
         job, metrics = self.job, self.metrics
-        metrics.input_tokens.labels(job.model).inc(len(job.prompt_ids))
+        per_model = metrics.of(job.model)
+        per_model.input_tokens.inc(len(job.prompt_ids))
         try:
             await self._generate()
         except ApiError as e:
@@ -243,9 +245,9 @@ class Run:
             log.info("Client went away request_id=%s", job.generate.request_id)
             assert self.response is not None
             return self.response
-        metrics.output_tokens.labels(job.model).inc(self.completion_tokens)
-        metrics.cached_tokens.labels(job.model).inc(self.cached_tokens)
-        metrics.cached_tokens_host.labels(job.model).inc(self.cached_tokens_host)
+        per_model.output_tokens.inc(self.completion_tokens)
+        per_model.cached_tokens.inc(self.cached_tokens)
+        per_model.cached_tokens_host.inc(self.cached_tokens_host)
         use = usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         if self.events is None:
             return json_response(dump(self._whole(use)))
@@ -421,7 +423,7 @@ async def run_embedding(
     assert job.generate.embed is not None
     vectors = await batcher.embed(job.entry, job.generate)
     tokens = sum(len(i) for i in job.generate.embed.inputs)
-    metrics.input_tokens.labels(job.model).inc(tokens)
+    metrics.of(job.model).input_tokens.inc(tokens)
     body = EmbeddingList(
         data=[Embedding(index=i, embedding=_encode(v, plan.encoding_format)) for i, v in enumerate(vectors)],
         model=job.model,

@@ -174,23 +174,24 @@ class OpenAIServer:
                 async with self.admission.slot(req.model, hints):
                     job = await prepare(req)
                     model = job.model
-                    self.metrics.inflight.labels(model).inc()
+                    inflight = self.metrics.of(model).inflight
+                    inflight.inc()
                     try:
                         response = await self._run(http_request, job, started)
                     finally:
-                        self.metrics.inflight.labels(model).dec()
-                self.metrics.requests.labels(model, name, str(response.status)).inc()
+                        inflight.dec()
+                self.metrics.finished(model, name, response.status)
                 return response
             except ApiError as e:
                 return self._fail(name, model, e)
             except asyncio.CancelledError:
                 self.metrics.errors.labels("client_disconnected").inc()
-                self.metrics.requests.labels(model, name, "499").inc()
+                self.metrics.finished(model, name, 499)
                 raise
             finally:
                 self._leave()
                 if model:
-                    self.metrics.duration.labels(model).observe(time.monotonic() - started)
+                    self.metrics.of(model).duration.observe(time.monotonic() - started)
 
         return handler
 
@@ -226,7 +227,7 @@ class OpenAIServer:
 
     def _fail(self, endpoint: str, model: str, error: ApiError) -> web.Response:
         self.metrics.errors.labels(error.code or error.type).inc()
-        self.metrics.requests.labels(model, endpoint, str(error.status)).inc()
+        self.metrics.finished(model, endpoint, error.status)
         if error.status >= 500:
             log.warning(
                 "Request failed status=%d code=%s message=%s", error.status, error.code, error.message

@@ -66,9 +66,14 @@ class ModelEntry:
     _pair: Pair | None = field(default=None, repr=False)
     _pair_known: bool = field(default=False, repr=False)
     _can_serve: bool | None = field(default=None, repr=False)
+    _by_role: dict[Role, list[InstanceRecord]] = field(default_factory=dict, repr=False)
 
     def by_role(self, role: Role) -> list[InstanceRecord]:
-        return [w for w in self.workers.values() if w.role == role]
+        """Its workers of ``role`` (shared until the workers change: do not modify)."""
+        found = self._by_role.get(role)
+        if found is None:
+            found = self._by_role[role] = [w for w in self.workers.values() if w.role == role]
+        return found
 
     def pair(self) -> Pair | None:
         """The prefill and decode workers disaggregated requests go to (``models.pairing``)."""
@@ -80,6 +85,7 @@ class ModelEntry:
     def workers_changed(self) -> None:
         self._pair_known = False
         self._can_serve = None
+        self._by_role.clear()
 
     def can_serve(self) -> bool:
         """Its workers can complete a request: an aggregated worker, or a prefill and a decode worker of
