@@ -11,9 +11,9 @@ A visit reads, renders, applies and writes status, as controller-runtime's recon
   transition is worth (:func:`dynamo_operator.reconcile.outcome.events_for`).
 
 Create, update, resume, drift and child changes all lead to the same visit; the watches in
-:mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit. A visit that fails is retried
-by the work queue after the graph's backoff (``add_rate_limited``); one that succeeds resets it
-(``forget``).
+:mod:`dynamo_operator.reconcile.handlers` only say *which* graph to visit. The loop
+(:mod:`dynamo_operator.reconcile.loop`) retries a visit that fails after the graph's backoff, and one
+that finds the graph not Ready after ``not_ready_recheck_s``.
 """
 
 from __future__ import annotations
@@ -58,18 +58,17 @@ from dynamo_operator.reconcile.kube import (
     resource_type,
     timestamp,
 )
+from dynamo_operator.reconcile.loop import DONE, Key, Loop, Result
 from dynamo_operator.reconcile.lora_gate import open_lora_gates, waits_for_lora_gate
 from dynamo_operator.reconcile.outcome import Change, Event, Outcome, applied, events_for, pruned, status_for
 from dynamo_operator.reconcile.restarts import GroupRestarter
-from dynamo_operator.reconcile.workqueue import ExponentialBackoff, WorkQueue
+from dynamo_operator.reconcile.workqueue import ExponentialBackoff
 from dynamo_operator.render import labels, render
 from dynamo_operator.render.names import label_value
 from dynamo_operator.render.revision import REVISION_LABEL
 from dynamo_operator.render.types import Problem, Rendered
 
 logger = logging.getLogger(__name__)
-
-Key = tuple[str, str]  # (namespace, name)
 
 # Kinds whose children of a graph are pruned when no longer desired. PersistentVolumeClaims are
 # deliberately not pruned: removing a volume from the spec must not delete its data.
@@ -89,7 +88,7 @@ class Observed:
 
 @dataclass
 class Controller:
-    """Owns the work queue and does the visits. All Kubernetes I/O goes through ``kube``."""
+    """Owns the graphs' loop and does the visits. All Kubernetes I/O goes through ``kube``."""
 
     kube: Kube
     config: OperatorConfig
@@ -98,37 +97,29 @@ class Controller:
     not_ready_recheck_s: float = 20.0
     backoff_base_s: float = 2.0  # a failed visit is retried after 2 s, 4 s, 8 s, ... at most the cap
     backoff_cap_s: float = 300.0
-    queue: WorkQueue[Key] = field(init=False)
-    _known: dict[Key, None] = field(default_factory=dict, init=False)
+    loop: Loop = field(init=False)
     _by_label: dict[Key, str] = field(default_factory=dict, init=False)
-    _own_writes: dict[Key, str] = field(default_factory=dict, init=False)
     restarter: GroupRestarter = field(init=False)
-    _resync_task: asyncio.Task[None] | None = field(default=None, init=False)
     # uid -> fingerprint of our last apply to that object: unchanged objects are not applied again.
     _applied: dict[str, apply_rules.Fingerprint] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        backoff: ExponentialBackoff[Key] = ExponentialBackoff(self.backoff_base_s, self.backoff_cap_s)
-        self.queue = WorkQueue(self.reconcile, workers=self.workers, backoff=backoff)
+        self.loop = Loop(
+            "graph",
+            self.reconcile,
+            workers=self.workers,
+            resync_interval_s=self.resync_interval_s,
+            backoff=ExponentialBackoff(self.backoff_base_s, self.backoff_cap_s),
+            retry_on=(KubeError, aiohttp.ClientError, TimeoutError),
+            on_resync=self._applied.clear,  # a full apply of everything now and then, as a safety net
+        )
         self.restarter = GroupRestarter(self.kube, self._owner_key)
 
-    # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        self.queue.start()
-        self._resync_task = asyncio.create_task(self._resync(), name="resync")
+        self.loop.start()
 
     async def stop(self) -> None:
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            await asyncio.gather(self._resync_task, return_exceptions=True)
-        await self.queue.stop()
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self.resync_interval_s)
-            self._applied.clear()  # a full apply of everything now and then, as a safety net
-            for key in list(self._known):
-                self.queue.add(key)
+        await self.loop.stop()
 
     # --- what the watches call --------------------------------------------------------------------
     def graph_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -137,17 +128,14 @@ class Controller:
         if event_type == "DELETED":
             self._forget(key)
             return
-        self._known[key] = None
         self._by_label[(key[0], label_value(key[1]))] = key[1]
-        if self._own_writes.get(key) == meta.get("resourceVersion"):
-            return  # our own status write: nothing new to act on
-        self.queue.add(key)
+        self.loop.seen(key, meta.get("resourceVersion"))
 
     def child_event(self, body: Mapping[str, Any]) -> None:
         """A child of ours (workload, Service, scaling adapter) changed or was deleted: visit its graph."""
         key = self._owner_key(body)
         if key is not None:
-            self.queue.add(key)
+            self.loop.add(key)
 
     async def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A pod of ours changed: restart its multinode group if it failed or was deleted, and visit
@@ -164,9 +152,7 @@ class Controller:
             self.child_event(pod)
 
     def _forget(self, key: Key) -> None:
-        self._known.pop(key, None)
-        self._own_writes.pop(key, None)
-        self.queue.forget(key)
+        self.loop.forget(key)
         self._by_label.pop((key[0], label_value(key[1])), None)
 
     def _owner_key(self, body: Mapping[str, Any]) -> Key | None:
@@ -181,19 +167,9 @@ class Controller:
         return None
 
     # --- the visit -------------------------------------------------------------------------------
-    async def reconcile(self, key: Key) -> None:
-        namespace, name = key
-        try:
-            ready = await self._visit(namespace, name)
-        except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
-            delay = self.queue.add_rate_limited(key)
-            logger.warning(
-                "Could not reconcile graph=%s/%s error=%s retry_in=%.0fs", namespace, name, exc, delay
-            )
-            return
-        self.queue.forget(key)
-        if ready is False:
-            self.queue.add_after(key, self.not_ready_recheck_s)
+    async def reconcile(self, key: Key) -> Result:
+        ready = await self._visit(*key)
+        return Result(requeue_after=self.not_ready_recheck_s) if ready is False else DONE
 
     async def _visit(self, namespace: str, name: str) -> bool | None:
         """One visit: read, render, apply, status. Returns whether the graph is Ready (None: nothing to
@@ -406,7 +382,7 @@ class Controller:
         if patch is None:
             return
         answer = await self.kube.patch_merge(DGD, namespace, name, patch, subresource="status")
-        self._own_writes[(namespace, name)] = answer["metadata"]["resourceVersion"]
+        self.loop.wrote((namespace, name), answer["metadata"]["resourceVersion"])
         logger.info(
             "Updated status graph=%s/%s state=%s ready=%s reason=%s",
             namespace,

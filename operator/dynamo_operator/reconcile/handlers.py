@@ -84,7 +84,7 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 def reconcile_queue(memo: kopf.Memo, **_: Any) -> int:
     """Reported by GET /healthz: graphs waiting for or in a visit."""
     controller: Controller = memo.controller
-    return controller.queue.pending()
+    return controller.loop.pending()
 
 
 @kopf.on.event(GROUP, STORAGE_VERSION, PLURAL)  # v1beta1: the operator never depends on its own webhook

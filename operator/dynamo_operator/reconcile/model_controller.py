@@ -1,4 +1,5 @@
-"""The DynamoModel reconcile: one level-triggered visit per model, driven by its own work queue.
+"""The DynamoModel reconcile: one level-triggered visit per model, driven by its own loop
+(:mod:`dynamo_operator.reconcile.loop`).
 
 Every visit reads the model, the namespace's graphs and its worker pods fresh, finds the endpoints
 (``reconcile.model_endpoints``), asks each what it holds and loads the adapter where it is missing, or
@@ -42,14 +43,14 @@ from dynamo_operator.reconcile.kube import (
     label_selector,
     timestamp,
 )
-from dynamo_operator.reconcile.workqueue import ExponentialBackoff, WorkQueue
+from dynamo_operator.reconcile.loop import DONE, Key, Loop, Result
+from dynamo_operator.reconcile.workqueue import ExponentialBackoff
 from dynamo_operator.render import labels
 
 __all__ = ["ModelController"]
 
 logger = logging.getLogger(__name__)
 
-Key = tuple[str, str]
 MAX_BACKOFF_S = 60.0
 CONCURRENCY = 16  # endpoints asked at once, per visit
 
@@ -90,46 +91,37 @@ async def observe(
 
 @dataclass
 class ModelController:
-    """Owns the DynamoModel work queue and does the visits. All Kubernetes I/O goes through ``kube``."""
+    """Owns the DynamoModels' loop and does the visits. All Kubernetes I/O goes through ``kube``."""
 
     kube: Kube
     workers: int = 4
     resync_interval_s: float = 300.0
-    queue: WorkQueue[Key] = field(init=False)
-    _known: dict[Key, None] = field(default_factory=dict, init=False)
-    _own_writes: dict[Key, str] = field(default_factory=dict, init=False)
+    loop: Loop = field(init=False)
     _not_ready: ExponentialBackoff[Key] = field(
         default_factory=lambda: ExponentialBackoff(base_s=1.0, cap_s=MAX_BACKOFF_S), init=False
     )
     _generations: dict[Key, int | None] = field(default_factory=dict, init=False)  # graphs'
     _pods: dict[str, tuple[bool, str]] = field(default_factory=dict, init=False)  # uid -> (serving, IP)
     _session: aiohttp.ClientSession | None = field(default=None, init=False)
-    _resync_task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.queue = WorkQueue(
-            self.reconcile, workers=self.workers, backoff=ExponentialBackoff(base_s=2.0, cap_s=MAX_BACKOFF_S)
+        self.loop = Loop(
+            "model",
+            self.reconcile,
+            workers=self.workers,
+            resync_interval_s=self.resync_interval_s,
+            backoff=ExponentialBackoff(base_s=2.0, cap_s=MAX_BACKOFF_S),
+            retry_on=(KubeError, aiohttp.ClientError, TimeoutError),
         )
 
-    # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self._session = aiohttp.ClientSession()
-        self.queue.start()
-        self._resync_task = asyncio.create_task(self._resync(), name="model-resync")
+        self.loop.start()
 
     async def stop(self) -> None:
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            await asyncio.gather(self._resync_task, return_exceptions=True)
-        await self.queue.stop()
+        await self.loop.stop()
         if self._session is not None:
             await self._session.close()
-
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self.resync_interval_s)
-            for key in list(self._known):
-                self.queue.add(key)
 
     # --- what the watches call ------------------------------------------------------------------
     def model_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -137,10 +129,7 @@ class ModelController:
         if event_type == "DELETED":
             self._forget(key)
             return
-        self._known[key] = None
-        if self._own_writes.get(key) == body["metadata"].get("resourceVersion"):
-            return  # our own status write
-        self.queue.add(key)
+        self.loop.seen(key, body["metadata"].get("resourceVersion"))
 
     def graph_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A graph appeared, changed its spec or went: its namespace's models may target other workers."""
@@ -169,30 +158,21 @@ class ModelController:
         self.namespace_changed(meta.get("namespace", ""))
 
     def namespace_changed(self, namespace: str) -> None:
-        for key in [k for k in self._known if k[0] == namespace]:
-            self.queue.add(key)
+        for key in self.loop.known():
+            if key[0] == namespace:
+                self.loop.add(key)
 
     def _forget(self, key: Key) -> None:
-        self._known.pop(key, None)
-        self._own_writes.pop(key, None)
+        self.loop.forget(key)
         self._not_ready.forget(key)
 
     # --- the visit ------------------------------------------------------------------------------
-    async def reconcile(self, key: Key) -> None:
-        namespace, name = key
-        try:
-            ready = await self._visit(namespace, name)
-        except (KubeError, aiohttp.ClientError, TimeoutError) as exc:
-            delay = self.queue.add_rate_limited(key)
-            logger.warning(
-                "Could not reconcile model=%s/%s error=%s retry_in=%.0fs", namespace, name, exc, delay
-            )
-            return
-        self.queue.forget(key)
+    async def reconcile(self, key: Key) -> Result:
+        ready = await self._visit(*key)
         if ready is False:  # not every endpoint holds it yet: again soon, then less often
-            self.queue.add_after(key, self._not_ready.when(key))
-        else:
-            self._not_ready.forget(key)
+            return Result(requeue_after=self._not_ready.when(key))
+        self._not_ready.forget(key)
+        return DONE
 
     async def _visit(self, namespace: str, name: str) -> bool | None:
         """One visit. Returns whether the model is Ready (None: nothing to wait for)."""
@@ -285,7 +265,7 @@ class ModelController:
         answer = await self.kube.patch_merge(
             DYNAMO_MODEL, meta["namespace"], meta["name"], {"status": new}, subresource="status"
         )
-        self._own_writes[_key(raw)] = answer["metadata"]["resourceVersion"]
+        self.loop.wrote(_key(raw), answer["metadata"]["resourceVersion"])
 
     # --- the finalizer --------------------------------------------------------------------------
     async def _add_finalizer(self, raw: dict[str, Any]) -> None:

@@ -4,12 +4,11 @@ Retries wait the key's backoff (doubling per failure up to a cap, per key, reset
 queue's clock: a fake one here, so the delays are exact and no test waits for them."""
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 from dynamo_operator.reconcile.workqueue import ExponentialBackoff, WorkQueue
 
+from tests.support.clock import FakeClock
 from tests.support.wait import wait_until_async
 
 
@@ -79,46 +78,6 @@ async def test_crashing_visit_keeps_worker_alive(caplog):
         assert "Reconcile crashed key=bad" in caplog.text
     finally:
         await q.stop()
-
-
-@dataclass
-class FakeTimer:
-    due: float
-    callback: Callable[..., object]
-    args: tuple
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def when(self) -> float:
-        return self.due
-
-
-@dataclass
-class FakeClock:
-    """Time that moves only when the test says so; due timers fire on ``advance``."""
-
-    now: float = 100.0
-    timers: list[FakeTimer] = field(default_factory=list)
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[..., object], *args: object) -> FakeTimer:
-        timer = FakeTimer(when, callback, args)
-        self.timers.append(timer)
-        return timer
-
-    def scheduled(self) -> list[float]:
-        return sorted(t.due for t in self.timers if not t.cancelled)
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        for timer in sorted(self.timers, key=lambda t: t.due):
-            if not timer.cancelled and timer.due <= self.now:
-                self.timers.remove(timer)
-                timer.callback(*timer.args)
 
 
 def test_backoff_doubles_per_failure_up_to_the_cap_per_key():
