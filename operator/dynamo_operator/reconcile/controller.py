@@ -115,12 +115,6 @@ class Controller:
         )
         self.restarter = GroupRestarter(self.kube, self._owner_key)
 
-    def start(self) -> None:
-        self.loop.start()
-
-    async def stop(self) -> None:
-        await self.loop.stop()
-
     # --- what the watches call --------------------------------------------------------------------
     def graph_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         meta = body["metadata"]
@@ -135,7 +129,7 @@ class Controller:
         """A child of ours (workload, Service, scaling adapter) changed or was deleted: visit its graph."""
         key = self._owner_key(body)
         if key is not None:
-            self.loop.add(key)
+            self.loop.queue.add(key)
 
     async def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A pod of ours changed: restart its multinode group if it failed or was deleted, and visit
@@ -168,19 +162,15 @@ class Controller:
 
     # --- the visit -------------------------------------------------------------------------------
     async def reconcile(self, key: Key) -> Result:
-        ready = await self._visit(*key)
-        return Result(requeue_after=self.not_ready_recheck_s) if ready is False else DONE
-
-    async def _visit(self, namespace: str, name: str) -> bool | None:
-        """One visit: read, render, apply, status. Returns whether the graph is Ready (None: nothing to
-        wait for)."""
-        observed = await self._read(namespace, name)
+        """One visit: read, render, apply, status. A graph that is not Ready is visited again after
+        ``not_ready_recheck_s``."""
+        observed = await self._read(*key)
         if observed is None:
-            return None
+            return DONE
         rendered, copies = self._render(observed)
         if rendered.problems:
             await self._write_status(observed.raw, self._invalid(observed.raw, rendered))
-            return None
+            return DONE
         done: list[Change] = []
         try:
             raw, outcome = await self._apply(observed, rendered, copies, done)
@@ -191,7 +181,7 @@ class Controller:
         await self._write_status(raw, outcome)
         if outcome.ready.reason == APPLY_FAILED:
             raise KubeError(422, APPLY_FAILED, outcome.ready.message)  # retried after the backoff
-        return outcome.ready.status == "True"
+        return DONE if outcome.ready.status == "True" else Result(requeue_after=self.not_ready_recheck_s)
 
     # --- read ------------------------------------------------------------------------------------
     async def _read(self, namespace: str, name: str) -> Observed | None:

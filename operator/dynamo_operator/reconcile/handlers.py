@@ -44,7 +44,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 60
     settings.watching.client_timeout = 600
     settings.watching.server_timeout = 300
-    memo.controller.start()
+    memo.controller.loop.start()
     memo.models.start()
     logger.info(
         "Started reconcile workers count=%d group_backend=%s",
@@ -55,7 +55,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    await memo.controller.stop()
+    await memo.controller.loop.stop()
     await memo.models.stop()
     # The webhook server closes its connections here, while kopf stops: kopf gives every task still
     # running after its own 5 s before it exits, and the API server keeps its connections to the
@@ -84,7 +84,7 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 def reconcile_queue(memo: kopf.Memo, **_: Any) -> int:
     """Reported by GET /healthz: graphs waiting for or in a visit."""
     controller: Controller = memo.controller
-    return controller.loop.pending()
+    return controller.loop.queue.pending()
 
 
 @kopf.on.event(GROUP, STORAGE_VERSION, PLURAL)  # v1beta1: the operator never depends on its own webhook

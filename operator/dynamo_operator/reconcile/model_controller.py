@@ -158,9 +158,8 @@ class ModelController:
         self.namespace_changed(meta.get("namespace", ""))
 
     def namespace_changed(self, namespace: str) -> None:
-        for key in self.loop.known():
-            if key[0] == namespace:
-                self.loop.add(key)
+        for key in [k for k in self.loop.known if k[0] == namespace]:
+            self.loop.queue.add(key)
 
     def _forget(self, key: Key) -> None:
         self.loop.forget(key)

@@ -40,7 +40,7 @@ def make_loop(
 
 
 async def settled(loop: Loop, visits: list[float], n: int) -> None:
-    await wait_until_async(lambda: len(visits) == n and loop.pending() == 0, f"visit {n}", timeout_s=5)
+    await wait_until_async(lambda: len(visits) == n and loop.queue.pending() == 0, f"visit {n}", timeout_s=5)
 
 
 async def test_requeue_after_visits_again_and_done_does_not():
@@ -59,7 +59,7 @@ async def test_requeue_after_visits_again_and_done_does_not():
         await settled(loop, visits, 1)
         assert 120.0 in clock.scheduled()
         clock.advance(19.0)
-        assert loop.pending() == 0, "not before requeue_after"
+        assert loop.queue.pending() == 0, "not before requeue_after"
         clock.advance(1.0)
         await settled(loop, visits, 2)
         clock.advance(20.0)
@@ -84,13 +84,13 @@ async def test_an_expected_error_backs_off_and_a_good_visit_resets_it(caplog):
     loop = make_loop(clock, reconcile, resync_interval_s=10_000.0)
     loop.start()
     try:
-        loop.add(A)
+        loop.queue.add(A)
         for n, wait in enumerate([2.0, 4.0, 8.0, 8.0], start=1):  # doubling, up to the cap
             await settled(loop, visits, n)
             clock.advance(wait)
         await settled(loop, visits, 5)  # it succeeded: the backoff is forgotten
         assert loop.queue.failures(A) == 0 and clock.scheduled() == [10_100.0]
-        loop.add(A)
+        loop.queue.add(A)
         await settled(loop, visits, 6)
         assert clock.scheduled()[0] == clock.now + 2.0, "the next failure waits the base again"
         assert visits == [100.0, 102.0, 106.0, 114.0, 122.0, 122.0]
@@ -110,7 +110,7 @@ async def test_an_unexpected_error_is_retried_after_the_backoff_too(caplog):
     loop = make_loop(clock, reconcile)
     loop.start()
     try:
-        loop.add(A)
+        loop.queue.add(A)
         await wait_until_async(lambda: 102.0 in clock.scheduled(), "the retry scheduled", timeout_s=5)
         assert "Reconcile crashed" in caplog.text
     finally:
@@ -132,15 +132,19 @@ async def test_own_writes_are_no_visit_and_resync_visits_every_known_key():
         b: Key = ("ns", "b")
         loop.seen(A, "1")
         loop.seen(b, "1")
-        await wait_until_async(lambda: len(visits) == 2 and loop.pending() == 0, "two visits", timeout_s=5)
+        await wait_until_async(
+            lambda: len(visits) == 2 and loop.queue.pending() == 0, "two visits", timeout_s=5
+        )
         loop.wrote(A, "2")
         loop.seen(A, "2")  # the answer to our write
-        assert loop.pending() == 0
+        assert loop.queue.pending() == 0
         loop.seen(A, "3")  # someone else's change
-        await wait_until_async(lambda: len(visits) == 3 and loop.pending() == 0, "a visit", timeout_s=5)
+        await wait_until_async(lambda: len(visits) == 3 and loop.queue.pending() == 0, "a visit", timeout_s=5)
         loop.forget(b)
         clock.advance(300.0)
-        await wait_until_async(lambda: len(visits) == 4 and loop.pending() == 0, "the resync", timeout_s=5)
+        await wait_until_async(
+            lambda: len(visits) == 4 and loop.queue.pending() == 0, "the resync", timeout_s=5
+        )
         assert visits[-1] == A and resyncs == [400.0], "a forgotten key is not resynced"
         assert clock.scheduled() == [700.0], "the next resync"
     finally:
@@ -158,7 +162,7 @@ async def test_stop_is_bounded_with_a_visit_in_flight():
 
     loop = make_loop(clock, reconcile)
     loop.start()
-    loop.add(A)
+    loop.queue.add(A)
     loop.queue.add_after(("ns", "later"), 50.0)
     await asyncio.wait_for(started.wait(), timeout=5)
     await asyncio.wait_for(loop.stop(), timeout=5)
