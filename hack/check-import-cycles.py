@@ -1,4 +1,5 @@
-"""Fail listing every import cycle between the modules of dynamo_api, dynamo_operator and dynamo_worker.
+"""Fail listing every import cycle between the modules of dynamo_api, dynamo_clients, dynamo_operator and
+dynamo_worker.
 
     python hack/check-import-cycles.py
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-PACKAGES = ("dynamo_api", "dynamo_operator", "dynamo_worker")
+PACKAGES = ("dynamo_api", "dynamo_clients", "dynamo_operator", "dynamo_worker")
 
 
 def cycles(imports: dict[str, set[str]]) -> list[list[str]]:

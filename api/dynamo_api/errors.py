@@ -10,7 +10,7 @@ it differs from the parent's. The tree (docs/errors.md says what each branch is 
     │   ├── Conflict
     │   ├── Invalid
     │   └── GraphFileError               dynamo_worker.planner.localgraph
-    ├── LoraClientError                  dynamo_api.lora_client
+    ├── LoraClientError                  dynamo_clients.lora_client
     │   ├── SystemPortUnreachable
     │   └── LoraRefused
     ├── SettingsError (ValueError)       dynamo_api.settings_sources

@@ -1,5 +1,5 @@
 """LoRA adapters on the workers: the system port's ``/v1/loras`` contract, and which workers serve a base
-model. Pure; the HTTP calls are :mod:`dynamo_api.lora_client`.
+model. Pure; the HTTP calls are :mod:`dynamo_clients.lora_client`.
 
 The contract (NVIDIA Dynamo's shape, on every worker's system port, 9090 in pods)::
 

@@ -2,7 +2,7 @@
 
 Part of a graph's visit, while the graph is not Ready: for each serving pod whose gate is still closed,
 the adapters the namespace's ``DynamoModel``s declare for the pod's base model (``lora``/``adapter``,
-valid, not being deleted) are put on it (``dynamo_api.lora_client.ensure``, the same call the
+valid, not being deleted) are put on it (``dynamo_clients.lora_client.ensure``, the same call the
 DynamoModel's own visit makes), and the gate is opened once each adapter is held, or was refused for
 good (``Refusal.permanent``: the DynamoModel's condition and Events say why; a broken adapter does not
 hold a rollout up forever). A pod that does not answer, answers ``NoFreeSlot`` or
@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from dynamo_api import lora_client
 from dynamo_api.components import components
 from dynamo_api.conversion import load_graph
 from dynamo_api.dynamo_model import DynamoModel, problems
 from dynamo_api.loras import base_model_of
+from dynamo_clients import lora_client
 from pydantic import ValidationError
 
 from dynamo_operator.reconcile import model_endpoints as me

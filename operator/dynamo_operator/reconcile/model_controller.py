@@ -3,7 +3,7 @@
 
 Every visit reads the model, the namespace's graphs and its worker pods fresh, finds the endpoints
 (``reconcile.model_endpoints``), asks each what it holds and loads the adapter where it is missing, or
-was loaded from another ``source.uri`` (``dynamo_api.lora_client.ensure``), and writes status from those
+was loaded from another ``source.uri`` (``dynamo_clients.lora_client.ensure``), and writes status from those
 answers. Pods coming and going, graphs changing, the model changing: each leads to the same visit. A model
 whose endpoints are not all ready is visited again with a growing delay (1 s doubling to 60 s), every
 model every ``resync_interval_s``, so a worker that lost its adapters (an engine restart) gets them back.
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from dynamo_api import lora_client
 from dynamo_api.conversion import load_graph
 from dynamo_api.dynamo_model import FINALIZER, DynamoModel, problems
 from dynamo_api.models import DynamoGraphDeployment
+from dynamo_clients import lora_client
 from pydantic import ValidationError
 
 from dynamo_operator.reconcile import conditions

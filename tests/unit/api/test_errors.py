@@ -14,7 +14,7 @@ import dynamo_api.errors
 import pytest
 from dynamo_api.errors import DynamoError
 
-PACKAGES = ("dynamo_api", "dynamo_operator", "dynamo_worker")
+PACKAGES = ("dynamo_api", "dynamo_clients", "dynamo_operator", "dynamo_worker")
 
 
 def _name(cls: type) -> str:

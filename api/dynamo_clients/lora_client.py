@@ -20,7 +20,6 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
-
 from dynamo_api.errors import DynamoError
 from dynamo_api.loras import (
     LORAS_PATH,
