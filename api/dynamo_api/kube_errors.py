@@ -1,5 +1,5 @@
-"""The errors of a Kubernetes API call: one tree for both clients, the operator's
-(``dynamo_operator.reconcile.kube``) and the planner's (``dynamo_worker.planner.kube``)::
+"""The errors of a Kubernetes API call: one tree for the one client (``dynamo_clients.kube``), as the
+operator (``dynamo_operator.reconcile.kube``) and the planner (``dynamo_worker.planner.kube``) use it::
 
     KubeError            a call failed; .status (the HTTP status, 0 when no answer came), .reason, .message
     ├── NotFound         404

@@ -29,12 +29,14 @@ from dynamo_operator.config import OperatorConfig
 from dynamo_operator.reconcile import handlers  # noqa: F401  (importing registers the kopf handlers)
 from dynamo_operator.reconcile.controller import Controller
 from dynamo_operator.reconcile.kube import (
+    FIELD_MANAGER,
     LWS_CRD_NAME,
     POD_GROUP_CRD_NAME,
     Credentials,
     Kube,
     KubeError,
     load_credentials,
+    resource_type,
 )
 from dynamo_operator.reconcile.model_controller import ModelController
 from dynamo_operator.settings import OperatorSettings, SettingsError, parse_settings
@@ -150,7 +152,7 @@ async def start_webhook(
 
 
 async def run(settings: OperatorSettings, creds: Credentials) -> None:
-    async with Kube(creds) as kube:
+    async with Kube(creds, field_manager=FIELD_MANAGER, resource_type=resource_type) as kube:
         config = await resolve_config(kube, settings)
         server: WebhookServer | None = None
         keeper: asyncio.Task[None] | None = None

@@ -1,5 +1,4 @@
-"""The DynamoModel reconcile: one level-triggered visit per model, driven by its own loop
-(:mod:`dynamo_operator.reconcile.loop`).
+"""The DynamoModel reconcile: one level-triggered visit per model, driven by its own ``reconcile.loop``.
 
 Every visit reads the model, the namespace's graphs and its worker pods fresh, finds the endpoints
 (``reconcile.model_endpoints``), asks each what it holds and loads the adapter where it is missing, or

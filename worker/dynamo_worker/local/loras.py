@@ -2,11 +2,10 @@
 its base model, as the operator loads it in a cluster.
 
 Once every process is ready, each ``lora``/``adapter`` DynamoModel of the manifest file is put on each
-prefill, decode and aggregated worker whose base model is its ``baseModelName``
-(``dynamo_api.loras.adapter_services``) through the worker's system port
-(``dynamo_clients.lora_client.ensure``, the operator's own call). Then dynamo-run waits (bounded) until
-the frontend lists it in ``/v1/models``, so that a request sent after the Ready lines finds it. ``base``
-models load nothing.
+prefill, decode and aggregated worker whose base model is its ``baseModelName`` (``adapter_services``)
+through the worker's system port (``dynamo_clients.lora_client.ensure``, the operator's own call). Then
+dynamo-run waits (bounded) until the frontend lists it in ``/v1/models``, so that a request sent after
+the Ready lines finds it. ``base`` models load nothing.
 
 ``file://`` sources: an absolute ``file:///path`` is used as written; a relative one
 (``file://adapters/x`` or ``file://./adapters/x``) is resolved against the manifest's folder, or against

@@ -1,57 +1,29 @@
 """The planner's only Kubernetes I/O: read its graph, patch per-service replicas, post Events.
 
-Over ``kubernetes_asyncio``, the operator's client too: credentials from the pod's service account
-(the token re-read as the kubelet rotates it), or from a kubeconfig, loaded as kubectl loads them. The
-replicas are written by server-side apply under one field manager, ``dynamo-planner``, so
-``kubectl get dgd -o yaml --show-managed-fields`` shows who set them. The RBAC the operator renders for
-the planner allows exactly these calls: get and patch its own graph (by name), create Events.
+Through the operator's client (:mod:`dynamo_clients.kube`), imported only when the planner talks to
+Kubernetes. The replicas are written by server-side apply under one field manager, ``dynamo-planner``,
+so ``kubectl get dgd -o yaml --show-managed-fields`` shows who set them. The RBAC the operator renders
+for the planner allows exactly these calls: get and patch its own graph (by name), create Events.
 """
 
 from __future__ import annotations
 
-import datetime
-import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 from dynamo_api.kube_errors import KubeError, kube_error
 
 if TYPE_CHECKING:
-    from kubernetes_asyncio import client as k8s
+    from dynamo_clients.kube import Kube, ResourceType
 
 __all__ = ["FIELD_MANAGER", "GraphClient", "KubeError"]
 
 FIELD_MANAGER = "dynamo-planner"
 GROUP_VERSION = "nvidia.com/v1alpha1"
-TIMEOUT_S = 15.0
-_AS_JSON = {code: "object" for code in (200, 201)}
-
-
-async def _configuration(kubeconfig: str | None) -> k8s.Configuration:
-    # Imported here: a planner on a manifest (--graph-file, as dynamo-run runs it) and --help need none.
-    from kubernetes_asyncio import client as k8s
-    from kubernetes_asyncio import config as k8s_config
-    from kubernetes_asyncio.config.config_exception import ConfigException
-
-    cfg = k8s.Configuration()
-    if kubeconfig:
-        try:
-            await k8s_config.load_kube_config(
-                config_file=kubeconfig, client_configuration=cfg, persist_config=False
-            )
-        except (ConfigException, OSError, KeyError, TypeError) as e:
-            raise KubeError(0, "", f"Could not load the kubeconfig {kubeconfig}: {e}") from e
-        return cfg
-    try:  # kubernetes_asyncio leaves load_incluster_config unannotated
-        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    except ConfigException as e:
-        raise KubeError(
-            0,
-            "",
-            "No Kubernetes credentials: not in a pod with a service account token, and no --kubeconfig; "
-            "run the planner in the graph (the operator gives it a service account) or pass --kubeconfig",
-        ) from e
-    return cfg
+KIND = "DynamoGraphDeployment"
+T = TypeVar("T")
 
 
 class GraphClient:
@@ -60,63 +32,47 @@ class GraphClient:
     def __init__(self, namespace: str, graph: str, kubeconfig: str | None = None) -> None:
         self.namespace, self.graph = namespace, graph
         self._kubeconfig = kubeconfig
-        self._api: k8s.ApiClient | None = None
-        self._path = f"/apis/{GROUP_VERSION}/namespaces/{namespace}/dynamographdeployments/{graph}"
+        self._kube: Kube  # and the graph's type: set by ``async with``
+        self._type: ResourceType
 
     async def __aenter__(self) -> GraphClient:
-        from kubernetes_asyncio.client import ApiClient
+        from dynamo_clients import kube  # here: --graph-file and --help need no Kubernetes client
 
-        self._api = ApiClient(await _configuration(self._kubeconfig))
-        self._api.user_agent = FIELD_MANAGER
+        path = Path(self._kubeconfig) if self._kubeconfig else None
+        creds = await kube.load_credentials(path, in_cluster=path is None)
+        self._type = kube.ResourceType(GROUP_VERSION, KIND, "dynamographdeployments")
+        types = {(t.api_version, t.kind): t for t in (self._type, kube.EVENT)}
+        client = kube.Kube(
+            creds, field_manager=FIELD_MANAGER, resource_type=lambda *t: types[t], timeout_s=15.0
+        )
+        self._kube = await client.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
+        await self._kube.__aexit__(*exc)
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        what: str,
-        *,
-        body: Any = None,
-        params: dict[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        assert self._api is not None, "use `async with GraphClient(...)`"
+    async def _call(self, what: str, call: Awaitable[T]) -> T:
+        """``call``'s answer; its failure as a ``KubeError`` that says what to do."""
         try:
-            answer = await self._api.call_api(
-                path,
-                method,
-                query_params=list((params or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body,
-                auth_settings=["BearerToken"],
-                response_types_map=_AS_JSON,
-                _return_http_data_only=True,
-                _request_timeout=TIMEOUT_S,
-            )
-        except ApiException as e:
+            return await call
+        except KubeError as e:
             hint = {
                 401: "the credentials were refused",
                 403: "the planner's Role must allow it (rendered by the operator for its graph)",
                 404: f"graph {self.namespace}/{self.graph} does not exist",
-            }.get(int(e.status or 0), "see the message")
-            body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else e.body
-            detail = (body or e.reason or "")[:300]
-            raise kube_error(
-                int(e.status or 0), e.reason or "", f"could not {what}: {detail}; {hint}"
-            ) from None
+            }.get(e.status, "see the message")
+            raise kube_error(e.status, e.reason, f"could not {what}: {e.message[:300]}; {hint}") from None
         except (aiohttp.ClientError, TimeoutError) as e:
             raise KubeError(0, "", f"Could not {what}: {e!r}; check that the API server is reachable") from e
-        return answer if isinstance(answer, dict) else {}
 
     async def get_graph(self) -> dict[str, Any]:
-        return await self._call("GET", self._path, f"get graph {self.namespace}/{self.graph}")
+        what = f"get graph {self.namespace}/{self.graph}"
+        graph = await self._call(what, self._kube.get(self._type, self.namespace, self.graph))
+        if graph is None:
+            raise kube_error(
+                404, "NotFound", f"could not {what}: graph {self.namespace}/{self.graph} does not exist"
+            )
+        return graph
 
     async def set_replicas(self, replicas: dict[str, int]) -> None:
         """Server-side apply of ``spec.services.<name>.replicas``. Pass every service the planner
@@ -124,44 +80,17 @@ class GraphClient:
         left out would fall back to the default of 1 replica)."""
         body = {
             "apiVersion": GROUP_VERSION,
-            "kind": "DynamoGraphDeployment",
+            "kind": KIND,
             "metadata": {"name": self.graph, "namespace": self.namespace},
             "spec": {"services": {name: {"replicas": n} for name, n in replicas.items()}},
         }
-        await self._call(
-            "PATCH",
-            self._path,
-            f"patch replicas of graph {self.namespace}/{self.graph}",
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
-            body=body,
-            content_type="application/apply-patch+yaml",
-        )
+        await self._call(f"patch replicas of graph {self.namespace}/{self.graph}", self._kube.apply(body))
 
     async def event(self, graph: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        meta = graph.get("metadata", {})
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{self.graph}.planner.{uuid.uuid4().hex[:12]}",
-                "namespace": self.namespace,
-            },
-            "involvedObject": {
-                "apiVersion": GROUP_VERSION,
-                "kind": "DynamoGraphDeployment",
-                "name": self.graph,
-                "namespace": self.namespace,
-                "uid": meta.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": FIELD_MANAGER},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        await self._call(
-            "POST", f"/api/v1/namespaces/{self.namespace}/events", f"post Event {reason}", body=body
+        uid = (graph.get("metadata") or {}).get("uid")
+        meta = {"name": self.graph, "namespace": self.namespace, "uid": uid}
+        involved = {"apiVersion": GROUP_VERSION, "kind": KIND, "metadata": meta}
+        posted = self._kube.post_event(
+            involved, type_=type_, reason=reason, message=message, best_effort=False
         )
+        await self._call(f"post Event {reason}", posted)
