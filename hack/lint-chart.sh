@@ -34,6 +34,7 @@ VALUE_SETS=(
   "--set operator.replicas=0 --set serviceAccount.name=dynamo"
   "--set operator.webhook.certSecret=dynamo-operator-webhook-tls --set operator.webhook.failurePolicy=Fail"
   "--set monitoring.podMonitor.enabled=true --set monitoring.grafanaDashboard.enabled=true"
+  "--set inferenceExtension.installCRD=true"
 )
 
 log "helm lint"
