@@ -34,6 +34,7 @@ VALUE_SETS=(
   "--set operator.replicas=0 --set serviceAccount.name=dynamo"
   "--set operator.webhook.certSecret=dynamo-operator-webhook-tls --set operator.webhook.failurePolicy=Fail"
   "--set monitoring.podMonitor.enabled=true --set monitoring.grafanaDashboard.enabled=true"
+  "--set inferenceExtension.installCRD=true"
 )
 
 log "helm lint"
@@ -63,7 +64,8 @@ done
 examples=(examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-sglang-deploy/v1beta1/*.yaml)
 if [ -e "${examples[0]}" ]; then
   log "kubeconform examples/*.yaml examples/v1beta1/*.yaml tests/fixtures/dynamo-sglang-deploy/v1beta1/*.yaml"
-  kubeconform "${examples[@]}"
+  # examples/gateway.yaml's HTTPRoute is Gateway API's, whose CRD is not at hand offline: skipped here.
+  kubeconform -skip HTTPRoute "${examples[@]}"
 fi
 
 log "hadolint"

@@ -1,4 +1,5 @@
-"""Classify each entry of ``spec.services``: frontend, SGLang worker (agg/prefill/decode) or generic. Pure.
+"""Classify each entry of ``spec.services``: frontend, SGLang worker (agg/prefill/decode), endpoint picker
+(epp) or generic. Pure.
 
 Shared by the operator's validation and rendering and by dynamo-run.
 """
@@ -18,7 +19,7 @@ __all__ = [
     "components",
 ]
 
-Kind = Literal["frontend", "worker", "generic"]
+Kind = Literal["frontend", "worker", "epp", "generic"]
 Role = Literal["agg", "prefill", "decode", "encode", "diffusion"]
 MULTIMODAL_ROLES = ("encode", "diffusion")  # workers started with --role encode|diffusion
 WORKER_TYPES = ("worker", "prefill", "decode")
@@ -48,6 +49,8 @@ def _kind(component_type: str | None) -> Kind | None:
         return None
     if component_type == "frontend":
         return "frontend"
+    if component_type == "epp":
+        return "epp"
     if component_type in WORKER_TYPES:
         return "worker"
     return "generic"

@@ -36,6 +36,9 @@ ENV_REVISION: Final = "DYN_REVISION"
 # The frontend of a graph: the models its workers serve, listed and held for even at 0 replicas.
 ENV_GRAPH_MODELS: Final = "DYN_GRAPH_MODELS"
 ENV_LOG_LEVEL: Final = "DYN_LOG_LEVEL"
+# The endpoint picker of a graph: the frontend replicas it sends requests to, host:port comma-separated
+# (the headless Service of each frontend, which names every ready pod): its --frontends.
+ENV_EPP_FRONTENDS: Final = "DYN_EPP_FRONTENDS"
 # The frontend's API key(s), from a Secret (a graph's frontend env, or the chart's frontend.apiKey through
 # the operator); never logged. The file form holds one key a line.
 ENV_API_KEY: Final = "DYN_API_KEY"
@@ -58,6 +61,7 @@ ENV_LEADER_SYSTEM_ADDR: Final = "DYN_LEADER_SYSTEM_ADDR"
 FRONTEND_PORT: Final = 8000  # the OpenAI API (container port and Service port "http")
 SYSTEM_PORT: Final = 9090  # a worker's or planner's /live, /health, /metrics (container port "system")
 EPP_PORT: Final = 9002  # the endpoint picker's ext_proc gRPC server and its gRPC health (GAIE's port)
+EPP_PORT_NAME: Final = "grpc"  # its container port and Service port (an InferencePool's endpointPickerRef)
 REQUEST_PORT: Final = 9100  # a worker's request-plane listener (container port "request")
 NATS_PORT: Final = 4222
 DIST_INIT_PORT: Final = 29500  # a multinode engine's --dist-init-addr on its leader ("dist-init")

@@ -330,7 +330,8 @@ class ServiceSpec(_Model):
     """One entry of ``spec.services``: a component of the graph."""
 
     component_type: ComponentType | None = Field(
-        None, description="frontend, worker, prefill or decode (planner, main, epp, default: run as given)."
+        None,
+        description="frontend, worker, prefill, decode, epp (endpoint picker); planner, main, default: as is",
     )
     sub_component_type: SubComponentType | None = Field(
         None, description="prefill or decode for a disaggregated worker."
@@ -366,7 +367,9 @@ class ServiceSpec(_Model):
         None, description="The base model this worker serves, for DynamoModels (LoRA adapters) naming it."
     )
     pvc: PVC | None = Field(None, description="Older Dynamo manifests: one volume for this service.")
-    epp_config: Opaque | None = Field(None, description="Not supported (Dynamo's EPP component); ignored.")
+    epp_config: Opaque | None = Field(
+        None, description="Dynamo's EPP plugin configuration; ignored (an epp service's picker takes flags)."
+    )
     gpu_memory_service: Opaque | None = Field(
         None, description="Not supported (Dynamo's GPU Memory Service sidecar); ignored."
     )

@@ -28,6 +28,7 @@ __all__ = [
     "DYNAMO_PLANNER_MODULE",
     "DYNAMO_SGLANG_MODULE",
     "ENGINES",
+    "EPP_MODULE",
     "FRONTEND_MODULE",
     "MOCKER_MODULE",
     "PLANNER_MODULE",
@@ -45,6 +46,7 @@ FRONTEND_MODULE: Final = "dynamo_worker.frontend"
 SGLANG_MODULE: Final = "dynamo_worker.sglang"
 MOCKER_MODULE: Final = "dynamo_worker.mocker"  # a simulated SGLang engine: same flags, same protocol
 PLANNER_MODULE: Final = "dynamo_worker.planner"
+EPP_MODULE: Final = "dynamo_worker.epp"  # a gateway's endpoint picker (componentType epp)
 ROLES: Final[Mapping[str, Role]] = {
     FRONTEND_MODULE: "frontend",
     SGLANG_MODULE: "engine",
@@ -74,6 +76,7 @@ ENGINES: Final[Mapping[str, str]] = {"sglang": SGLANG_MODULE, "mocker": MOCKER_M
 DEFAULT_COMMANDS: Final[Mapping[str, tuple[str, ...]]] = {
     "frontend": ("python3", "-m", FRONTEND_MODULE),
     "worker": ("python3", "-m", SGLANG_MODULE),
+    "epp": ("python3", "-m", EPP_MODULE),
 }
 
 

@@ -69,7 +69,7 @@ class ComponentSpec(_Model):
 
     name: str = Field(description="The component's name, unique in the graph (the v1alpha1 services key).")
     type: ComponentType | None = Field(
-        None, description="frontend, worker, prefill or decode (planner, epp: run as given)."
+        None, description="frontend, worker, prefill, decode, epp (endpoint picker); planner: run as given."
     )
     replicas: Annotated[int, Field(ge=0)] | None = Field(
         None, description="Pods, or groups of pods when multinode; 1 when unset."

@@ -88,6 +88,16 @@ def _check_graph(dgd: DynamoGraphDeployment, comps: list[Component]) -> list[Pro
             Problem("spec.services", "NoServices", "spec.services is empty; add a frontend and a worker.")
         )
         return problems
+    pickers = [c.name for c in comps if c.kind == "epp"]
+    if len(pickers) > 1:
+        problems.append(
+            Problem(
+                "spec.services",
+                "MultipleEpp",
+                f"Services {', '.join(pickers)} are all endpoint pickers (componentType epp); a graph has "
+                "one (it owns the graph's InferencePool <graph>-pool): keep one and give it more replicas.",
+            )
+        )
     if not any(c.kind == "frontend" for c in comps):
         problems.append(
             Problem(
@@ -161,17 +171,6 @@ def _check_service(dgd: DynamoGraphDeployment, c: Component) -> list[Problem]:
                 f"{c.path}.componentType",
                 "MissingComponentType",
                 f"Service {c.name!r} has no componentType; set frontend, worker, prefill or decode.",
-            )
-        ]
-    if c.component_type == "epp":
-        return [
-            Problem(
-                f"{c.path}.componentType",
-                "EppNotSupported",
-                f"Service {c.name!r} is an Endpoint Picker (componentType epp) of the Gateway API Inference "
-                "Extension, which this operator does not render: the graph's frontends pick workers "
-                "themselves (--router-mode kv). Remove the service and send requests to the frontend's "
-                "Service.",
             )
         ]
     for key in BOOL_ANNOTATIONS:

@@ -37,7 +37,9 @@ from tests.support.wait import wait_until
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(ROOT.glob("examples/**/*.yaml"))
+# Not gateway.yaml (both versions): its endpoint picker serves a Gateway API gateway, which dynamo-run does
+# not run; it refuses the graph (EppNotLocal, tests/unit/local/test_plan.py).
+EXAMPLES = sorted(p for p in ROOT.glob("examples/**/*.yaml") if p.name != "gateway.yaml")
 STARTUP_S = 120.0
 STOP_S = 40.0
 

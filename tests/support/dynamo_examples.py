@@ -22,7 +22,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dynamo-sglang-dep
 
 @dataclass(frozen=True)
 class Verdict:
-    purpose: Literal["chat", "embeddings", "images"] | None = None
+    # gateway: chat behind a Gateway API gateway (an endpoint picker), which dynamo-run and the
+    # real-node tier do not have: rendered, never served by them (not in ``serving()``)
+    purpose: Literal["chat", "embeddings", "images", "gateway"] | None = None
     refused: str | None = None  # the reason of every Problem it gets
 
 
@@ -33,7 +35,7 @@ GMS = Verdict(refused="GpuMemoryServiceNotSupported")
 DYNAMO_EXAMPLES: dict[str, Verdict] = {
     "agg.yaml": CHAT,
     "agg_embed.yaml": EMBEDDINGS,
-    "agg_epp.yaml": Verdict(refused="EppNotSupported"),
+    "agg_epp.yaml": Verdict("gateway"),
     "agg_gms.yaml": GMS,
     "agg_image_diffusion.yaml": IMAGES,
     "agg_llm_diffusion.yaml": CHAT,
@@ -61,5 +63,5 @@ def serving(prefix: str = "") -> list[Path]:
     return [
         FIXTURES / name
         for name, v in sorted(DYNAMO_EXAMPLES.items())
-        if v.purpose and name.startswith(prefix)
+        if v.purpose and v.purpose != "gateway" and name.startswith(prefix)
     ]

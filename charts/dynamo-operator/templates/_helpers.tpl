@@ -149,6 +149,11 @@ Namespaced permissions: exactly the verbs and resources the operator uses. Share
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# A graph with an endpoint picker: its InferencePool (the Gateway API Inference Extension's; listed, and
+# so pruned, only where its CRD is installed: render.endpoint_picker).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # A planner component's ServiceAccount, Role and RoleBinding (render.planner).
 - apiGroups: [""]
   resources: ["serviceaccounts"]

@@ -37,10 +37,12 @@ from dynamo_operator.reconcile.conditions import (
     invalid_condition,
     problems_from_validation,
 )
+from dynamo_operator.reconcile.inference_pools import where_installed
 from dynamo_operator.reconcile.kube import (
     DEPLOYMENT,
     DGD,
     FIELD_MANAGER,
+    INFERENCE_POOL,
     LWS,
     PDB,
     POD,
@@ -72,7 +74,9 @@ logger = logging.getLogger(__name__)
 
 # Kinds whose children of a graph are pruned when no longer desired. PersistentVolumeClaims are
 # deliberately not pruned: removing a volume from the spec must not delete its data.
-PRUNE_TYPES = (DEPLOYMENT, STATEFULSET, SERVICE, LWS, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB, POD_GROUP)
+PRUNE_TYPES = (
+    DEPLOYMENT, STATEFULSET, SERVICE, LWS, SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB, POD_GROUP, INFERENCE_POOL
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,7 @@ class Controller:
         if rendered.problems:
             await self._write_status(observed.raw, self._invalid(observed.raw, rendered))
             return DONE
+        rendered = await where_installed(self.kube, rendered)  # the InferencePool needs GAIE's CRD
         done: list[Change] = []
         try:
             raw, outcome = await self._apply(observed, rendered, copies, done)

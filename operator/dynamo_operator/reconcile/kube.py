@@ -35,6 +35,7 @@ ROLE_BINDING = ResourceType("rbac.authorization.k8s.io/v1", "RoleBinding", "role
 LWS = ResourceType("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
 PDB = ResourceType("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 POD_GROUP = ResourceType("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups")  # scheduler-plugins
+INFERENCE_POOL = ResourceType("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")  # GAIE
 VALIDATING_WEBHOOK = ResourceType(
     "admissionregistration.k8s.io/v1",
     "ValidatingWebhookConfiguration",
@@ -61,6 +62,7 @@ KNOWN_TYPES: dict[tuple[str, str], ResourceType] = {
         ROLE_BINDING,
         PDB,
         POD_GROUP,
+        INFERENCE_POOL,
         VALIDATING_WEBHOOK,
     )
 }

@@ -12,6 +12,7 @@ from dynamo_api.models import DynamoGraphDeployment
 from dynamo_api.validation import validate
 
 from dynamo_operator.config import OperatorConfig
+from dynamo_operator.render import endpoint_picker as _endpoint_picker
 from dynamo_operator.render import notices as _notices
 from dynamo_operator.render import placement as _placement
 from dynamo_operator.render import planner as _planner
@@ -53,6 +54,7 @@ def render(dgd: DynamoGraphDeployment, config: OperatorConfig) -> Rendered:
         notices += _notices.unmanaged(c)
         notices += container_notices
         notices += _notices.tp_mismatch(c)
+    objects += _endpoint_picker.picker_objects(dgd, comps)
     notices += _notices.transport(dgd, comps, rdma)
     adapters, conflicts = _scaling.scaling_adapters(dgd, comps)
     return Rendered(

@@ -13,6 +13,7 @@ __all__ = [
     "MAX_WORKLOAD_NAME",
     "child_name",
     "fit",
+    "frontend_pods_service",
     "group_name",
     "label_value",
     "service_dns_name",
@@ -41,6 +42,12 @@ def label_value(value: str) -> str:
 def child_name(graph: str, service: str) -> str:
     """The Deployment (and Service) name of ``service`` in ``graph``: ``<graph>-<service lowercased>``."""
     return fit(f"{graph}-{service.lower()}", MAX_WORKLOAD_NAME)
+
+
+def frontend_pods_service(graph: str, service: str) -> str:
+    """The headless Service naming every ready pod of frontend ``service`` (what an endpoint picker
+    resolves): ``<graph>-<service lowercased>-pods``, a DNS label."""
+    return fit(f"{graph}-{service.lower()}-pods", MAX_LABEL_VALUE)
 
 
 def group_name(graph: str, service: str, index: int, reserve: int = 0) -> str:

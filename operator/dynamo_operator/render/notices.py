@@ -30,11 +30,16 @@ def ignored_fields(c: Component) -> list[Notice]:
     if not names:
         return []
     hint = " To autoscale it, set scalingAdapter: {enabled: true} and aim an HPA or KEDA at its adapter."
+    epp_hint = (
+        " The endpoint picker decides with the frontend's router, not GAIE's plugins: give its flags "
+        "(python -m dynamo_worker.epp --help) in extraPodSpec.mainContainer.args."
+    )
     return [
         Notice(
             "IgnoredFields",
             f"Service {c.name!r} sets {', '.join(names)}, which this operator accepts but does not act on."
-            + (hint if "autoscaling" in names else ""),
+            + (hint if "autoscaling" in names else "")
+            + (epp_hint if "eppConfig" in names else ""),
             c.name,
             # named in SpecWarnings, except dynamoNamespace alone, which NVIDIA Dynamo ignores too
             warning=names != ["dynamoNamespace"],

@@ -8,7 +8,7 @@ from typing import Any
 from dynamo_api import contract, modules
 from dynamo_api.annotations import MODULE_ANNOTATION, RDMA_ANNOTATION, parse_bool
 from dynamo_api.components import Component, components
-from dynamo_api.frontend_args import router_mode
+from dynamo_api.frontend_args import picker_router_mode, router_mode
 from dynamo_api.models import STORAGE_API_VERSION, DynamoGraphDeployment, EnvVar, Probe, ResourceItem
 from dynamo_api.sglang_args import argv
 
@@ -16,6 +16,7 @@ from dynamo_operator.backends import nixl, sglang
 from dynamo_operator.config import OperatorConfig
 from dynamo_operator.render import labels
 from dynamo_operator.render.merge import merge
+from dynamo_operator.render.names import frontend_pods_service
 from dynamo_operator.render.revision import graph_models
 from dynamo_operator.render.types import Notice
 
@@ -24,6 +25,7 @@ __all__ = [
     "SHM_VOLUME",
     "bootstrap_port",
     "contract_env",
+    "has_picker",
     "main_container",
     "object_meta",
     "pod_spec",
@@ -71,6 +73,8 @@ def contract_env(
             ref = {"name": config.frontend_api_key_secret, "key": config.frontend_api_key_secret_key}
             env.append({"name": contract.ENV_API_KEY, "valueFrom": {"secretKeyRef": ref}})
     else:
+        if c.kind == "epp":
+            env.append({"name": contract.ENV_EPP_FRONTENDS, "value": _frontends(dgd)})
         env += [
             {"name": contract.ENV_SYSTEM_ENABLED, "value": "true"},
             {"name": contract.ENV_SYSTEM_PORT, "value": str(contract.SYSTEM_PORT)},
@@ -84,6 +88,20 @@ def contract_env(
         if revision is not None and c.role in ("prefill", "decode"):
             env.append({"name": contract.ENV_REVISION, "value": revision})
     return env
+
+
+def _frontends(dgd: DynamoGraphDeployment) -> str:
+    """An endpoint picker's --frontends: the headless Service of each frontend of the graph."""
+    return ",".join(
+        f"{frontend_pods_service(dgd.name, f.name)}:{contract.FRONTEND_PORT}"
+        for f in components(dgd)
+        if f.kind == "frontend"
+    )
+
+
+def has_picker(dgd: DynamoGraphDeployment) -> bool:
+    """Whether the graph has an endpoint picker (componentType epp), which routes for its frontends."""
+    return any(c.kind == "epp" for c in components(dgd))
 
 
 def _dump_env(envs: list[EnvVar]) -> list[dict[str, Any]]:
@@ -153,6 +171,9 @@ def _probes(c: Component, config: OperatorConfig) -> dict[str, Any]:
         out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "http", 3)
         failures = math.ceil(FRONTEND_STARTUP_S / _PROBE_PERIOD_S)
         out["startupProbe"] = _http_probe(contract.LIVE_PATH, "http", failures)
+    elif c.kind == "epp":  # ready (/health) once it can serve a model; gRPC health says the same
+        out["livenessProbe"] = _http_probe(contract.LIVE_PATH, "system", 3)
+        out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "system", 3)
     elif c.kind == "worker":
         out["livenessProbe"] = _http_probe(contract.LIVE_PATH, "system", 3)
         out["readinessProbe"] = _http_probe(contract.HEALTH_PATH, "system", 3)
@@ -175,6 +196,9 @@ def _ports(c: Component) -> list[dict[str, Any]]:
     if c.kind == "frontend":
         return [{"name": "http", "containerPort": contract.FRONTEND_PORT, "protocol": "TCP"}]
     ports = [{"name": "system", "containerPort": contract.SYSTEM_PORT, "protocol": "TCP"}]
+    if c.kind == "epp":
+        grpc = {"name": contract.EPP_PORT_NAME, "containerPort": contract.EPP_PORT, "protocol": "TCP"}
+        ports.insert(0, grpc)
     if c.kind == "worker":
         ports.append({"name": "request", "containerPort": contract.REQUEST_PORT, "protocol": "TCP"})
         if c.role == "prefill":
@@ -219,7 +243,8 @@ def main_container(
     ``revision``: the graph's prefill/decode revision (``render.revision``)."""
     container = _merge_user(c, _our_container(dgd, c, config, revision))
     notices: list[Notice] = []
-    for step in (_swap_module, _declare_bootstrap_port, _listen_for_peers, _publish_kv_events):
+    steps = (_swap_module, _route_direct, _declare_bootstrap_port, _listen_for_peers, _publish_kv_events)
+    for step in steps:
         container, notice = step(dgd, c, container)
         if notice is not None:
             notices.append(notice)
@@ -231,7 +256,7 @@ def _our_container(
 ) -> dict[str, Any]:
     """The container the operator writes: image, the component's command, the env contract (then the
     graph's env, then the service's), ports, resources, mounts, probes, the env secret."""
-    image = config.frontend_image if c.kind == "frontend" else config.worker_image
+    image = config.frontend_image if c.kind in ("frontend", "epp") else config.worker_image
     ours: dict[str, Any] = {
         "name": "main",
         "image": image,
@@ -281,6 +306,23 @@ def _swap_module(dgd: DynamoGraphDeployment, c: Component, container: dict[str, 
     )
 
 
+def _route_direct(dgd: DynamoGraphDeployment, c: Component, container: dict[str, Any]) -> _Step:
+    """A frontend behind the graph's endpoint picker serves the workers the picker named."""
+    if c.kind != "frontend" or not has_picker(dgd):
+        return container, None
+    container, previous = sglang.ensure_flag(container, contract.ROUTER_MODE_FLAG, "direct")
+    if previous in (None, "direct"):
+        return container, None
+    return container, Notice(
+        "RouterModeOverridden",
+        f"Service {c.name!r} set {contract.ROUTER_MODE_FLAG} {previous}; it runs "
+        f"{contract.ROUTER_MODE_FLAG} direct, since the graph's endpoint picker routes its requests "
+        f"(set {contract.ROUTER_MODE_FLAG} on the picker instead).",
+        c.name,
+        warning=True,
+    )
+
+
 def _declare_bootstrap_port(dgd: DynamoGraphDeployment, c: Component, container: dict[str, Any]) -> _Step:
     """A prefill worker binds the port it declares: SGLang's default, made explicit (contract.py)."""
     if c.kind == "worker" and c.role == "prefill" and not c.args.bootstrap_port:
@@ -325,7 +367,11 @@ def _publish_kv_events(dgd: DynamoGraphDeployment, c: Component, container: dict
 def routes_on_kv(dgd: DynamoGraphDeployment) -> bool:
     """Whether a frontend of the graph routes on KV cache: its command and env (the graph's, the
     service's, then its mainContainer's, as ``main_container`` merges them; the contract's sets no router
-    mode) read as the frontend reads them (``frontend_args.router_mode``)."""
+    mode) read as the frontend reads them (``frontend_args.router_mode``); in a graph with an endpoint
+    picker, whether the picker does (``frontend_args.picker_router_mode``)."""
+    for c in components(dgd):
+        if c.kind == "epp":  # the picker routes for the frontends, which run --router-mode direct
+            return picker_router_mode(argv(c.command_view)) == "kv"
     for c in components(dgd):
         if c.kind != "frontend":
             continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import yaml
 from dynamo_operator.settings import parse_settings
 
 from tests.integration.chart.helm import CHART, find, template, template_error
@@ -251,3 +252,22 @@ def test_frontend_api_key_secret_reaches_every_frontend_pod(bins):
     ref = {"secretKeyRef": {"name": "frontend-api-key", "key": "token"}}
     assert [e for e in env if e["name"] == "DYN_API_KEY"] == [{"name": "DYN_API_KEY", "valueFrom": ref}]
     assert "existingSecret" in template_error(bins, "frontend.apiKey.existingSecret=Not_A_Name")
+
+
+def test_inference_extension_crd_is_installed_only_when_asked_and_as_vendored(bins):
+    """inferenceExtension.installCRD installs GAIE's InferencePool CRD as vendored (its spec unchanged),
+    kept on uninstall; the operator may manage InferencePools either way."""
+    name = "inferencepools.inference.networking.k8s.io"
+    assert not find(template(bins), "CustomResourceDefinition", name)
+    (crd,) = find(template(bins, "inferenceExtension.installCRD=true"), "CustomResourceDefinition", name)
+    vendored = yaml.safe_load(
+        (CHART / "files" / "inference.networking.k8s.io_inferencepools.yaml").read_text()
+    )
+    assert crd["spec"] == vendored["spec"]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1"]
+    (role,) = find(template(bins), "ClusterRole")
+    rule = next(r for r in role["rules"] if r["apiGroups"] == ["inference.networking.k8s.io"])
+    assert rule["resources"] == ["inferencepools"] and {"create", "patch", "delete", "list"} <= set(
+        rule["verbs"]
+    )

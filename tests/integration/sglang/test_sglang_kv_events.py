@@ -202,6 +202,34 @@ def test_a_prompts_stores_page_by_page_are_one_event_per_chain():
     assert merged.tier_overlaps(hash_token_blocks(TOKENS, PAGE), ["w"]) == {"w": TierOverlap(gpu=3)}
 
 
+def test_page_by_page_arrays_give_the_chains_maps_give():
+    """SGLang 0.5.17's tagged arrays (read in place on the common path) and the tagged maps of the same
+    stores give the same chains."""
+    other = [201, 202, 203, 204]
+    maps = [
+        *per_page([1, 2, 3], TOKENS),
+        *per_page([11, 12], other),
+        *per_page([4, 5], TOKENS[:4], parent=3, medium="CPU_PINNED"),
+        *per_page([6], TOKENS[4:], parent=5, medium="GPU"),
+        {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": 6, "token_ids": [1, 2, 3]},
+    ]
+    arrays = [
+        [
+            "BlockStored",
+            m["block_hashes"],
+            m["parent_block_hash"],
+            m["token_ids"],
+            PAGE,
+            None,
+            m.get("medium"),
+        ]
+        for m in maps
+    ]
+    got = decode_batch([0.0, arrays, 0]).events
+    assert got == decode_batch([0.0, maps, 0]).events
+    assert [len(e.block_hashes) for e in got if isinstance(e, BlockStored)] == [3, 2, 2, 1, 1]
+
+
 def test_an_unknown_storage_medium_is_skipped_and_named():
     event = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2], "medium": "NVME_OF_THE_FUTURE"}
     got = decode_batch([0.0, [event, ["AllBlocksCleared"]], None])

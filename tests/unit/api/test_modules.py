@@ -56,7 +56,13 @@ def test_a_service_with_no_command_runs_the_default_command_of_its_kind():
             "apiVersion": "nvidia.com/v1alpha1",
             "kind": "DynamoGraphDeployment",
             "metadata": {"name": "g"},
-            "spec": {"services": {"fe": {"componentType": "frontend"}, "w": {"componentType": "worker"}}},
+            "spec": {
+                "services": {
+                    "fe": {"componentType": "frontend"},
+                    "w": {"componentType": "worker"},
+                    "p": {"componentType": "epp"},
+                }
+            },
         }
     )
     views = {c.kind: c.command_view["command"] for c in components(dgd)}
@@ -64,4 +70,5 @@ def test_a_service_with_no_command_runs_the_default_command_of_its_kind():
     assert {kind: modules.role(command[2]) for kind, command in modules.DEFAULT_COMMANDS.items()} == {
         "frontend": "frontend",
         "worker": "engine",
+        "epp": None,  # a picker plays no role in a graph dynamo-run runs (it refuses one)
     }

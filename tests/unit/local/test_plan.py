@@ -406,3 +406,12 @@ def test_any_declared_port_is_remapped_wherever_it_is_referenced_and_other_numbe
     assert decode.argv[decode.argv.index("--max-running-requests") + 1] == "5557"  # not a port reference
     assert f'"tcp://*:{local}"' in decode.argv[decode.argv.index("--kv-events-config") + 1]
     assert f"--x-port={local}" in decode.argv
+
+
+def test_a_graph_behind_a_gateway_is_refused_with_what_to_do():
+    """An endpoint picker serves a Gateway API gateway, which dynamo-run does not run: refused, once."""
+    with pytest.raises(PlanError) as e:
+        plan((REPO / "examples" / "gateway.yaml").read_text())
+    (problem,) = e.value.problems
+    assert (problem.field, problem.reason) == ("spec.services.epp.componentType", "EppNotLocal")
+    assert "remove the service to run the graph here" in problem.message

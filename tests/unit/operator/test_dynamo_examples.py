@@ -51,5 +51,19 @@ def test_what_the_refusals_say():
     assert all("in container 'engine'" in m for m in messages("v1beta1/openengine-disagg.yaml"))
     (gms,) = messages("agg_gms.yaml")
     assert "GPU Memory Service" in gms and "remove --load-format gms" in gms
-    (epp,) = messages("agg_epp.yaml")
-    assert "Endpoint Picker" in epp and "send requests to the frontend's Service" in epp
+
+
+def _id(obj: dict) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def test_dynamo_epp_example_renders_a_picker_its_pool_and_direct_frontends():
+    raw = yaml.safe_load((FIXTURES / "agg_epp.yaml").read_text())
+    rendered = render(load_graph(raw), CONFIG)
+    kinds = {_id(o) for o in rendered.objects}
+    assert {("Deployment", "sglang-agg-epp-epp"), ("InferencePool", "sglang-agg-epp-pool")} <= kinds
+    (frontend,) = [o for o in rendered.objects if _id(o) == ("Deployment", "sglang-agg-epp-frontend")]
+    assert frontend["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--router-mode", "direct"]
+    # Dynamo's eppConfig (GAIE plugin configuration) is not read: said, with what to do instead
+    (ignored,) = [n for n in rendered.notices if n.reason == "IgnoredFields"]
+    assert "eppConfig" in ignored.message and "dynamo_worker.epp --help" in ignored.message

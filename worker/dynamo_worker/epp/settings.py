@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from dynamo_api import contract
+from dynamo_api.frontend_args import DEFAULT_PICKER_ROUTER_MODE, PickerRouterMode
 from dynamo_api.settings_sources import Settings
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -39,6 +39,7 @@ class EppSettings(Settings):
         description="The frontend replicas Envoy may send a request to, comma-separated host:port "
         "(each runs --router-mode direct). A host name is resolved to all its addresses (a headless "
         "Service names every pod) and again every --frontend-resolve-s.",
+        json_schema_extra={"env": contract.ENV_EPP_FRONTENDS},
     )
     frontend_resolve_s: float = Field(
         10.0, gt=0, le=3600, description="How often the host names in --frontends are resolved again."
@@ -54,8 +55,9 @@ class EppSettings(Settings):
         description="NATS URL (JetStream): discovery, model cards, KV events and load metrics.",
         json_schema_extra={"env": contract.ENV_NATS_SERVER},
     )
-    router_mode: Literal["kv", "round-robin", "random"] = Field(
-        "kv", description="How the workers are picked (the frontend's router, one decision for all replicas)."
+    router_mode: PickerRouterMode = Field(
+        DEFAULT_PICKER_ROUTER_MODE,
+        description="How the workers are picked (the frontend's router, one decision for all replicas).",
     )
     kv_overlap_weight: float = Field(
         _KV.overlap_weight, ge=0.0, le=1000.0, description="Weight of the prefill cost in the kv cost."

@@ -282,6 +282,8 @@ class _Selector:
             return self._unsupported
         if component_type == "planner":
             return self._planner if role == "planner" and self.planners else self._no_planner
+        if component_type == "epp":
+            return self._picker
         return self._skipped
 
     def _frontend(self, pod: Pod, service: str, replica: int, module: str | None) -> None:
@@ -338,6 +340,20 @@ class _Selector:
             f"{pod.name}: a planner runs here only as 'python3 -m {modules.PLANNER_MODULE} ...' (or "
             f"{modules.DYNAMO_PLANNER_MODULE}) reading the manifest file ({why}); not run locally "
             "(skipped)"
+        )
+
+    def _picker(self, pod: Pod, service: str, _replica: int, _module: str | None) -> None:
+        """A graph behind a gateway is refused: its frontends route only as the picker tells them."""
+        if any(p.reason == "EppNotLocal" for p in self.problems):
+            return
+        self.problems.append(
+            Problem(
+                f"spec.services.{service}.componentType",
+                "EppNotLocal",
+                "an endpoint picker (componentType epp) serves a Gateway API gateway, which dynamo-run "
+                "does not run, and the graph's frontends run --router-mode direct behind it; remove the "
+                "service to run the graph here (its frontend then routes itself)",
+            )
         )
 
     def _skipped(self, pod: Pod, _service: str, _replica: int, _module: str | None) -> None:

@@ -123,6 +123,20 @@ class _Chain:
             and len(tokens) == self.page * len(hashes) > 0
         )
 
+    def continues_array(self, raw: list[Any]) -> bool:
+        """``continues`` for one event of SGLang's tagged-array encoding, read in place: the common case
+        (a store per page) costs no dict of fields. The array form names no adapter."""
+        if len(raw) < 4 or raw[0] != "BlockStored" or _lora(self.f) is not None:
+            return False
+        hashes, tokens = raw[1], raw[3]
+        return (
+            type(hashes) is list
+            and type(tokens) is list
+            and raw[2] == self.f["block_hashes"][-1]
+            and MEDIA.get(raw[6] if len(raw) > 6 else None) == self.medium
+            and len(tokens) == self.page * len(hashes) > 0
+        )
+
     def extend(self, f: dict[str, Any]) -> None:
         self.f["block_hashes"].extend(f["block_hashes"])
         self.f["token_ids"].extend(f["token_ids"])
@@ -162,6 +176,44 @@ def decode_batch(batch: Any) -> DecodedBatch:
     """Our events and the dp rank of one msgpack-decoded SGLang (or vLLM) KV event batch: an array
     ``[ts, events, rank]`` or a map with ``events`` and ``attn_dp_rank``/``data_parallel_rank``.
     Raises ``KvEventDecodeError`` for anything else."""
+    raw_events, rank = _batch_parts(batch)
+    events: list[KvEvent] = []
+    unknown: list[str] = []
+    unknown_media: list[str] = []
+    chain: _Chain | None = None
+    for i, raw in enumerate(raw_events):
+        if chain is not None and type(raw) is list and chain.continues_array(raw):
+            chain.f["block_hashes"].extend(raw[1])
+            chain.f["token_ids"].extend(raw[3])
+            continue
+        tag, f = _fields(raw, i)
+        if tag not in _ARRAY_FIELDS:
+            unknown.append(tag)
+            continue
+        _check_required(tag, f, i)
+        medium = _medium(f)
+        if medium is None and tag != "AllBlocksCleared":
+            unknown_media.append(str(f.get("medium")))
+            continue
+        if tag == "BlockStored" and medium is not None and chain is not None and chain.continues(f, medium):
+            chain.extend(f)
+            continue
+        if chain is not None:
+            events.append(chain.event())
+            chain = None
+        if tag == "BlockStored" and medium is not None:
+            chain = _chain(f, i, medium)
+        else:
+            events.append(_event(tag, f, i, medium or "gpu"))
+    if chain is not None:
+        events.append(chain.event())
+    return DecodedBatch(
+        events=events, dp_rank=rank or 0, unknown_tags=tuple(unknown), unknown_media=tuple(unknown_media)
+    )
+
+
+def _batch_parts(batch: Any) -> tuple[list[Any], int | None]:
+    """The events and the dp rank (None: not given) of a batch, in either encoding."""
     if isinstance(batch, Mapping):
         raw_events = batch.get("events")
         rank = next((batch[k] for k in _RANK_KEYS if batch.get(k) is not None), None)
@@ -174,39 +226,13 @@ def decode_batch(batch: Any) -> DecodedBatch:
         raise KvEventDecodeError(f"the batch's events are not a list: {_short(raw_events)}")
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
         raise KvEventDecodeError(f"the batch's dp rank is not a non-negative integer: {rank!r}")
-    events: list[KvEvent] = []
-    unknown: list[str] = []
-    unknown_media: list[str] = []
-    chain: _Chain | None = None
-    for i, raw in enumerate(raw_events):
-        tag, f = _fields(raw, i)
-        if tag not in _ARRAY_FIELDS:
-            unknown.append(tag)
-            continue
-        for name in _REQUIRED.get(tag, ()):
-            if not isinstance(f.get(name), list):
-                raise KvEventDecodeError(f"event {i} ({tag}) has no list {name!r}: {_short(f)}")
-        medium = _medium(f)
-        if medium is None and tag != "AllBlocksCleared":
-            unknown_media.append(str(f.get("medium")))
-            continue
-        if tag == "BlockStored" and medium is not None:
-            if chain is not None and chain.continues(f, medium):
-                chain.extend(f)
-                continue
-            if chain is not None:
-                events.append(chain.event())
-            chain = _chain(f, i, medium)
-            continue
-        if chain is not None:
-            events.append(chain.event())
-            chain = None
-        events.append(_event(tag, f, i, medium or "gpu"))
-    if chain is not None:
-        events.append(chain.event())
-    return DecodedBatch(
-        events=events, dp_rank=rank or 0, unknown_tags=tuple(unknown), unknown_media=tuple(unknown_media)
-    )
+    return raw_events, rank
+
+
+def _check_required(tag: str, f: dict[str, Any], index: int) -> None:
+    for name in _REQUIRED.get(tag, ()):
+        if not isinstance(f.get(name), list):
+            raise KvEventDecodeError(f"event {index} ({tag}) has no list {name!r}: {_short(f)}")
 
 
 def _short(value: Any, limit: int = 200) -> str:
