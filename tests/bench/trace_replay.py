@@ -8,8 +8,9 @@ completions, and prints per stack: TTFT p50/p90, ITL p50/p90 (per request: the m
 token, as aiperf counts it), goodput at TTFT <= 2 s and ITL <= 25 ms (the SLO Dynamo publishes its
 trace replays with: requests/s and the share of requests within both), the cached share of prompt
 tokens (the servers' ``usage.prompt_tokens_details.cached_tokens``) beside the most any router could
-find (``max``: prompt blocks an earlier request of the window sent), output tokens/s, and how late the
-client sent its latest request (a busy machine's lag).
+find (``max``: prompt blocks an earlier request of the window sent), output tokens/s, how late the
+client sent its latest request (a busy machine's lag), and the CPU time per request of the frontend
+(its process group) and of the engines over the replay.
 
 Prompts are built from the hash ids (``tests.bench.trace``): each id a block of 512 words of the
 word-level model (``tests.bench.wordmodel``, one word one token), the same for every stack. Each stack
@@ -142,6 +143,8 @@ class Summary:
     cacheable_share: float
     output_tokens_per_s: float
     send_lag_ms: float
+    frontend_cpu_ms_per_request: float | None = None  # the frontend's process group, over the replay
+    worker_cpu_ms_per_request: float | None = None  # the simulated engines' processes, over the replay
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -149,9 +152,13 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def summarize(
-    results: Sequence[RequestResult], window: Sequence[trace.TraceRequest], send_lag_s: float = 0.0
+    results: Sequence[RequestResult],
+    window: Sequence[trace.TraceRequest],
+    send_lag_s: float = 0.0,
+    cpu_s: tuple[float, float] | None = None,
 ) -> Summary:
-    """The figures of one replay of ``window`` (``results`` in its order)."""
+    """The figures of one replay of ``window`` (``results`` in its order); ``cpu_s``: the frontend's
+    and the engines' CPU seconds over it."""
     ok = [r for r in results if r.ok and r.first_chunk is not None]
     ttft = [r.first_chunk - r.start for r in ok if r.first_chunk is not None]
     itl = [trace.request_itl_s(r.first_chunk, r.end, r.output_tokens) for r in ok if r.first_chunk]
@@ -179,6 +186,8 @@ def summarize(
         cacheable_share=trace.cacheable_share(window),
         output_tokens_per_s=sum(r.output_tokens for r in ok) / duration if duration > 0 else 0.0,
         send_lag_ms=1e3 * send_lag_s,
+        frontend_cpu_ms_per_request=1e3 * cpu_s[0] / len(results) if cpu_s and results else None,
+        worker_cpu_ms_per_request=1e3 * cpu_s[1] / len(results) if cpu_s and results else None,
     )
 
 
@@ -294,8 +303,12 @@ def run_stack(
                 at = [r.timestamp_ms / 1e3 for r in window]
                 return await replay(target, specs, at, o.drain_s)
 
+        workers = [p for p in fleet.procs if "mocker" in p.name]
+        cpu = lambda: (frontend.cpu_s(), sum(w.cpu_s() for w in workers))  # noqa: E731
+        before = cpu()
         results, lag = asyncio.run(go())
-    return summarize(results, window, lag)
+        after = cpu()
+    return summarize(results, window, lag, (after[0] - before[0], after[1] - before[1]))
 
 
 # --- report --------------------------------------------------------------------------------------------
@@ -305,7 +318,8 @@ ROWS = (
     ("ITL p90 ms", "itl_p90_ms"), ("goodput req/s", "goodput_rps"), ("within SLO (share)", "good_share"),
     ("cached share", "cached_share"), ("cacheable share (max)", "cacheable_share"),
     ("output tokens/s", "output_tokens_per_s"), ("completed", "completed"),
-    ("client send lag ms", "send_lag_ms"),
+    ("client send lag ms", "send_lag_ms"), ("frontend CPU ms/request", "frontend_cpu_ms_per_request"),
+    ("engines' CPU ms/request", "worker_cpu_ms_per_request"),
 )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """The trace replay's own pure parts (``tests.bench.trace_replay``): one request per trace request whose
 words follow its hash ids, the figures of a replay (TTFT, per-request ITL, goodput at the SLO, cached
-against cacheable share), and a command line whose ``--help`` says what it runs."""
+against cacheable share, CPU per request), and a command line whose ``--help`` says what it runs."""
 
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ def test_summary_counts_goodput_cached_and_cacheable_shares():
         _result(1.0, 2.5, 3.5 + 9 * 0.01, 10, 1024, 512),  # TTFT past 2 s
         RequestResult(start=2.0, end=4.0, error="timeout"),
     ]
-    s = summarize(results, window, send_lag_s=0.003)
+    s = summarize(results, window, send_lag_s=0.003, cpu_s=(0.3, 0.6))
     assert (s.requests, s.completed, s.errors) == (3, 2, {"timeout": 1})
     assert s.good_share == pytest.approx(1 / 3) and s.goodput_rps == pytest.approx(1 / 4.0)
     assert s.cached_share == pytest.approx(512 / 1536)
     assert s.cacheable_share == pytest.approx(512 / 1536)
     assert s.itl_p50_ms == pytest.approx(10.0) and s.send_lag_ms == pytest.approx(3.0)
     assert s.ttft_p90_ms == pytest.approx(1000 * (0.5 + 0.9 * 2.0))
+    assert (s.frontend_cpu_ms_per_request, s.worker_cpu_ms_per_request) == pytest.approx((100.0, 200.0))
 
 
 def test_help_names_the_window_the_pace_and_the_slo(capsys):
