@@ -114,7 +114,7 @@ SOAK_ARGS ?=
 soak: venv ## the soak: disagg graph on the mocker, mixed traffic, a fault every 30-60 s, one table (SOAK_MINUTES=30)
 	$(BIN)/python -m tests.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
-.PHONY: bench bench-peers image-operator image-runtime image-runtime-cuda
+.PHONY: bench bench-peers bench-trace image-operator image-runtime image-runtime-cuda
 bench: venv binaries ## benchmark scenarios on the mocker and the local control plane (< 10 min); JSON in .bench/
 	$(BIN)/python -m tests.bench.scenarios --json-out .bench/scenarios.json
 
@@ -123,3 +123,12 @@ PEERS_FRONTEND_ARGS ?=
 bench-peers: venv ## our frontend + mocker vs NVIDIA Dynamo 1.6.1's (installed once into a cached venv), same workloads
 	$(BIN)/python -m tests.bench.peers --dynamo-venv "$$(bash hack/install-dynamo-peer.sh)" \
 		--frontend-args "$(PEERS_FRONTEND_ARGS)" $(PEERS_ARGS)
+
+# The Mooncake FAST'25 conversation trace (github.com/kvcache-ai/Mooncake, FAST25-release/traces/) and flags
+# for the replay (python -m tests.bench.trace_replay --help), e.g. TRACE_ARGS="--count 100 --speedup 8".
+TRACE ?= /work/shared/traces/mooncake-conversation.jsonl
+TRACE_ARGS ?=
+bench-trace: venv ## a Mooncake trace window replayed open loop through ours and NVIDIA Dynamo 1.6.1 (mocker, kv routing); JSON in .bench/
+	@venv=$$(bash hack/install-dynamo-peer.sh) || { echo "Dynamo 1.6.1 did not install: ours only" >&2; venv=; }; \
+	$(BIN)/python -m tests.bench.trace_replay --trace "$(TRACE)" $${venv:+--dynamo-venv "$$venv"} \
+		--json-out .bench/trace.json $(TRACE_ARGS)

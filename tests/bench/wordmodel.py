@@ -9,6 +9,7 @@ one token. ``config.json`` carries ``architectures`` (Dynamo's mocker requires i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from dynamo_worker.bench.workload import WORDS
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-__all__ = ["VOCAB_SIZE", "ensure_word_model"]
+__all__ = ["VOCAB_SIZE", "ensure_word_model", "vocabulary"]
 
 VOCAB_SIZE = 160_000
 VERSION = 1
@@ -41,10 +42,14 @@ def _words(n: int) -> list[str]:
     return list(seen)
 
 
+@functools.cache
+def vocabulary() -> tuple[str, ...]:
+    """Every token of the model by id: the special tokens, then one word each."""
+    return (*SPECIAL, *_words(VOCAB_SIZE - len(SPECIAL)))
+
+
 def _write(folder: Path) -> None:
-    vocab = {t: i for i, t in enumerate(SPECIAL)}
-    for w in _words(VOCAB_SIZE - len(SPECIAL)):
-        vocab[w] = len(vocab)
+    vocab = {t: i for i, t in enumerate(vocabulary())}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.add_special_tokens(SPECIAL)

@@ -27,7 +27,11 @@ engine's cache (aggregated and prefill; a disaggregated decode engine caches not
 memory) is cut to ``LONG_POOL_TOKENS`` tokens with ``--max-total-tokens``, the conversations are counted
 to fill 3.5 times that per GPU, and the sizing is printed; between two turns of a conversation every other one
 takes a turn, so its KV has left the GPU when it returns: HiCache's host tier and tier-aware routing
-matter). Each is swept over concurrency (``SWEEP``; longmultiturn from c8 up) until TTFT p90 or ITL
+matter), ``trace`` (a window of the Mooncake conversation trace replayed open loop at its timestamps,
+``peers_trace.py``: ``TRACE_FILE``, ``TRACE_COUNT`` 300, ``TRACE_SPEEDUPS`` 1,2,4,8 in place of the
+concurrency sweep, a point's ``conc`` being its speedup; the served context becomes 131072 for its long
+prompts; each point notes the share of requests within TTFT 2 s and ITL 25 ms each, Dynamo's SLO for
+this trace). Each is swept over concurrency (``SWEEP``; longmultiturn from c8 up) until TTFT p90 or ITL
 p90 passes its SLO (``TTFT_SLO_MS`` 2000, ``ITL_SLO_MS`` 50; the first point past it is kept); goodput
 is reported at those SLOs and beside them at a tight ITL SLO (``TIGHT_ITL_SLO_MS``, 10 ms), where
 disaggregation should pay. Recorded per point: output tokens/s per GPU, TTFT p50/p90, ITL p50/p90 (per
@@ -94,6 +98,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import peers_trace  # noqa: E402  (the trace workload)
 import run_examples as ex  # noqa: E402  (the same Graph, flags and model as the user-path proof)
 
 OUT = ex.OUT
@@ -118,6 +123,8 @@ TEMPERATURE = float(os.environ.get("TEMPERATURE", 0))  # both stacks' requests: 
 # of it begins (the points measured so far are kept and reported, with a note on the sweep cut short).
 STACK_BUDGET_S = float(os.environ.get("STACK_BUDGET_S", "inf"))
 CONTEXT = 16384  # rag's 8192 + 256 needs more than the 8192 of the model's config
+if "trace" in WORKLOADS:  # the Mooncake trace's prompts run to ~125k tokens (a third of them past 16384)
+    CONTEXT = 131072
 PAGE_SIZE = 16  # every engine's --page-size: the gateway's engines get it here, ours from the examples
 STACKS = ("ours-agg", "ours-disagg", "smg-agg", "smg-pd")
 # config.json fields over tests/gpu/model's (the 8B shape) per MODEL_SHAPE
@@ -400,6 +407,9 @@ async def sweep(stack: str, gpus: int, base: str, kind: str, model: str, deadlin
     points = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
         for name in WORKLOADS:
+            if name == "trace":
+                points += await trace_points(stack, gpus, session, base, kind, model, deadline)
+                continue
             w = SHAPES[name]
             one = (ours_request if kind == "ours" else smg_request)(session, base, w.osl, model)
             host_total = host_counter(base) if kind == "ours" else None
@@ -417,6 +427,47 @@ async def sweep(stack: str, gpus: int, base: str, kind: str, model: str, deadlin
                 save_points(stack, points)  # a call killed at its limit still brings back what it measured
                 if not point.within_slo:
                     break
+    return points
+
+
+def trace_plan() -> peers_trace.TracePlan:
+    """The trace workload's window and prompts, the same for every stack (``peers_trace``)."""
+    top = 800 if ex.ENGINE != "sglang" else 30000  # as ``conversations``: the mocker's tiny tokenizer
+    return peers_trace.plan(peers_trace.trace.load(peers_trace.TRACE_FILE), context=CONTEXT, top=top)
+
+
+async def trace_points(stack: str, gpus: int, session, base: str, kind: str, model: str, deadline: float):
+    """The ``trace`` workload: the window replayed once per speedup (a point each, ``conc`` = the
+    speedup) until a point is past the SLO; each notes its share of requests within Dynamo's per-request
+    SLO (TTFT 2 s, ITL 25 ms)."""
+    p = trace_plan()
+    ex.log(p.describe())
+    sender = ours_request if kind == "ours" else smg_request
+    host_total = host_counter(base) if kind == "ours" else None
+    points: list[Point] = []
+    for speedup in p.speedups:
+        if time.monotonic() > deadline:
+            ex.log(f"{stack} trace: past STACK_BUDGET_S={STACK_BUDGET_S:.0f}s, no speedup {speedup:g}")
+            break
+        host_before = await asyncio.to_thread(host_total) if host_total else 0.0
+        r = await peers_trace.replay(p, speedup, lambda osl: sender(session, base, osl, model))
+        host = int(await asyncio.to_thread(host_total) - host_before) if host_total else r.host_tokens
+        itl = [x for x in r.itl_s if x is not None]
+        prompt = max(1, r.prompt_tokens)
+        good = peers_trace.good_share(r)
+        notes = [f"speedup {speedup:g}; within TTFT 2 s and ITL 25 ms per request: {good:.2f}"]
+        notes += [f"{p.dropped} requests longer than the context left out"] if p.dropped else []
+        notes += [f"first error: {r.first_error}"] if r.first_error else []
+        point = Point(stack, "trace", max(1, round(speedup)), gpus, len(p.window), r.seconds,
+                      r.output_tokens / r.seconds / gpus, pct(r.ttft_s, 0.5), pct(r.ttft_s, 0.9),
+                      pct(itl, 0.5), pct(itl, 0.9), r.cached_tokens / prompt, r.errors, notes,
+                      cached_share_host=host / prompt, cacheable_share=p.cacheable_share,
+                      temperature=TEMPERATURE, **shape_fields())  # fmt: skip
+        ex.log(f"{fmt(point)}  ({notes[0]})")
+        points.append(point)
+        save_points(stack, points)
+        if not point.within_slo:
+            break
     return points
 
 

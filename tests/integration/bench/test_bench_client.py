@@ -57,6 +57,10 @@ class Stub:
             "completion_tokens": body["max_tokens"],
             "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
         }
+        if "nvext" in body:  # as NVIDIA Dynamo's frontend: no cached tokens, the router's hit rate instead
+            del usage["prompt_tokens_details"]
+            timing = {"nvext": {"timing": {"kv_hit_rate": 0.25}}}
+            await resp.write(b"data: " + orjson.dumps({"choices": [], **timing}) + b"\n\n")
         await resp.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -101,6 +105,15 @@ async def test_closed_loop_streams_counts_tokens_and_times_chunks(stub, api):
     report = summarize(results)
     assert report.cache_hit_rate == pytest.approx(0.5)
     assert report.itl_ms.count == 7 * 3
+
+
+async def test_extra_body_is_sent_and_dynamos_kv_hit_rate_counts_as_cached(stub):
+    extra = {"nvext": {"extra_fields": ["timing"]}}
+    async with make_session() as session:
+        target = OpenAITarget(session, stub.url, "m", api="completions", extra_body=extra)
+        results = await run_load(target, _specs(words="fixed:8"), concurrency=1, num_requests=2)
+    assert stub.bodies[0]["nvext"] == extra["nvext"] and stub.bodies[0]["max_tokens"] == 4
+    assert [(r.prompt_tokens, r.cached_tokens) for r in results] == [(8, 2), (8, 2)]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,10 @@ Two targets with one interface (``async send(spec) -> RequestResult``):
   JSON answer each). The official ``openai`` client is
   not used on purpose: it parses every chunk into pydantic objects and hides when bytes arrive, which
   adds client-side CPU per token (on a 2-core machine that lands in the figures) and blurs TTFT/ITL.
-  Reading the SSE lines directly timestamps each chunk as it arrives.
+  Reading the SSE lines directly timestamps each chunk as it arrives. ``extra_body`` adds fields to
+  every request (e.g. NVIDIA Dynamo's ``nvext``); where the server reports no cached tokens but its
+  stream carries Dynamo's ``nvext.timing.kv_hit_rate`` (the router's overlap with the chosen worker's
+  cache), that share of the prompt counts as cached.
 - ``RequestPlaneTarget``: a worker's request plane (``runtime.request_plane``, the frontend's own
   client), the baseline that shows what the frontend adds. Prompts are tokenized with the
   model's ``tokenizer.json`` before the clock starts.
@@ -81,6 +84,7 @@ class OpenAITarget:
         ignore_eos: bool = True,
         timeout_s: float = 120.0,
         stream: bool = True,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         root = url.rstrip("/")
         root = root.removesuffix("/v1")
@@ -90,6 +94,7 @@ class OpenAITarget:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.ignore_eos, self.timeout_s, self.stream = ignore_eos, timeout_s, stream
+        self.extra_body = extra_body or {}
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -108,7 +113,7 @@ class OpenAITarget:
             body["prompt"] = list(spec.prompt_ids)
         else:
             body["prompt"] = spec.prompt
-        return body
+        return {**body, **self.extra_body} if self.extra_body else body
 
     async def close(self) -> None:
         """Nothing to release: the session is the caller's."""
@@ -132,6 +137,7 @@ class OpenAITarget:
     async def _read_sse(self, response: aiohttp.ClientResponse, result: RequestResult) -> None:
         chunks_with_output = 0
         usage: dict[str, Any] | None = None
+        hit_rate: float | None = None  # Dynamo's nvext.timing.kv_hit_rate, when asked for
         parts: list[str] = []
         done = False
         async for raw in response.content:
@@ -155,6 +161,8 @@ class OpenAITarget:
                 return
             if event.get("usage"):
                 usage = event["usage"]
+            if "nvext" in event:
+                hit_rate = _kv_hit_rate(event, hit_rate)
             for choice in event.get("choices") or ():
                 text = (
                     (choice.get("delta") or {}).get("content") if self.api == "chat" else choice.get("text")
@@ -171,11 +179,26 @@ class OpenAITarget:
         result.text = "".join(parts)
         result.output_tokens = chunks_with_output
         if usage:
-            result.output_tokens = int(usage.get("completion_tokens") or chunks_with_output)
-            result.prompt_tokens = usage.get("prompt_tokens")
-            details = usage.get("prompt_tokens_details") or {}
-            if details.get("cached_tokens") is not None:
-                result.cached_tokens = int(details["cached_tokens"])
+            _take_usage(result, usage, hit_rate)
+
+
+def _kv_hit_rate(event: dict[str, Any], before: float | None) -> float | None:
+    """Dynamo's ``nvext.timing.kv_hit_rate`` of a stream event, else what was seen before."""
+    timing = (event["nvext"] or {}).get("timing") or {}
+    rate = timing.get("kv_hit_rate")
+    return float(rate) if rate is not None else before
+
+
+def _take_usage(result: RequestResult, usage: dict[str, Any], hit_rate: float | None) -> None:
+    """The stream's usage into ``result``: output and prompt tokens, and the cached tokens (the
+    server's count; else ``hit_rate`` of the prompt, where the stream told one)."""
+    result.output_tokens = int(usage.get("completion_tokens") or result.output_tokens)
+    result.prompt_tokens = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        result.cached_tokens = int(details["cached_tokens"])
+    elif hit_rate is not None and result.prompt_tokens:
+        result.cached_tokens = round(hit_rate * result.prompt_tokens)
 
 
 class RequestPlaneTarget:
