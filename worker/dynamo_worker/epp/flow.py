@@ -1,11 +1,11 @@
 """Flow control of the endpoint picker: while a model's workers are saturated, its requests wait in a
 bounded queue, by priority (``x-gateway-inference-objective``), then arrival. Pure of I/O.
 
-The picker does not see a request end (Envoy closes the ext_proc stream once the request is sent on),
-so saturation comes from what the workers report (``LoadMetrics``, every ~50 ms while it changes), as
-GAIE's saturation detector does: a worker is saturated when it has ``queue_depth`` or more requests
-waiting, or ``kv_usage`` or more of its KV cache in use; a model is saturated when every worker that
-serves its prompts (aggregated, or prefill) is. A worker that has not reported yet is not saturated.
+Saturation comes from what the workers report (``LoadMetrics``, every ~50 ms while it changes), which counts
+every picker's requests and every frontend's, as GAIE's saturation detector does: a worker is saturated when
+it has ``queue_depth`` or more requests waiting, or ``kv_usage`` or more of its KV cache in use; a model is
+saturated when every worker that serves its prompts (aggregated, or prefill) is. A worker that has not
+reported yet is not saturated.
 
 ``admit`` returns at once while the model is not saturated and nothing of it waits; else it waits. Each
 load report admits, in order, as many waiting requests as the model's workers have room for below

@@ -6,10 +6,14 @@ The job is the one the frontend builds (``requests.chat.prepare_chat``, ``prepar
 ``Dispatcher.route`` (serving mode, the newest revision's prefill/decode pair as one decision,
 quarantine, LoRA residency), never a second copy of it.
 
-The picker does not see a request end (Envoy closes the ext_proc stream once the request is sent on),
-so it counts no request of its own on a worker (``Router.started``): a worker's load is what the worker
-reports (every ~50 ms while it changes), and within one report period the router's KV predictions
-(``KvIndex.predict``) alone spread a burst of one prefix.
+A decision starts its request's flights on the router (``Router.started``, as the frontend's dispatch
+does), so that the picker counts its own requests on each worker at once, between two load reports;
+``Decision.done`` ends them (idempotent), ``Decision.first_token`` moves them on to decoding. The
+stream (``server``) calls ``done`` when the request ends: Envoy keeps the ext_proc stream open until
+the response ends while it is to send response trailers (``response_trailer_mode: SEND``,
+docs/gateway-api-envoy.yaml). The picker never sees the first token unless the response headers are
+sent to it too, so with our configuration a request's new blocks count as queued prefill on its worker
+until it ends.
 
 A path that is not a generation endpoint (``/v1/models``, ``/health``...), and a chat request with
 images (the frontend's multimodal processor places them), go to a frontend unpinned: it routes them
@@ -30,6 +34,7 @@ from dynamo_worker.frontend.requests.completions import prepare_completion
 from dynamo_worker.frontend.requests.embeddings import EmbeddingRequest, prepare_embeddings
 from dynamo_worker.frontend.requests.job import Job
 from dynamo_worker.frontend.serving.dispatch import Dispatcher
+from dynamo_worker.router import Flight
 
 __all__ = ["ENDPOINTS", "Decision", "Parsed", "Picker", "parse"]
 
@@ -61,6 +66,16 @@ class Decision:
     model: str | None = None
     worker: str | None = None
     prefill: str | None = None
+    flights: tuple[Flight, ...] = ()  # the request's share of its workers' load, until ``done``
+
+    def first_token(self) -> None:
+        for flight in self.flights:
+            flight.first_token()
+
+    def done(self) -> None:
+        """The request ended (answered, refused, cancelled): its workers' load drops (idempotent)."""
+        for flight in self.flights:
+            flight.done()
 
     def roles(self) -> dict[str, str]:
         """The named workers by their role in the request."""
@@ -89,16 +104,19 @@ class Picker:
         }
 
     async def pick(self, parsed: Parsed) -> Decision:
-        """The decision for ``parsed``; raises ``ApiError`` as the frontend would answer it (unknown
-        model 404, a prompt too long 400, no worker that can serve 503)."""
+        """The decision for ``parsed``, its flights started (the caller ends them: ``Decision.done``);
+        raises ``ApiError`` as the frontend would answer it (unknown model 404, a prompt too long 400,
+        no worker that can serve 503)."""
         req = parsed.request
         if isinstance(req, ChatCompletionRequest) and image_urls(req):
             return Decision(model=req.model)
         job = await self._prepare[type(req)](req)
         route = self.dispatcher.route(job.entry, job.prompt_ids)
+        router = self.dispatcher.router
         if route.decode is None:
-            return Decision(job.model, route.first.worker.instance_id)
-        return Decision(job.model, route.decode.worker.instance_id, route.first.worker.instance_id)
+            return Decision(job.model, route.first.worker.instance_id, None, (router.started(route.first),))
+        flights = (router.started(route.first, "prefill"), router.started(route.decode, "decode"))
+        return Decision(job.model, route.decode.worker.instance_id, route.first.worker.instance_id, flights)
 
     def workers(self, model: str) -> Workers:
         """The workers that compute ``model``'s prompts now (aggregated and prefill), for flow control."""

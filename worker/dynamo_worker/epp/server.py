@@ -8,7 +8,12 @@ client sent are removed whatever the outcome. Errors are ``ImmediateResponse``s:
 not a request (not JSON, a field wrong), 413 for a body over ``--max-body-bytes``, 429 with
 ``Retry-After`` when the model's queue is full or the wait too long, 503 with ``Retry-After`` when no
 worker can serve, and whatever the frontend would answer for the request itself (unknown model 404...).
-Envoy closes the stream once the request is sent on (it processes nothing of the response).
+
+The decision's flights (``picker``: the request's load on its workers) end exactly once, when the
+request does: at a refusal, at the response's trailers, or when the stream ends, however it ends
+(Envoy half-closes it once the response is over when it is to send response trailers; it resets it
+when the client goes away). Response headers, when Envoy sends them, mark the first token and pass
+unchanged.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class _Request:
         self.answered = False
         self.decision: Decision | None = None
 
+    def end(self) -> None:
+        """The request is over for the picker: its workers' load drops (idempotent)."""
+        if self.decision is not None:
+            self.decision.done()
+
 
 class ExtProc(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(
@@ -66,11 +76,16 @@ class ExtProc(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
 
-    async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> None:
+        # the reader-writer form, not an async generator: the ``finally`` runs as the RPC ends, even
+        # when it is cancelled while a response is being written
         state = _Request()
-        async for message in request_iterator:
-            for response in await self._on(state, message):
-                yield response
+        try:
+            async for message in request_iterator:
+                for response in await self._on(state, message):
+                    await context.write(response)
+        finally:
+            state.end()
 
     async def _on(self, state: _Request, message: Any) -> list[Any]:
         kind = message.WhichOneof("request")
@@ -93,6 +108,13 @@ class ExtProc(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if answers and answers[-1].WhichOneof("response") == "immediate_response":
                 return answers
             return [*answers, wire.trailers_response()]
+        if kind == "response_headers":
+            if state.decision is not None:
+                state.decision.first_token()
+            return [wire.response_headers_response()]
+        if kind == "response_trailers":
+            state.end()
+            return [wire.response_trailers_response()]
         log.warning("Ignored an ext_proc message this picker is not configured for kind=%s", kind)
         return []
 
@@ -141,6 +163,7 @@ class ExtProc(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def _refuse(self, state: _Request, error: ApiError) -> Any:
         state.answered = True
+        state.end()
         headers = dict(error.headers)
         if error.status in (429, 503):
             headers.setdefault("Retry-After", str(self.retry_after_s))

@@ -29,6 +29,8 @@ __all__ = [
     "header_map",
     "headers_response",
     "immediate_response",
+    "response_headers_response",
+    "response_trailers_response",
     "trailers_response",
 ]
 
@@ -100,6 +102,15 @@ def body_responses(body: bytes) -> list[pb.ProcessingResponse]:
 
 def trailers_response() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def response_headers_response() -> pb.ProcessingResponse:
+    """The response headers passed on unchanged."""
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+def response_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
 def immediate_response(
