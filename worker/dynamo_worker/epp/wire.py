@@ -12,6 +12,7 @@ OpenAI-shaped error with its status (and ``Retry-After`` where waiting helps).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -74,10 +75,17 @@ def headers_response(
         )
     )
     if destination is not None:
-        metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {DESTINATION_HEADER: destination}})
-        response.dynamic_metadata.CopyFrom(metadata)
+        response.dynamic_metadata.CopyFrom(_lb_metadata(destination))
     return response
+
+
+@functools.lru_cache(maxsize=256)
+def _lb_metadata(destination: str) -> struct_pb2.Struct:
+    """``envoy.lb`` / ``x-gateway-destination-endpoint``: built once per frontend replica (a Struct built
+    from a dict costs more than copying one). The caller copies it, never changes it."""
+    metadata = struct_pb2.Struct()
+    metadata.update({LB_NAMESPACE: {DESTINATION_HEADER: destination}})
+    return metadata
 
 
 def body_responses(body: bytes) -> list[pb.ProcessingResponse]:

@@ -145,11 +145,13 @@ class KvIndex:
         w = self._workers.get(worker_id)
         if w is None:
             return 0
-        ranks = w.ranks.values() if dp_rank is None else [w.ranks.get(dp_rank, _Cache())]
         tier = MEDIA.index(medium)
         # a prediction ends when a GPU store confirms it: predicted and GPU-held blocks are disjoint
         with_predicted = predicted and medium == "gpu"
-        return sum(c.held[tier] + (len(c.predicted) if with_predicted else 0) for c in ranks)
+        if dp_rank is not None:  # one rank (a routing decision's case): no allocation per call
+            c = w.ranks.get(dp_rank)
+            return 0 if c is None else c.held[tier] + (len(c.predicted) if with_predicted else 0)
+        return sum(c.held[tier] + (len(c.predicted) if with_predicted else 0) for c in w.ranks.values())
 
     # --- events -----------------------------------------------------------------------------
 
