@@ -10,7 +10,9 @@ import uuid
 
 import nats
 import pytest
-from dynamo_worker.protocol import BlockRemoved, BlockStored, KvEventBatch, LoadMetrics
+from dynamo_worker.mocker.kv_manager import BlockManager
+from dynamo_worker.protocol import BlockRemoved, BlockStored, KvEventBatch, LoadMetrics, hash_token_blocks
+from dynamo_worker.router.index import KvIndex
 from dynamo_worker.runtime.engine import LoadSnapshot
 from dynamo_worker.runtime.events import (
     KvEventPublisher,
@@ -96,6 +98,47 @@ async def test_a_lost_batch_is_detected_as_a_gap(nc, namespace):
     await wait_until_async(lambda: len(gaps) == 2, "both batches", timeout_s=5)
     assert gaps == [0, 2]
     assert tracker.observe(KvEventBatch(instance_id="bbbbbbbbbbbbbbbb", seq=1, events=[])) == -1  # stale
+    await sub.unsubscribe()
+
+
+async def test_a_batch_over_the_servers_max_payload_goes_as_several_without_a_gap(nc, namespace):
+    # A 128k-token prompt's blocks (page 16) and their evictions: one stored event of 8000 blocks is
+    # more than the server's max_payload (1 MiB) as JSON. It arrives split, seqs consecutive, and a
+    # router's index places every block of the prompt.
+    tokens = [150_000 + i % 9_000 for i in range(128_000)]
+    kv = BlockManager(total_blocks=8_500, page_size=16)
+    old = kv.allocate("old", [7] * 16_000)
+    assert old is not None
+    kv.free("old")
+    alloc = kv.allocate("long", tokens)
+    assert alloc is not None
+    removed = [e for e in alloc.events if isinstance(e, BlockRemoved)]
+    assert removed and len(KvEventBatch(instance_id="x", seq=0, events=alloc.events).model_dump_json()) > (
+        nc.max_payload
+    )
+    index = KvIndex()
+    index.add_worker("eeeeeeeeeeeeeeee", page_size=16)
+    got: list[KvEventBatch] = []
+    sub = await subscribe_kv_events(nc, namespace, lambda b: (got.append(b), index.apply(b)))
+    publisher = KvEventPublisher(nc, namespace, "eeeeeeeeeeeeeeee")
+    publisher.start()
+    publisher.submit(old.events)
+    publisher.submit(alloc.events)
+    await publisher.stop()
+    await nc.flush()
+    blocks = len(tokens) // 16
+    await wait_until_async(
+        lambda: (
+            sum(len(e.block_hashes) for b in got for e in b.events if isinstance(e, BlockStored))
+            == blocks + 1_000
+        ),
+        "every stored block",
+        timeout_s=10,
+    )
+    assert [b.seq for b in got] == list(range(len(got))) and len(got) > 2
+    prompt = hash_token_blocks(tokens, 16)
+    assert index.overlaps(prompt, ["eeeeeeeeeeeeeeee"]) == {"eeeeeeeeeeeeeeee": blocks}
+    assert index.block_count("eeeeeeeeeeeeeeee") == blocks + 500  # of the old 1000, 500 evicted
     await sub.unsubscribe()
 
 

@@ -25,6 +25,20 @@ def test_encode_chat_does_not_add_special_tokens_twice(model_dir):
     assert ids.count(pre.tokenizer.token_to_id("<s>")) == 1
 
 
+@pytest.mark.parametrize("words", [1, 12_000])
+def test_prompts_tokenize_to_the_tokenizers_own_ids(model_dir, words):
+    # the ids-only fast path gives exactly what the tokenizer's plain encode does, short or long
+    pre = Preprocessor.from_dir(model_dir)
+    text = " ".join(["hello world, <s>again</s>"] * words)
+    assert pre.encode_prompt(text) == pre.tokenizer.encode(text).ids
+    assert (
+        pre.encode_chat([{"role": "user", "content": text}])
+        == pre.tokenizer.encode(
+            pre.render_chat([{"role": "user", "content": text}]), add_special_tokens=False
+        ).ids
+    )
+
+
 def test_raise_exception_becomes_400_on_messages(model_dir):
     pre = Preprocessor.from_dir(model_dir)
     with pytest.raises(InvalidRequest) as e:

@@ -296,6 +296,6 @@ def _removed(events: list[KvEvent], block: int, medium: Medium) -> None:
     """Record ``block``'s removal from ``medium``, into the last event when it is a removal from there."""
     last = events[-1] if events else None
     if isinstance(last, BlockRemoved) and last.medium == medium:
-        events[-1] = BlockRemoved(block_hashes=[*last.block_hashes, block], medium=medium)
+        last.block_hashes.append(block)  # built here, not yet handed out: no copy (and model) per block
     else:
         events.append(BlockRemoved(block_hashes=[block], medium=medium))

@@ -1,7 +1,10 @@
 """The event plane: KV cache events and load metrics, published on core NATS subjects.
 
 KV events: ``KvEventBatch`` on ``dynamo.<namespace>.kv_events``. Each worker numbers its batches
-``seq`` = 0, 1, 2, ... A consumer that sees a jump (``SeqTracker``) has lost events of that worker and
+``seq`` = 0, 1, 2, ... A batch larger than the NATS server takes (its ``max_payload``, 1 MiB by
+default: one stored event of a ~120k-token prompt) goes as several consecutive batches, its events and
+then its events' blocks split between them in order, a split stored event's second part chaining from
+the first's last block. A consumer that sees a jump (``SeqTracker``) has lost events of that worker and
 must resynchronise (e.g. drop what it knows about that worker). The publisher's buffer is bounded:
 when it overflows, the oldest pending events are dropped *and their sequence numbers consumed*, so the
 loss shows up as a gap rather than as silent divergence.
@@ -40,6 +43,8 @@ from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
 
 from dynamo_worker.protocol import (
+    BlockRemoved,
+    BlockStored,
     KvEvent,
     KvEventBatch,
     KvSnapshotPart,
@@ -104,11 +109,18 @@ class KvEventPublisher:
         self._wakeup.set()
 
     async def publish_now(self, events: Sequence[KvEvent], dp_rank: int = 0) -> KvEventBatch:
-        """Publish one batch at once (bypassing the queue); for tests and engines that batch themselves."""
+        """Publish one batch at once (bypassing the queue); for tests and engines that batch themselves.
+        Over the server's ``max_payload`` it goes as several batches (see the module doc); returns the
+        last."""
         batch = KvEventBatch(instance_id=self.instance_id, seq=self.seq, events=list(events), dp_rank=dp_rank)
+        data = batch.model_dump_json().encode()
+        if len(data) > self._nc.max_payload and (halves := _halves(batch.events)) is not None:
+            for half in halves:
+                batch = await self.publish_now(half, dp_rank)
+            return batch
         self.seq += 1
         self.mirror.apply(batch.events, dp_rank)  # with seq, before any await: snapshots stay exact
-        await self._nc.publish(self.subject, batch.model_dump_json().encode())
+        await self._nc.publish(self.subject, data)
         return batch
 
     def snapshot(self, max_blocks: int = 1000) -> list[KvSnapshotPart]:
@@ -159,6 +171,31 @@ class KvEventPublisher:
                 await self._idle.wait()
         await cancel_and_wait(self._task)
         self._task = None
+
+
+def _halves(events: list[KvEvent]) -> tuple[list[KvEvent], list[KvEvent]] | None:
+    """The events in two parts that say the same in order: the list halved, or its one event's blocks
+    halved; None when it is one event of one block."""
+    if len(events) > 1:
+        return events[: len(events) // 2], events[len(events) // 2 :]
+    (event,) = events
+    if not isinstance(event, BlockStored | BlockRemoved) or len(event.block_hashes) < 2:
+        return None
+    hashes, mid = event.block_hashes, len(event.block_hashes) // 2
+    if isinstance(event, BlockRemoved):
+        return [event.model_copy(update={"block_hashes": hashes[:mid]})], [
+            event.model_copy(update={"block_hashes": hashes[mid:]})
+        ]
+    cut = mid * (len(event.token_ids) // len(hashes))  # each block's tokens: page_size of them
+    first = event.model_copy(update={"block_hashes": hashes[:mid], "token_ids": event.token_ids[:cut]})
+    second = event.model_copy(
+        update={
+            "parent_hash": hashes[mid - 1],
+            "block_hashes": hashes[mid:],
+            "token_ids": event.token_ids[cut:],
+        }
+    )
+    return [first], [second]
 
 
 async def serve_kv_snapshots(nc: NATS, publisher: KvEventPublisher) -> Subscription:
