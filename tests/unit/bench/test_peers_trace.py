@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -53,14 +52,17 @@ def test_replay_sends_open_loop_at_the_scaled_times_and_gathers_figures(peers_tr
             sent.append(t0)
             if len(sent) == 3:
                 raise RuntimeError("worker gone")
-            await asyncio.sleep(0.3)  # longer than the gaps: the next request must not wait for it
+            await asyncio.sleep(1.0)  # far longer than the gaps: the next request must not wait for it
             return t0, [t0 + 0.05 + 0.01 * i for i in range(osl)], osl, 512, None
 
         return one
 
     r = asyncio.run(peers_trace.replay(p, 4.0, one_for))
-    gaps = [b - a for a, b in itertools.pairwise(sent)]
-    assert all(0.09 <= g < 0.29 for g in gaps), gaps  # 400 ms of trace at speedup 4: 100 ms apart, not 300
+    # 400 ms of trace at speedup 4: no request leaves before its time, 100 ms after the one before it (a
+    # busy host may send a late one right after), and none waits for an earlier one's answer (1 s)
+    offsets = [t - sent[0] for t in sent]
+    assert all(o >= 0.1 * i - 0.005 for i, o in enumerate(offsets)), offsets
+    assert offsets[-1] < 0.9, offsets
     assert r.errors == 1 and "worker gone" in r.first_error
     assert r.ttft_s == pytest.approx([0.05, 0.05]) and r.itl_s == pytest.approx([0.01, 0.01])
     assert (r.output_tokens, r.prompt_tokens, r.cached_tokens) == (10, 1200, 1024)
