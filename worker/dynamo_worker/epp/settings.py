@@ -42,7 +42,11 @@ class EppSettings(Settings):
         json_schema_extra={"env": contract.ENV_EPP_FRONTENDS},
     )
     frontend_resolve_s: float = Field(
-        10.0, gt=0, le=3600, description="How often the host names in --frontends are resolved again."
+        10.0,
+        gt=0,
+        le=3600,
+        description="How often the host names in --frontends are resolved again (every second while "
+        "none has resolved yet).",
     )
     namespace: str = Field(
         "dynamo",
