@@ -34,9 +34,11 @@ import yaml
 from dynamo_worker.profile.sweep import Sweeper, SweepError
 
 from tests.bench.fleet import MODEL, Fleet, Proc
+from tests.integration.operator.conftest import OperatorProcess
 from tests.support.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
+DGD = "dynamographdeployments.v1alpha1.nvidia.com"  # read at the example's version (services by name)
 TTFT_S, ITL_S = 0.400, 0.040
 BUDGET = 4
 INTERVAL_S = 2.0
@@ -116,64 +118,74 @@ def _fixed(fleet: Fleet, side: Side, modes: list[str], profile: Path) -> None:
 
 
 def _planned(fleet: Fleet, side: Side, profile: Path, workdir: Path) -> None:
-    ns = f"bench-planner-p-{uuid.uuid4().hex[:6]}"
     with LocalCluster(workdir / "cluster") as cluster:
         for path in sorted((REPO / "crds").glob("*.yaml")):
             cluster.kubectl("apply", "--server-side", "-f", str(path))
         cluster.kubectl("wait", "--for=condition=Established", "crd/dynamographdeployments.nvidia.com")
         cluster.kubectl("create", "namespace", "bench")
-        graph = yaml.safe_load((REPO / "examples" / "disagg-planner.yaml").read_text())
-        graph["metadata"] = {"name": "bench", "namespace": "bench"}
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(graph))
-        fe = fleet.frontend(ns)
-        running: dict[str, list[Proc]] = {"prefill": [], "decode": []}
-        stop = threading.Event()
-        usage = {"gpu_seconds": 0.0, "max": 0}
-
-        def kubelet() -> None:
-            last = time.monotonic()
-            while not stop.is_set():
-                svc = json.loads(cluster.kubectl("get", "dgd", "bench", "-n", "bench", "-o", "json"))["spec"][
-                    "services"
-                ]
-                now = time.monotonic()
-                alive = len(running["prefill"]) + len(running["decode"])
-                usage["gpu_seconds"] += alive * (now - last)
-                usage["max"] = max(usage["max"], alive)
-                last = now
-                for role in running:
-                    want = svc[role].get("replicas", 1)
-                    while len(running[role]) < want:
-                        running[role].append(
-                            fleet.mocker(
-                                ns, role, "--profile", str(profile), "--context-length", "8192", speedup=1.0
-                            )
-                        )
-                    while len(running[role]) > want:
-                        running[role].pop().stop(grace_s=3)
-                stop.wait(0.3)
-
-        thread = threading.Thread(target=kubelet, daemon=True)
-        thread.start()
-        fleet.wait_workers(fe, {"prefill": 1, "decode": 1})
-        cmd = [
-            sys.executable, "-m", "dynamo_worker.planner", "--graph", "bench", "--namespace", "bench",
-            "--kubeconfig", str(cluster.kubeconfig), "--profile", str(profile),
-            "--metrics-url", f"http://127.0.0.1:{fe.ports['http']}/metrics",
-            "--ttft-ms", str(TTFT_S * 1e3), "--itl-ms", str(ITL_S * 1e3),
-            "--adjustment-interval-s", str(INTERVAL_S), "--max-gpu-budget", str(BUDGET),
-            "--cooldown-s", str(2 * INTERVAL_S), "--metrics-host", "127.0.0.1", "--metrics-port", "0",
-        ]  # fmt: skip
-        with open(workdir / "planner.log", "wb") as log:
-            planner = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        # the API server stores v1beta1 and converts this v1alpha1 graph through the operator's webhook
+        operator = OperatorProcess(cluster.kubeconfig, "bench", workdir / "operator.log", cluster=cluster)
+        operator.start(timeout=60)
         try:
-            asyncio.run(_drive(f"http://127.0.0.1:{fe.ports['http']}", side, seed=1))
+            _planned_on(fleet, side, profile, workdir, cluster)
         finally:
-            planner.terminate()
-            planner.wait(15)
-            stop.set()
-            thread.join(30)
-        side.gpu_seconds, side.max_gpus = usage["gpu_seconds"], usage["max"]
+            operator.stop()
+
+
+def _planned_on(fleet: Fleet, side: Side, profile: Path, workdir: Path, cluster: LocalCluster) -> None:
+    ns = f"bench-planner-p-{uuid.uuid4().hex[:6]}"
+    graph = yaml.safe_load((REPO / "examples" / "disagg-planner.yaml").read_text())
+    graph["metadata"] = {"name": "bench", "namespace": "bench"}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(graph))
+    fe = fleet.frontend(ns)
+    running: dict[str, list[Proc]] = {"prefill": [], "decode": []}
+    stop = threading.Event()
+    usage = {"gpu_seconds": 0.0, "max": 0}
+
+    def kubelet() -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            svc = json.loads(cluster.kubectl("get", DGD, "bench", "-n", "bench", "-o", "json"))["spec"][
+                "services"
+            ]
+            now = time.monotonic()
+            alive = len(running["prefill"]) + len(running["decode"])
+            usage["gpu_seconds"] += alive * (now - last)
+            usage["max"] = max(usage["max"], alive)
+            last = now
+            for role in running:
+                want = svc[role].get("replicas", 1)
+                while len(running[role]) < want:
+                    running[role].append(
+                        fleet.mocker(
+                            ns, role, "--profile", str(profile), "--context-length", "8192", speedup=1.0
+                        )
+                    )
+                while len(running[role]) > want:
+                    running[role].pop().stop(grace_s=3)
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=kubelet, daemon=True)
+    thread.start()
+    fleet.wait_workers(fe, {"prefill": 1, "decode": 1})
+    cmd = [
+        sys.executable, "-m", "dynamo_worker.planner", "--graph", "bench", "--namespace", "bench",
+        "--kubeconfig", str(cluster.kubeconfig), "--profile", str(profile),
+        "--metrics-url", f"http://127.0.0.1:{fe.ports['http']}/metrics",
+        "--ttft-ms", str(TTFT_S * 1e3), "--itl-ms", str(ITL_S * 1e3),
+        "--adjustment-interval-s", str(INTERVAL_S), "--max-gpu-budget", str(BUDGET),
+        "--cooldown-s", str(2 * INTERVAL_S), "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+    ]  # fmt: skip
+    with open(workdir / "planner.log", "wb") as log:
+        planner = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        asyncio.run(_drive(f"http://127.0.0.1:{fe.ports['http']}", side, seed=1))
+    finally:
+        planner.terminate()
+        planner.wait(15)
+        stop.set()
+        thread.join(30)
+    side.gpu_seconds, side.max_gpus = usage["gpu_seconds"], usage["max"]
 
 
 def run(workdir: Path) -> dict[str, dict]:
