@@ -5,10 +5,11 @@ operator rendered, the way GAIE's gateways read one: the picker's Service and po
 ``endpointPickerRef``, fail-closed from its ``failureMode``, with docs/gateway-api-envoy.yaml.
 
 The example's HTTPRoute is not applied: a gateway controller reads it (and its Gateway), and this tier runs
-none; the Envoy pod stands for what such a controller runs. Through ``kubectl port-forward`` to it, the
-official ``openai`` client: every answer comes back, each request ran on the worker the picker named, the
-frontends served that choice without falling back to their own router, and a conversation's turns stayed
-on one worker although they alternate between the two frontend replicas.
+none; the Envoy pod stands for what such a controller runs. The pool selects exactly the graph's two
+frontend pods. Through ``kubectl port-forward`` to Envoy, the official ``openai`` client: every answer
+comes back, each request ran on the worker the picker named, the frontends served that choice without
+falling back to their own router, and a conversation's turns stayed on one worker although they
+alternate between the two frontend replicas.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.support.envoy import envoy_config
 pytestmark = pytest.mark.timeout(600)
 
 CRD = "inferencepools.inference.networking.k8s.io"
+COMPONENT_TYPE = "nvidia.com/dynamo-component-type"  # the operator's pod label
 GATEWAY_PORT = 8080
 
 
@@ -59,6 +61,10 @@ def gateway(real: Real, gaie: None) -> Iterator[tuple[graphs.Graph, dict[str, st
         real.apply(ns, g.docs)
         graphs.wait_ready(real, g, READY_S)
         pool = real.json("get", f"{CRD}/{g.name}-pool", "-n", ns)
+        selector = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
+        selected = {p["metadata"]["name"] for p in real.pods(ns, selector)}
+        frontends = {p["metadata"]["name"] for p in real.pods(ns, f"{COMPONENT_TYPE}=frontend")}
+        assert selected == frontends and len(frontends) == 2, (selected, frontends)
         ref = pool["spec"]["endpointPickerRef"]
         config = envoy_config(
             GATEWAY_PORT,
@@ -71,7 +77,7 @@ def gateway(real: Real, gaie: None) -> Iterator[tuple[graphs.Graph, dict[str, st
         real.kubectl("wait", "-n", ns, "--for=condition=Ready", "pod/gateway", "--timeout=120s", timeout=150)
         workers = {
             p["metadata"]["name"]: instance_id(real, ns, p["metadata"]["name"])
-            for p in real.pods(ns, "nvidia.com/dynamo-component-type=worker")
+            for p in real.pods(ns, f"{COMPONENT_TYPE}=worker")
         }
         yield g, workers
     except BaseException:
@@ -137,7 +143,7 @@ def total(text: str, name: str, labels: str = "") -> float:
 
 def picks(real: Real, ns: str) -> dict[str, float]:
     """``dynamo_epp_worker_picks_total`` by worker instance id, read from the picker pod."""
-    (epp,) = real.pods(ns, "nvidia.com/dynamo-component-type=epp")
+    (epp,) = real.pods(ns, f"{COMPONENT_TYPE}=epp")
     text = scrape(real, ns, epp["metadata"]["name"], 9090)
     out: dict[str, float] = {}
     for worker, value in re.findall(
@@ -151,7 +157,14 @@ def test_requests_through_envoy_run_on_the_workers_the_picker_named(
     real: Real, gateway: tuple[graphs.Graph, dict[str, str]]
 ) -> None:
     g, workers = gateway
-    ns = g.namespace
+    try:
+        _through_envoy(real, g.namespace, workers)
+    except BaseException:
+        print(real.explain(g.namespace))
+        raise
+
+
+def _through_envoy(real: Real, ns: str, workers: dict[str, str]) -> None:
     before = picks(real, ns)
     turns: list[str] = []  # the worker each turn of one conversation ran on
     with port_forward(ns, "pod/gateway", GATEWAY_PORT) as port:
@@ -189,7 +202,7 @@ def test_requests_through_envoy_run_on_the_workers_the_picker_named(
         for pod, iid in workers.items()
     }
     assert sum(chosen.values()) == 12 and chosen == served, (chosen, served)
-    frontends = [p["metadata"]["name"] for p in real.pods(ns, "nvidia.com/dynamo-component-type=frontend")]
+    frontends = [p["metadata"]["name"] for p in real.pods(ns, f"{COMPONENT_TYPE}=frontend")]
     texts = {f: scrape(real, ns, f, 8000) for f in frontends}
     assert all("dynamo_frontend_direct_fallbacks_total{" not in t for t in texts.values())
     carried = {f: total(t, "dynamo_frontend_requests_total", 'endpoint="chat"') for f, t in texts.items()}
