@@ -27,6 +27,7 @@ from tests.real import graphs
 from tests.real.conftest import READY_S, REPO, Real, port_forward
 from tests.support import realnode
 from tests.support.envoy import envoy_config
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -118,14 +119,15 @@ def envoy_pod(config: str) -> list[dict[str, object]]:
 
 
 def instance_id(real: Real, ns: str, pod: str) -> str:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if m := re.search(
+    ready = wait_until(
+        lambda: re.search(
             r"Worker ready instance_id=(\S+)", real.kubectl("logs", "-n", ns, pod, check=False)
-        ):
-            return m.group(1)
-        time.sleep(1)
-    raise AssertionError(f"{pod} logged no 'Worker ready instance_id=' line within 60s")
+        ),
+        f"{pod} to log 'Worker ready instance_id='",
+        timeout_s=60,
+        interval_s=1,
+    )
+    return ready.group(1)
 
 
 def scrape(real: Real, ns: str, pod: str, port: int) -> str:
@@ -197,10 +199,7 @@ def _through_envoy(real: Real, ns: str, workers: dict[str, str]) -> None:
     assert len(set(turns)) == 1, f"a conversation's turns ran on several workers: {turns}"
     after = picks(real, ns)
     chosen = {w: after.get(w, 0.0) - before.get(w, 0.0) for w in workers.values()}
-    served = {
-        iid: total(scrape(real, ns, pod, 9090), "dynamo_worker_requests_total")
-        for pod, iid in workers.items()
-    }
+    served = {iid: graphs.worker_requests(real, ns, pod) for pod, iid in workers.items()}
     assert sum(chosen.values()) == 12 and chosen == served, (chosen, served)
     frontends = [p["metadata"]["name"] for p in real.pods(ns, f"{COMPONENT_TYPE}=frontend")]
     texts = {f: scrape(real, ns, f, 8000) for f in frontends}

@@ -15,6 +15,8 @@ import logging
 import pytest
 from dynamo_worker.epp.frontends import NONE_KNOWN_RESOLVE_S, Frontends
 
+from tests.support.wait import wait_until_async
+
 
 class ScriptedDns:
     """Fails ``failures`` times, then answers two addresses; counts the look-ups."""
@@ -38,13 +40,10 @@ async def test_names_are_looked_up_every_second_until_a_replica_is_known_then_ev
         assert frontends.next() is None
         task = asyncio.create_task(frontends.run())
         try:
-            for _ in range(50):
-                if frontends.endpoints:
-                    break
-                await asyncio.sleep(0.1)
-            assert frontends.endpoints == ["10.0.0.1:8000", "10.0.0.2:8000"]
+            found = await wait_until_async(lambda: frontends.endpoints, "a replica resolved", timeout_s=5)
+            assert found == ["10.0.0.1:8000", "10.0.0.2:8000"]
             assert dns.calls == 3  # the start's, then one a second until it answered
-            await asyncio.sleep(NONE_KNOWN_RESOLVE_S * 1.5)
+            await asyncio.sleep(NONE_KNOWN_RESOLVE_S * 1.5)  # an absence: nothing to poll for
             assert dns.calls == 3, "looked up again within resolve_s although replicas are known"
         finally:
             task.cancel()
