@@ -224,6 +224,18 @@ def dump_stacks(root: int, tag: str) -> Path | None:
     return path
 
 
+def cold_caches(name: str) -> dict[str, str]:
+    """The environment of what a new pod has: empty compile caches (Triton, FlashInfer and the rest
+    under XDG's cache, TorchInductor, CUDA's), in a new folder named after ``name``."""
+    caches = Path(tempfile.mkdtemp(prefix=f"caches-{name}-"))
+    return {
+        "TRITON_CACHE_DIR": str(caches / "triton"),
+        "XDG_CACHE_HOME": str(caches / "xdg"),
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "CUDA_CACHE_PATH": str(caches / "nv"),
+    }
+
+
 class Graph:
     """``dynamo-run MANIFEST --engine $ENGINE --model-dir ... [run_args]`` until Ready (bounded)."""
 
@@ -242,14 +254,8 @@ class Graph:
         if ENGINE == "sglang":
             argv += ["--model-dir", str(MODEL_DIR)]
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
-        if cold:  # what a new pod has: no compile caches (Triton, FlashInfer, TorchInductor, CUDA)
-            caches = Path(tempfile.mkdtemp(prefix=f"caches-{name}-"))
-            env.update(
-                TRITON_CACHE_DIR=str(caches / "triton"),
-                XDG_CACHE_HOME=str(caches / "xdg"),
-                TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
-                CUDA_CACHE_PATH=str(caches / "nv"),
-            )
+        if cold:
+            env.update(cold_caches(name))
         self._out = self.log_path.open("w")
         started = time.monotonic()
         self.proc = subprocess.Popen(
