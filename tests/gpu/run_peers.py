@@ -65,9 +65,9 @@ can share a report.
 A stack pair per device call keeps each call inside its 10 minutes (``ours-disagg smg-pd``, then
 ``ours-agg smg-agg``; ``STACK_BUDGET_S`` stops a stack's sweep before a point that would start too
 late): each stack's points wait in ``$GPU_STATE`` (and ``$OUT/peers-STACK.json``) and the report covers
-every call so far. Each stack's engines start with empty kernel caches of their own (``JIT_CACHE``,
+every call so far. Each stack's engines start with empty compile caches of their own (``JIT_CACHE``,
 ``fresh``; ``shared``: the machine's), so the stack measured second does not find the first one's
-kernels compiled.
+kernels compiled (on 2026-12-03 that alone moved the 1B multiturn c16 TTFT p90 tail between stacks).
 Prints the table, then per workload the goodput per GPU at the SLOs (the best tokens/s per GPU of a
 point within both) of every stack and the ratios ours / smg, and writes ``$OUT/peers.json`` and
 ``$OUT/peers.png`` (tokens/s per GPU against ITL p90, and below against TTFT p90, one column per
@@ -616,10 +616,7 @@ def wait_served(base: str, gateway: subprocess.Popen, limit_s: float = 120) -> N
     raise RuntimeError(f"smg did not serve a request within {limit_s:.0f}s (last: {last})")
 
 
-# Each stack's engines start with empty compile caches, as a new pod does (``ex.cold_caches``). Shared on
-# disk, the second stack of a call finds the first one's kernels compiled: on 2026-12-03 that alone moved
-# the 1B multiturn c16 TTFT p90 tail from one stack to the other (tests/gpu/README.md). JIT_CACHE=shared
-# keeps the machine's caches (a stack measured warm, again).
+# fresh: each stack its own empty compile caches (see the module docstring); shared: the machine's
 JIT_CACHE = os.environ.get("JIT_CACHE", "fresh")
 
 
